@@ -1,0 +1,1 @@
+"""Batched multi-agent environments that live on the device."""

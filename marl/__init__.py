@@ -1,0 +1,1 @@
+"""Everything about agents learning: the grouping layer, networks, rollout, algorithms, trainer, CLI."""
