@@ -1,0 +1,300 @@
+"""The batched multi-agent environment contract.
+
+An env runs `num_envs` copies of one task on one device. Its agents come in groups (`env.groups`, an
+ordered mapping name -> `GroupSpec`); each group's tensors are shaped `[B, n, ...]`.
+
+    obs = env.reset(seed=0)          # TensorDict [B]: (group, "observation"), (group, "action_mask")
+    next, obs = env.step(action)     # action: {group: tensor [B, n, *action_shape]}
+
+`next` is the transition: the true next observation (before any reset), `(group, "reward")`
+`[B, n, 1]`, per-agent `(group, "terminated" | "truncated" | "done")` `[B, n, 1]` and env-level
+`"terminated" | "truncated" | "done"` `[B, 1]`. `obs` is what the policy acts on next: `next`'s
+observation where the env is not done, a fresh reset observation where it is (auto-reset by mask).
+
+An env author subclasses `MultiAgentEnv` and writes only the physics:
+
+- `Config`: a frozen dataclass of options (subclass `EnvConfig`, which holds `max_steps`);
+- `_make_groups()`: the group specs;
+- `_init_state()`: allocate the state tensors;
+- `_reset(mask)`: re-initialise the state where the bool `[B]` mask is true (draw random numbers for
+  the whole batch from `self.generator` and select with `torch.where`, so no shape depends on data);
+- `_step(action) -> (reward, terminated)`: advance every env and agent at once; `reward` is
+  `{group: [B, n]}`, `terminated` a bool `[B]`;
+- `_observe() -> {group: [B, n, *obs_shape]}`; optionally `_action_mask()`, `_state()`,
+  `_agent_terminated()` and `_render(index)`.
+
+The base class owns step counting, truncation at `max_steps`, masked auto-reset, seeding and the
+argument checks. Shape, dtype and device checks cost no host sync and always run; NaN/inf and
+out-of-bounds action values need one, so they run only when the env is built with `check_values=True`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import ClassVar
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from envs.specs import Box, Discrete, GroupSpec, MultiDiscrete
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvConfig:
+    max_steps: int = 100
+    """Episode length: an env is truncated after this many steps."""
+
+    def __post_init__(self) -> None:
+        if self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+
+
+class MultiAgentEnv:
+    """Base class of every vecmarl env; see the module docstring for the contract."""
+
+    Config: ClassVar[type[EnvConfig]] = EnvConfig
+    name: ClassVar[str] = "env"
+
+    def __init__(
+        self,
+        config: EnvConfig | None = None,
+        *,
+        num_envs: int,
+        device: torch.device | str = "cpu",
+        seed: int | None = None,
+        check_values: bool = False,
+    ) -> None:
+        """Build `num_envs` copies on `device`.
+
+        Args:
+            config: the env's options (`type(self).Config`); defaults when None.
+            num_envs: number of envs stepped as one batch (B), >= 1.
+            device: where the state and every tensor live.
+            seed: seeds the env's own `torch.Generator`; a random seed when None.
+            check_values: also check action values (NaN/inf, bounds, masks) on every step. This
+                synchronises with the host, so it is meant for tests and debugging.
+        """
+        if config is None:
+            config = self.Config()
+        if not isinstance(config, self.Config):
+            raise TypeError(f"{self.name}: config must be a {self.Config.__name__}, got {type(config).__name__}")
+        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs <= 0:
+            raise ValueError(f"{self.name}: num_envs must be a positive int, got {num_envs!r}")
+        self.config = config
+        self.num_envs = num_envs
+        self.device = torch.device(device)
+        self.check_values = check_values
+        self.generator = torch.Generator(device=self.device)
+        self.seed = int(seed) if seed is not None else int(torch.randint(2**62, (1,)).item())
+        self.generator.manual_seed(self.seed)
+        self.groups: dict[str, GroupSpec] = dict(self._make_groups())
+        self.state_spec: Box | None = self._state_spec()
+        self.step_count = torch.zeros(num_envs, dtype=torch.long, device=self.device)  # [B]
+        self._action_bounds = {
+            g: spec.action.bounds(self.device) for g, spec in self.groups.items() if isinstance(spec.action, Box)
+        }
+        self._init_state()
+        self._reset(torch.ones(num_envs, dtype=torch.bool, device=self.device))
+
+    # ---- what an env author writes -------------------------------------------------------------
+
+    def _make_groups(self) -> Mapping[str, GroupSpec]:
+        raise NotImplementedError
+
+    def _state_spec(self) -> Box | None:
+        """The spec of the global `"state"` `[B, *shape]`, or None when the env has none."""
+        return None
+
+    def _init_state(self) -> None:
+        """Allocate the state tensors (`[B, ...]` or `[B, n, ...]` on `self.device`)."""
+
+    def _reset(self, mask: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _step(self, action: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        raise NotImplementedError
+
+    def _observe(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def _action_mask(self) -> dict[str, torch.Tensor]:
+        """Bool `[B, n, n_actions]` per group whose action spec is masked."""
+        return {}
+
+    def _state(self) -> torch.Tensor | None:
+        return None
+
+    def _agent_terminated(self) -> dict[str, torch.Tensor] | None:
+        """Per-agent termination `{group: bool [B, n]}` for envs whose agents leave early."""
+        return None
+
+    def _render(self, index: int) -> np.ndarray:
+        raise NotImplementedError(f"{self.name} does not render")
+
+    # ---- the contract ----------------------------------------------------------------------------
+
+    @property
+    def max_steps(self) -> int:
+        return self.config.max_steps
+
+    @property
+    def agents(self) -> list[str]:
+        return [a for spec in self.groups.values() for a in spec.agents]
+
+    def reset(self, seed: int | None = None, *, mask: torch.Tensor | None = None) -> TensorDictBase:
+        """Reset every env (re-seeding first when `seed` is given), or only those where the bool `[B]`
+        `mask` is true; returns the observations of all envs."""
+        if seed is not None:
+            self.seed = int(seed)
+            self.generator.manual_seed(self.seed)
+        if mask is None:
+            mask = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
+        else:
+            self._check_tensor("mask", mask, (self.num_envs,), torch.bool)
+        self._reset_where(mask)
+        return self._observation_td()
+
+    def step(self, action: Mapping[str, torch.Tensor] | TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
+        """Advance every env one step; returns `(next, obs)` (see the module docstring)."""
+        action = self._check_action(action)
+        reward, terminated = self._step(action)
+        self.step_count += 1
+        truncated = (self.step_count >= self.max_steps) & ~terminated  # [B]
+        done = terminated | truncated
+        next_td = self._observation_td()
+        agent_terminated = self._agent_terminated() or {}
+        for group, spec in self.groups.items():
+            n = spec.n_agents
+            agent_term = agent_terminated.get(group)
+            agent_term = terminated[:, None].expand(-1, n) if agent_term is None else agent_term | terminated[:, None]
+            agent_trunc = truncated[:, None].expand(-1, n) & ~agent_term
+            next_td[group].update(
+                {
+                    "reward": reward[group].unsqueeze(-1),
+                    "terminated": agent_term.unsqueeze(-1),
+                    "truncated": agent_trunc.unsqueeze(-1),
+                    "done": (agent_term | agent_trunc).unsqueeze(-1),
+                }
+            )
+        next_td.update(
+            {
+                "terminated": terminated.unsqueeze(-1),
+                "truncated": truncated.unsqueeze(-1),
+                "done": done.unsqueeze(-1),
+            }
+        )
+        self._reset_where(done)
+        return next_td, self._observation_td()
+
+    def sample_actions(self, generator: torch.Generator | None = None, obs: TensorDictBase | None = None) -> TensorDict:
+        """A random action for every agent, `{group: [B, n, *action_shape]}`, honouring the action
+        masks in `obs` when given. Uses `generator` (not the env's own, by default a fresh one)."""
+        if generator is None:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(int(torch.randint(2**62, (1,)).item()))
+        actions = {}
+        for group, spec in self.groups.items():
+            batch = (self.num_envs, spec.n_agents)
+            if spec.has_action_mask and obs is not None:
+                actions[group] = spec.action.sample(batch, self.device, generator, mask=obs[group, "action_mask"])
+            else:
+                actions[group] = spec.action.sample(batch, self.device, generator)
+        return TensorDict(actions, batch_size=[self.num_envs], device=self.device)
+
+    def render(self, index: int = 0) -> np.ndarray:
+        """An RGB image `[H, W, 3]` uint8 of env `index`; needs no display."""
+        if not 0 <= index < self.num_envs:
+            raise IndexError(f"{self.name}: render index must be in [0, {self.num_envs}), got {index}")
+        return self._render(index)
+
+    def __repr__(self) -> str:
+        groups = ", ".join(f"{g}: {s.n_agents} agents" for g, s in self.groups.items())
+        return f"{type(self).__name__}(num_envs={self.num_envs}, device={self.device}, {groups}, config={self.config})"
+
+    # ---- internals -------------------------------------------------------------------------------
+
+    def _reset_where(self, mask: torch.Tensor) -> None:
+        self._reset(mask)
+        self.step_count = torch.where(mask, 0, self.step_count)
+
+    def _observation_td(self) -> TensorDict:
+        observations = self._observe()
+        masks = self._action_mask()
+        data: dict = {}
+        for group in self.groups:
+            data[group] = {"observation": observations[group]}
+            if group in masks:
+                data[group]["action_mask"] = masks[group]
+        state = self._state()
+        if state is not None:
+            data["state"] = state
+        return TensorDict(data, batch_size=[self.num_envs], device=self.device)
+
+    def _check_tensor(self, what: str, value, shape: tuple[int, ...], dtype: torch.dtype | None) -> None:
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{self.name}: {what} must be a torch.Tensor, got {type(value).__name__}")
+        if tuple(value.shape) != tuple(shape):
+            raise ValueError(f"{self.name}: {what} has shape {tuple(value.shape)}, expected {tuple(shape)}")
+        if dtype is not None and value.dtype != dtype:
+            raise TypeError(f"{self.name}: {what} has dtype {value.dtype}, expected {dtype}")
+        if value.device != self.device:
+            raise ValueError(f"{self.name}: {what} is on {value.device}, expected the env's device {self.device}")
+
+    def _check_action(self, action: Mapping[str, torch.Tensor] | TensorDictBase) -> dict[str, torch.Tensor]:
+        """Validate `{group: tensor}` (or a TensorDict holding `(group, "action")`) and return plain
+        tensors; continuous actions are clipped to their bounds."""
+        if not isinstance(action, (Mapping, TensorDictBase)):
+            raise TypeError(f"{self.name}: action must be a mapping group -> tensor, got {type(action).__name__}")
+        keys = set(action.keys())
+        missing = [g for g in self.groups if g not in keys]
+        unknown = sorted(k for k in keys if k not in self.groups)
+        if missing or unknown:
+            raise KeyError(
+                f"{self.name}: action groups {sorted(keys)} do not match the env's groups {list(self.groups)}"
+                + (f"; missing {missing}" if missing else "")
+                + (f"; unknown {unknown}" if unknown else "")
+            )
+        checked = {}
+        for group, spec in self.groups.items():
+            value = action[group]
+            if isinstance(value, TensorDictBase):
+                value = value["action"]
+            shape = (self.num_envs, spec.n_agents, *spec.action.shape)
+            what = f"action for group '{group}'"
+            self._check_tensor(what, value, shape, None)
+            if isinstance(spec.action, Box):
+                if not value.dtype.is_floating_point:
+                    raise TypeError(f"{self.name}: {what} has dtype {value.dtype}, expected a float dtype")
+                low, high = self._action_bounds[group]
+                if self.check_values:
+                    self._check_values(what, value, low, high)
+                value = torch.maximum(torch.minimum(value.to(spec.action.dtype), high), low)
+            else:
+                if value.dtype.is_floating_point or value.dtype == torch.bool or value.is_complex():
+                    raise TypeError(f"{self.name}: {what} has dtype {value.dtype}, expected an integer dtype")
+                value = value.long()
+                if self.check_values:
+                    self._check_discrete_values(group, what, value, spec)
+            checked[group] = value
+        return checked
+
+    def _check_values(self, what: str, value: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> None:
+        if not bool(torch.isfinite(value).all()):
+            raise ValueError(f"{self.name}: {what} contains NaN or inf")
+        if bool(((value < low) | (value > high)).any()):
+            raise ValueError(
+                f"{self.name}: {what} has values in [{value.min().item():.4g}, {value.max().item():.4g}], "
+                f"outside the action bounds [{low.min().item():.4g}, {high.max().item():.4g}]"
+            )
+
+    def _check_discrete_values(self, group: str, what: str, value: torch.Tensor, spec: GroupSpec) -> None:
+        nvec = spec.action.nvec if isinstance(spec.action, MultiDiscrete) else spec.action.n
+        if bool(((value < 0) | (value >= torch.tensor(nvec, device=self.device))).any()):
+            raise ValueError(f"{self.name}: {what} has values outside [0, {nvec}) per choice")
+        if isinstance(spec.action, Discrete) and spec.action.masked:
+            mask = self._action_mask()[group]
+            allowed = mask.gather(-1, value.unsqueeze(-1)).squeeze(-1)
+            if not bool(allowed.all()):
+                raise ValueError(f"{self.name}: {what} picks actions that its action_mask forbids")

@@ -1,0 +1,143 @@
+"""Env throughput: env-steps/s of vecmarl's `navigation` and, when vmas is installed, VMAS's
+`navigation` with the same settings, measured in the same run.
+
+    python -m envs.bench                                  # the default table
+    python -m envs.bench --num-envs 4096 --n-agents 3 24  # a subset
+
+Both sides step the same pre-sampled random actions and reset finished envs the way their users do:
+vecmarl auto-resets inside `step`; VMAS is reset with `reset()` when every env is done and with
+`reset_at(i)` per finished env otherwise (what TorchRL's VMAS wrapper does). An env-step is one
+step of one env (all of its agents). Each figure is the median of `--repeats` timed runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+import envs
+from envs.navigation import NavigationConfig
+
+
+def time_vecmarl(num_envs: int, n_agents: int, steps: int, repeats: int, device: str) -> float:
+    env = envs.make("navigation", num_envs=num_envs, device=device, seed=0, n_agents=n_agents)
+    generator = torch.Generator(device).manual_seed(1)
+    actions = [env.sample_actions(generator)["agent"] for _ in range(8)]
+    env.reset()
+    for i in range(5):  # warm-up
+        env.step({"agent": actions[i % 8]})
+
+    def run() -> None:
+        for i in range(steps):
+            env.step({"agent": actions[i % 8]})
+
+    return _median_rate(run, num_envs * steps, repeats, device)
+
+
+def time_vmas(num_envs: int, n_agents: int, steps: int, repeats: int, device: str) -> float:
+    import vmas
+
+    arena = NavigationConfig(n_agents=n_agents).arena
+    env = vmas.make_env(
+        "navigation",
+        num_envs=num_envs,
+        device=device,
+        continuous_actions=True,
+        seed=0,
+        max_steps=100,
+        n_agents=n_agents,
+        world_spawning_x=arena,
+        world_spawning_y=arena,
+    )
+    generator = torch.Generator(device).manual_seed(1)
+    actions = [
+        list((torch.rand(n_agents, num_envs, 2, generator=generator, device=device) * 2 - 1).unbind(0)) for _ in range(8)
+    ]
+    env.reset()
+
+    def step(i: int) -> None:
+        _, _, done, _ = env.step(actions[i % 8])
+        if done.all():
+            env.reset()
+        elif done.any():
+            for index in done.nonzero()[:, 0].tolist():
+                env.reset_at(index)
+
+    for i in range(5):
+        step(i)
+
+    def run() -> None:
+        for i in range(steps):
+            step(i)
+
+    return _median_rate(run, num_envs * steps, repeats, device)
+
+
+def _median_rate(run, work: int, repeats: int, device: str) -> float:
+    rates = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        run()
+        _sync(device)
+        rates.append(work / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def _sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(
+        prog="python -m envs.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--num-envs", type=int, nargs="+", default=[32, 256, 1024, 4096], help="batch sizes")
+    parser.add_argument("--n-agents", type=int, nargs="+", default=[3, 24], help="agents per env")
+    parser.add_argument("--steps", type=int, default=100, help="steps per timed run (one full episode by default)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per figure; the median is reported")
+    parser.add_argument("--device", default="cpu", help="torch device for both sides")
+    parser.add_argument("--no-vmas", action="store_true", help="skip VMAS even when it is installed")
+    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    args = parser.parse_args(argv)
+
+    try:
+        import vmas  # noqa: F401
+
+        with_vmas = not args.no_vmas
+    except ImportError:
+        with_vmas = False
+        print("vmas is not installed (pip install 'vecmarl[vmas]'): showing vecmarl only")
+
+    print(f"command: python -m envs.bench {' '.join(argv if argv is not None else sys.argv[1:])}")
+    print(f"device: {args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"steps per run: {args.steps}, median of {args.repeats} runs, env-steps/s (one env, all agents)")
+    header = f"{'env':<11}{'num_envs':>9}{'n_agents':>9}{'vecmarl':>14}{'VMAS':>14}{'ratio':>8}"
+    print(header)
+    print("-" * len(header))
+    rows = []
+    for n_agents in args.n_agents:
+        for num_envs in args.num_envs:
+            ours = time_vecmarl(num_envs, n_agents, args.steps, args.repeats, args.device)
+            theirs = time_vmas(num_envs, n_agents, args.steps, args.repeats, args.device) if with_vmas else None
+            ratio = f"{ours / theirs:.2f}x" if theirs else "-"
+            theirs_text = f"{theirs:,.0f}" if theirs else "-"
+            print(f"{'navigation':<11}{num_envs:>9}{n_agents:>9}{ours:>14,.0f}{theirs_text:>14}{ratio:>8}", flush=True)
+            rows.append(
+                {"env": "navigation", "num_envs": num_envs, "n_agents": n_agents, "device": args.device,
+                 "vecmarl_env_steps_per_s": ours, "vmas_env_steps_per_s": theirs}
+            )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,335 @@
+"""`check_env(env)`: the conformance check every vecmarl env passes (and env authors run on theirs).
+
+It checks, in order, and stops at the first property that fails, naming it with the group and key:
+
+- `specs`: groups, agents and specs are well formed;
+- `data`: every tensor of `reset` and `step` matches its spec (shape, dtype, device, bounds, finite);
+- `flags`: `done == terminated | truncated`, never both, and an env-level `done` finishes every agent;
+- `host_sync`: `reset` and `step` never synchronise with the host or make data-dependent shapes;
+- `seeding`: one seed gives one trajectory, different seeds give different starts;
+- `independence`: changing env 0's actions changes nothing in the other envs;
+- `truncation`: `truncated` is set exactly at `max_steps` (and `terminated` is not);
+- `auto_reset`: `next` keeps the true final observation of a finished episode while `obs` holds a fresh
+  one; where an env is not done, `obs` equals `next`'s observation;
+- `masked_reset`: `reset(mask=...)` resets the masked envs only, and the others carry on unchanged;
+- `render`: `render()` gives an RGB uint8 image (when the env renders).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+
+from envs.base import MultiAgentEnv
+from envs.specs import Box, Discrete, GroupSpec, MultiDiscrete
+from envs.sync import HostSyncError, forbid_host_sync
+
+FLAGS = ("terminated", "truncated", "done")
+
+
+class CheckError(AssertionError):
+    """An env broke a property of the env contract."""
+
+    def __init__(self, env: MultiAgentEnv, prop: str, detail: str, group: str | None = None, key: str | None = None):
+        where = "".join([f" for group '{group}'" if group else "", f", key '{key}'" if key else ""])
+        super().__init__(f"check_env({env.name}): property '{prop}' failed{where}: {detail}")
+        self.prop, self.group, self.key = prop, group, key
+
+
+def check_env(
+    env: MultiAgentEnv,
+    *,
+    seed: int = 0,
+    max_check_steps: int = 300,
+    random_reset: bool = True,
+) -> None:
+    """Run every conformance check on `env`; raise `CheckError` naming the first property that fails.
+
+    Args:
+        env: the env to check; it is reset and stepped (with value checks on) and left reset.
+        seed: the seed used for its runs.
+        max_check_steps: the longest run; the truncation check needs `max_steps + 2` steps.
+        random_reset: the env's starts are random, so different seeds must give different starts.
+    """
+    checker = _Checker(env, seed, max_check_steps)
+    previous = env.check_values
+    env.check_values = True
+    try:
+        checker.specs()
+        checker.host_sync()
+        checker.data_and_flags()
+        checker.seeding(random_reset)
+        checker.independence()
+        checker.truncation_and_auto_reset()
+        checker.masked_reset()
+        checker.render()
+    finally:
+        env.check_values = previous
+        env.reset(seed=seed)
+
+
+class _Checker:
+    def __init__(self, env: MultiAgentEnv, seed: int, max_check_steps: int) -> None:
+        self.env, self.seed = env, seed
+        self.B = env.num_envs
+        self.long_run = min(env.max_steps + 2, max_check_steps)
+        self.short_run = min(self.long_run, 20)
+
+    def fail(self, prop: str, detail: str, group: str | None = None, key: str | None = None):
+        raise CheckError(self.env, prop, detail, group, key)
+
+    # ---- runs ------------------------------------------------------------------------------------
+
+    def actions(self, generator: torch.Generator, obs: TensorDictBase):
+        return self.env.sample_actions(generator, obs)
+
+    def run(self, steps: int, action_seed: int = 1, perturb_env0: bool = False, reset_mask_at: int | None = None):
+        """Reset with `self.seed`, step `steps` times with seeded random actions; returns the initial
+        obs and a list of `(next, obs)` clones. Optionally env 0 gets different actions, or
+        `reset(mask=every other env)` is called before step `reset_mask_at`."""
+        env = self.env
+        obs = env.reset(seed=self.seed).clone()
+        start = obs
+        generator = torch.Generator(env.device).manual_seed(action_seed)
+        other = torch.Generator(env.device).manual_seed(action_seed + 7919)
+        trajectory = []
+        for t in range(steps):
+            if reset_mask_at == t:
+                obs = env.reset(mask=self.reset_mask()).clone()
+                trajectory.append((None, obs))
+            action = self.actions(generator, obs)
+            if perturb_env0:
+                alternative = self.actions(other, obs)
+                first = torch.zeros(self.B, dtype=torch.bool, device=env.device)
+                first[0] = True
+                action = action.apply(lambda a, b: torch.where(first.view(-1, *[1] * (a.dim() - 1)), b, a), alternative)
+            next_td, obs = env.step(action)
+            trajectory.append((next_td.clone(), obs.clone()))
+        return start, trajectory
+
+    def reset_mask(self) -> torch.Tensor:
+        return torch.arange(self.B, device=self.env.device) % 2 == 1
+
+    # ---- properties ------------------------------------------------------------------------------
+
+    def specs(self) -> None:
+        env = self.env
+        if not isinstance(env, MultiAgentEnv):
+            self.fail("specs", f"env must be a MultiAgentEnv, got {type(env).__name__}")
+        if not env.groups:
+            self.fail("specs", "env.groups is empty")
+        seen: set[str] = set()
+        for group, spec in env.groups.items():
+            if not isinstance(spec, GroupSpec):
+                self.fail("specs", f"spec is a {type(spec).__name__}, expected a GroupSpec", group)
+            if not isinstance(spec.observation, Box):
+                self.fail("specs", "observation spec must be a Box", group, "observation")
+            if not isinstance(spec.action, (Box, Discrete, MultiDiscrete)):
+                self.fail("specs", f"unknown action spec {spec.action!r}", group, "action")
+            clash = seen.intersection(spec.agents)
+            if clash:
+                self.fail("specs", f"agent names {sorted(clash)} appear in more than one group", group)
+            seen.update(spec.agents)
+
+    def host_sync(self) -> None:
+        env = self.env
+        generator = torch.Generator(env.device).manual_seed(3)
+        env.check_values = False
+        try:
+            with forbid_host_sync():
+                obs = env.reset()
+            for _ in range(self.short_run):
+                action = self.actions(generator, obs)
+                with forbid_host_sync():
+                    _, obs = env.step(action)
+                    env.reset(mask=self.reset_mask())
+        except HostSyncError as error:
+            self.fail("host_sync", str(error))
+        finally:
+            env.check_values = True
+
+    def data_and_flags(self) -> None:
+        start, trajectory = self.run(self.short_run)
+        self.check_observations(start, "reset")
+        for next_td, obs in trajectory:
+            self.check_observations(obs, "step's obs")
+            self.check_observations(next_td, "step's next")
+            self.check_transition(next_td)
+
+    def check_observations(self, td: TensorDictBase, where: str) -> None:
+        env, B = self.env, self.B
+        if not isinstance(td, TensorDictBase) or tuple(td.batch_size) != (B,):
+            self.fail("data", f"{where} must be a TensorDict with batch_size [{B}]")
+        for group, spec in env.groups.items():
+            if group not in td.keys():
+                self.fail("data", f"{where} has no entry for the group", group)
+            n = spec.n_agents
+            obs = self.tensor(
+                td, (group, "observation"), (B, n, *spec.observation.shape), spec.observation.dtype, where
+            )
+            low, high = spec.observation.bounds(env.device)
+            if not bool(torch.isfinite(obs).all()):
+                self.fail("data", f"{where} observation has NaN or inf", group, "observation")
+            if bool(((obs < low) | (obs > high)).any()):
+                self.fail("data", f"{where} observation is outside its Box bounds", group, "observation")
+            if spec.has_action_mask:
+                mask = self.tensor(td, (group, "action_mask"), (B, n, spec.action.n), torch.bool, where)
+                if not bool(mask.any(-1).all()):
+                    self.fail("data", f"{where} action_mask allows no action for some agent", group, "action_mask")
+        if env.state_spec is not None:
+            state = self.tensor(td, ("state",), (B, *env.state_spec.shape), env.state_spec.dtype, where)
+            if not bool(torch.isfinite(state).all()):
+                self.fail("data", f"{where} state has NaN or inf", key="state")
+
+    def tensor(self, td: TensorDictBase, key: tuple, shape: tuple, dtype: torch.dtype, where: str) -> torch.Tensor:
+        group, name = (key[0], key[-1]) if len(key) > 1 else (None, key[0])
+        value = td.get(key, None)
+        if value is None:
+            self.fail("data", f"{where} is missing {key}", group, name)
+        if tuple(value.shape) != tuple(shape):
+            self.fail("data", f"{where} has shape {tuple(value.shape)}, expected {tuple(shape)}", group, name)
+        if value.dtype != dtype:
+            self.fail("data", f"{where} has dtype {value.dtype}, expected {dtype}", group, name)
+        if value.device != self.env.device:
+            self.fail("data", f"{where} is on {value.device}, expected {self.env.device}", group, name)
+        return value
+
+    def check_transition(self, next_td: TensorDictBase) -> None:
+        B = self.B
+        root = {f: self.tensor(next_td, (f,), (B, 1), torch.bool, "next") for f in FLAGS}
+        self.check_flags(root, None)
+        for group, spec in self.env.groups.items():
+            n = spec.n_agents
+            reward = self.tensor(next_td, (group, "reward"), (B, n, 1), torch.float32, "next")
+            if not bool(torch.isfinite(reward).all()):
+                self.fail("data", "reward has NaN or inf", group, "reward")
+            flags = {f: self.tensor(next_td, (group, f), (B, n, 1), torch.bool, "next") for f in FLAGS}
+            self.check_flags(flags, group)
+            if bool((root["done"] & ~flags["done"].all(1)).any()):
+                self.fail("flags", "the env is done but some of its agents are not", group, "done")
+
+    def check_flags(self, flags: dict, group: str | None) -> None:
+        if not torch.equal(flags["done"], flags["terminated"] | flags["truncated"]):
+            self.fail("flags", "done != terminated | truncated", group, "done")
+        if bool((flags["terminated"] & flags["truncated"]).any()):
+            self.fail("flags", "an episode is both terminated and truncated", group, "truncated")
+
+    def seeding(self, random_reset: bool) -> None:
+        start_a, run_a = self.run(self.short_run)
+        start_b, run_b = self.run(self.short_run)
+        self.compare(start_a, start_b, "seeding", "two resets with the same seed differ")
+        for (next_a, obs_a), (next_b, obs_b) in zip(run_a, run_b):
+            self.compare(next_a, next_b, "seeding", "the same seed and actions gave different transitions")
+            self.compare(obs_a, obs_b, "seeding", "the same seed and actions gave different observations")
+        if random_reset:
+            other = self.env.reset(seed=self.seed + 1)
+            same = all(torch.equal(start_a[g, "observation"], other[g, "observation"]) for g in self.env.groups)
+            if same:
+                self.fail("seeding", "different seeds gave identical starts (pass random_reset=False if intended)")
+
+    def independence(self) -> None:
+        if self.B < 2:
+            return
+        _, base = self.run(self.short_run)
+        _, perturbed = self.run(self.short_run, perturb_env0=True)
+        rest = slice(1, None)
+        for t, ((next_a, obs_a), (next_b, obs_b)) in enumerate(zip(base, perturbed)):
+            detail = f"envs 1..{self.B - 1} changed at step {t} when only env 0's actions changed"
+            self.compare(next_a[rest], next_b[rest], "independence", detail)
+            self.compare(obs_a[rest], obs_b[rest], "independence", detail)
+
+    def masked_reset(self) -> None:
+        if self.B < 2:
+            return
+        at = min(3, self.short_run - 1)
+        _, plain = self.run(self.short_run)
+        _, masked = self.run(self.short_run, reset_mask_at=at)
+        mask = self.reset_mask()
+        kept = ~mask
+        # Until an unmasked env finishes an episode, it must carry on exactly as if nothing happened.
+        # (After that, its next reset may draw different random numbers, which is allowed.)
+        _, obs_after_reset = masked[at]
+        _, obs_before_reset = plain[at - 1] if at > 0 else (None, self.env.reset(seed=self.seed))
+        self.compare(
+            obs_before_reset[kept],
+            obs_after_reset[kept],
+            "masked_reset",
+            "reset(mask) changed envs outside the mask",
+        )
+        changed = [
+            not torch.equal(obs_before_reset[g, "observation"][mask], obs_after_reset[g, "observation"][mask])
+            for g in self.env.groups
+        ]
+        if not any(changed):
+            self.fail("masked_reset", "reset(mask) left the masked envs as they were")
+        running = kept.clone()
+        for (next_a, obs_a), (next_b, obs_b) in zip(plain[at:], masked[at + 1 :]):
+            self.compare(next_a[running], next_b[running], "masked_reset", "reset(mask) changed envs outside the mask")
+            running &= ~next_a["done"][:, 0]
+            self.compare(obs_a[running], obs_b[running], "masked_reset", "reset(mask) changed envs outside the mask")
+
+    def truncation_and_auto_reset(self) -> None:
+        env = self.env
+        _, trajectory = self.run(self.long_run)
+        count = torch.zeros(self.B, dtype=torch.long, device=env.device)
+        saw_done = False
+        at_limit = ended_terminated_at_limit = 0
+        for t, (next_td, obs) in enumerate(trajectory):
+            count += 1
+            terminated, truncated, done = (next_td[f][:, 0] for f in FLAGS)
+            expected = (count >= env.max_steps) & ~terminated
+            if not torch.equal(truncated, expected):
+                self.fail(
+                    "truncation",
+                    f"at step {t + 1} after reset, truncated={truncated.tolist()[:8]} but expected "
+                    f"{expected.tolist()[:8]} (max_steps={env.max_steps}, truncated only when not terminated)",
+                    key="truncated",
+                )
+            at_limit += int((count == env.max_steps).sum())
+            ended_terminated_at_limit += int(((count == env.max_steps) & terminated).sum())
+            count = torch.where(done, 0, count)
+            for group in env.groups:
+                final, fresh = next_td[group, "observation"], obs[group, "observation"]
+                not_done = ~done
+                if not torch.equal(final[not_done], fresh[not_done]):
+                    self.fail("auto_reset", "obs differs from next's observation in an env that is not done", group)
+                if bool(done.any()):
+                    saw_done = True
+                    if torch.equal(final[done], fresh[done]):
+                        self.fail(
+                            "auto_reset",
+                            f"at step {t + 1} a finished env's next observation equals its obs: either next was "
+                            "overwritten by the reset observation or the env was not reset",
+                            group,
+                            "observation",
+                        )
+        if at_limit > 1 and ended_terminated_at_limit == at_limit:
+            self.fail(
+                "truncation",
+                f"all {at_limit} episodes that reached max_steps={env.max_steps} were marked terminated, none "
+                "truncated: a time limit must set truncated",
+                key="truncated",
+            )
+        if env.max_steps + 2 <= self.long_run and not saw_done:
+            self.fail("truncation", f"no episode ended in {self.long_run} steps with max_steps={env.max_steps}")
+
+    def render(self) -> None:
+        try:
+            image = self.env.render(0)
+        except NotImplementedError:
+            return
+        if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+            self.fail(
+                "render",
+                f"render() must return a uint8 [H, W, 3] array, got {getattr(image, 'shape', image)}",
+            )
+
+    def compare(self, a: TensorDictBase, b: TensorDictBase, prop: str, detail: str) -> None:
+        for key in a.keys(include_nested=True, leaves_only=True):
+            x, y = a.get(key), b.get(key, None)
+            group, name = (key[0], key[-1]) if isinstance(key, tuple) else (None, key)
+            if y is None:
+                self.fail(prop, f"{detail} (key missing in one run)", group, name)
+            if x.shape != y.shape or not torch.allclose(x.float(), y.float(), atol=1e-6, rtol=0):
+                self.fail(prop, detail, group, name)

@@ -1,0 +1,122 @@
+"""Options as frozen dataclasses: read the docstring under each field, check user-given values.
+
+Configs across vecmarl (env options, training configs) are dataclasses with one docstring line under
+each field. This module turns them into help text and builds them from user input with errors that
+list every valid option with its type and default.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import textwrap
+import typing
+from typing import Any
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring written under each field of dataclass `cls` (and its bases)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass) or klass is object:
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):
+            continue
+        body = tree.body[0].body
+        for node, following in zip(body, body[1:]):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(following, ast.Expr)
+                and isinstance(following.value, ast.Constant)
+                and isinstance(following.value.value, str)
+            ):
+                docs[node.target.id] = " ".join(following.value.value.split())
+    return docs
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is typing.Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return " | ".join(type_name(a) for a in typing.get_args(tp))
+    return getattr(tp, "__name__", str(tp)).replace("NoneType", "None")
+
+
+def _default(field: dataclasses.Field) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return dataclasses.MISSING
+
+
+def describe(cls: type, indent: str = "  ") -> str:
+    """One line per option: `name: type = default  -- doc`."""
+    docs, types = field_docs(cls), field_types(cls)
+    lines = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        default = _default(f)
+        default = "" if default is dataclasses.MISSING else f" = {default!r}"
+        doc = docs.get(f.name, "")
+        lines.append(f"{indent}{f.name}: {type_name(types[f.name])}{default}" + (f"  -- {doc}" if doc else ""))
+    return "\n".join(lines)
+
+
+def matches_type(value: Any, tp: Any) -> bool:
+    """Whether `value` is acceptable for annotation `tp` (an int is a float; a bool is not an int)."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return True
+    if origin is typing.Literal:
+        return value in typing.get_args(tp)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return any(matches_type(value, a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if origin in (tuple, list):
+        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        return isinstance(value, (tuple, list)) and all(matches_type(v, args[0]) for v in value) if args else True
+    if origin is dict or tp is dict:
+        return isinstance(value, dict)
+    if isinstance(tp, type):
+        return isinstance(value, tp)
+    return True
+
+
+def build(cls: type, options: dict[str, Any], what: str) -> Any:
+    """`cls(**options)`, with errors that name `what`, the bad option and every valid one."""
+    types = field_types(cls)
+    valid = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(options) - valid)
+    if unknown:
+        raise TypeError(f"unknown option(s) {unknown} for {what}; valid options are:\n{describe(cls)}")
+    for name, value in options.items():
+        if not matches_type(value, types[name]):
+            raise TypeError(
+                f"option {name}={value!r} for {what} has type {type(value).__name__}, "
+                f"expected {type_name(types[name])}; valid options are:\n{describe(cls)}"
+            )
+    values = {k: (float(v) if types[k] is float else v) for k, v in options.items()}
+    try:
+        return cls(**values)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"invalid option for {what}: {error}; valid options are:\n{describe(cls)}") from None

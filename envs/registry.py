@@ -1,0 +1,83 @@
+"""The env registry: `make(name, num_envs=..., device=..., seed=..., **options)` and `names()`.
+
+Native envs register their class by name. Adapters register a prefix (`"vmas/"`, `"pettingzoo/"`)
+with a factory that receives the rest of the name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from envs import options as _options
+from envs.base import MultiAgentEnv
+
+_ENVS: dict[str, type[MultiAgentEnv]] = {}
+_PREFIXES: dict[str, tuple[Callable[..., MultiAgentEnv], str]] = {}
+
+
+def register(name: str) -> Callable[[type[MultiAgentEnv]], type[MultiAgentEnv]]:
+    """Class decorator: make a `MultiAgentEnv` subclass available as `make(name, ...)`."""
+
+    def decorate(cls: type[MultiAgentEnv]) -> type[MultiAgentEnv]:
+        if name in _ENVS and _ENVS[name] is not cls:
+            raise ValueError(f"an env named {name!r} is already registered ({_ENVS[name].__qualname__})")
+        if "/" in name:
+            raise ValueError(f"env names may not contain '/': {name!r} (it separates adapter prefixes)")
+        cls.name = name
+        _ENVS[name] = cls
+        return cls
+
+    return decorate
+
+
+def register_prefix(prefix: str, factory: Callable[..., MultiAgentEnv], help: str) -> None:
+    """Route `make("<prefix>/<rest>", ...)` to `factory(rest, num_envs=, device=, seed=, check_values=, **options)`."""
+    _PREFIXES[prefix] = (factory, help)
+
+
+def names() -> list[str]:
+    """Registered native env names, then the adapter patterns (e.g. `vmas/<scenario>`)."""
+    return sorted(_ENVS) + [f"{prefix}/<{help}>" for prefix, (_, help) in sorted(_PREFIXES.items())]
+
+
+def env_class(name: str) -> type[MultiAgentEnv]:
+    if name not in _ENVS:
+        raise KeyError(_unknown(name))
+    return _ENVS[name]
+
+
+def _unknown(name: str) -> str:
+    return f"unknown env {name!r}; known envs: {', '.join(names())}"
+
+
+def make(
+    name: str,
+    *,
+    num_envs: int,
+    device: torch.device | str = "cpu",
+    seed: int | None = None,
+    check_values: bool = False,
+    **options: Any,
+) -> MultiAgentEnv:
+    """Build env `name` with `num_envs` copies on `device`.
+
+    `options` are the env's own (see `marl envs` or `describe(name)`); an unknown or invalid option
+    raises an error that lists the valid ones with their types and defaults.
+    """
+    if "/" in name:
+        prefix, rest = name.split("/", 1)
+        if prefix not in _PREFIXES:
+            raise KeyError(_unknown(name))
+        factory, _ = _PREFIXES[prefix]
+        return factory(rest, num_envs=num_envs, device=device, seed=seed, check_values=check_values, **options)
+    cls = env_class(name)
+    config = _options.build(cls.Config, options, what=f"env {name!r}")
+    return cls(config, num_envs=num_envs, device=device, seed=seed, check_values=check_values)
+
+
+def describe(name: str) -> str:
+    """The options of native env `name`, one per line with type, default and meaning."""
+    return _options.describe(env_class(name).Config)

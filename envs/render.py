@@ -1,0 +1,76 @@
+"""A tiny rasteriser for 2-D particle envs: discs and rings on a white canvas, no display needed."""
+
+from __future__ import annotations
+
+import numpy as np
+
+PALETTE = np.array(
+    [
+        (55, 126, 184),
+        (255, 127, 0),
+        (77, 175, 74),
+        (247, 129, 191),
+        (152, 78, 163),
+        (228, 26, 28),
+        (222, 222, 0),
+        (166, 86, 40),
+    ],
+    dtype=np.uint8,
+)
+
+
+def colour(i: int) -> np.ndarray:
+    return PALETTE[i % len(PALETTE)]
+
+
+class Canvas:
+    """An RGB image of the square `[-half_width, half_width]^2` of the world."""
+
+    def __init__(self, half_width: float, size: int = 320) -> None:
+        self.half_width = float(half_width)
+        self.size = size
+        self.image = np.full((size, size, 3), 255, dtype=np.uint8)
+        # Pixel centres in world coordinates; y grows upwards in the world, downwards in the image.
+        coords = (np.arange(size) + 0.5) / size * 2 * self.half_width - self.half_width
+        self._x = coords[None, :]
+        self._y = coords[::-1, None]
+
+    def disc(self, centre, radius: float, rgb, ring: float | None = None) -> None:
+        """Fill a disc (or draw a ring of width `ring`) of world `radius` at world `centre`."""
+        distance = np.sqrt((self._x - float(centre[0])) ** 2 + (self._y - float(centre[1])) ** 2)
+        inside = distance <= radius
+        if ring is not None:
+            inside &= distance >= radius - ring
+        self.image[inside] = rgb
+
+    def line(self, start, end, rgb, width: float) -> None:
+        start, end = np.asarray(start, dtype=float), np.asarray(end, dtype=float)
+        direction = end - start
+        length_sq = max(float(direction @ direction), 1e-12)
+        t = np.clip(((self._x - start[0]) * direction[0] + (self._y - start[1]) * direction[1]) / length_sq, 0, 1)
+        distance = np.sqrt((self._x - start[0] - t * direction[0]) ** 2 + (self._y - start[1] - t * direction[1]) ** 2)
+        self.image[distance <= width / 2] = rgb
+
+    def border(self, half_width: float, rgb=(120, 120, 120), width: float = 0.01) -> None:
+        """Outline the square `[-half_width, half_width]^2`."""
+        corners = [
+            (-half_width, -half_width),
+            (half_width, -half_width),
+            (half_width, half_width),
+            (-half_width, half_width),
+        ]
+        for a, b in zip(corners, corners[1:] + corners[:1]):
+            self.line(a, b, rgb, width)
+
+
+def lighter(rgb, amount: float = 0.55) -> np.ndarray:
+    rgb = np.asarray(rgb, dtype=float)
+    return (rgb + (255 - rgb) * amount).astype(np.uint8)
+
+
+def save_gif(frames: list[np.ndarray], path: str, fps: int = 10) -> None:
+    """Write RGB frames `[H, W, 3]` uint8 as an animated GIF."""
+    from PIL import Image
+
+    images = [Image.fromarray(frame) for frame in frames]
+    images[0].save(path, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)

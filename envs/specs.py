@@ -1,0 +1,182 @@
+"""Specs: what one agent observes and does, and how to check or sample a batch of it.
+
+A spec describes a single agent; a group of `n` agents shares one spec, so its tensors are shaped
+`[*batch, n, *spec.shape]`. Every spec can sample a random batch on a device from a given
+`torch.Generator` and convert itself to a gymnasium space.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+Bound = float | tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Box:
+    """A float box for one agent's observation or continuous action.
+
+    `low` and `high` are scalars, or flat tuples with one value per element of `shape` (row-major);
+    use +-inf for unbounded sides.
+    """
+
+    shape: tuple[int, ...]
+    low: Bound = float("-inf")
+    high: Bound = float("inf")
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        numel = math.prod(self.shape)
+        for name in ("low", "high"):
+            value = getattr(self, name)
+            if isinstance(value, (tuple, list)):
+                value = tuple(float(v) for v in value)
+                if len(value) != numel:
+                    raise ValueError(
+                        f"Box {name} has {len(value)} values, expected 1 or {numel} for shape {self.shape}"
+                    )
+            else:
+                value = float(value)
+            object.__setattr__(self, name, value)
+        low, high = self.bounds("cpu")
+        if not bool((low <= high).all()):
+            raise ValueError(f"Box low={self.low} must be <= high={self.high}")
+        if not self.dtype.is_floating_point:
+            raise ValueError(f"Box dtype must be a float dtype, got {self.dtype}")
+
+    def bounds(self, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(low, high)` as tensors shaped `shape` on `device`."""
+        low = torch.tensor(self.low, dtype=self.dtype, device=device).expand(self.shape)
+        high = torch.tensor(self.high, dtype=self.dtype, device=device).expand(self.shape)
+        return low.reshape(self.shape), high.reshape(self.shape)
+
+    @property
+    def bounded(self) -> bool:
+        low, high = self.bounds("cpu")
+        return bool(torch.isfinite(low).all() and torch.isfinite(high).all())
+
+    def sample(
+        self, batch_shape: tuple[int, ...], device: torch.device | str, generator: torch.Generator
+    ) -> torch.Tensor:
+        """Uniform in the box, or standard normal clipped to it when a side is unbounded;
+        shape `[*batch_shape, *shape]`."""
+        shape = (*batch_shape, *self.shape)
+        low, high = self.bounds(device)
+        if self.bounded:
+            u = torch.rand(shape, device=device, generator=generator, dtype=self.dtype)
+            return low + (high - low) * u
+        return torch.maximum(
+            torch.minimum(torch.randn(shape, device=device, generator=generator, dtype=self.dtype), high), low
+        )
+
+    def to_gymnasium(self):
+        import gymnasium
+        import numpy as np
+
+        low, high = (b.numpy().astype(np.float32) for b in self.bounds("cpu"))
+        return gymnasium.spaces.Box(low, high, self.shape, dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class Discrete:
+    """One choice among `n` per agent (int64, shape `()`), optionally restricted by an action mask.
+
+    With `masked=True` the env publishes `(group, "action_mask")`, a bool `[*batch, n_agents, n]`
+    tensor; sampling then draws only allowed actions.
+    """
+
+    n: int
+    masked: bool = False
+    dtype: torch.dtype = torch.int64
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return ()
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"Discrete needs n >= 1, got {self.n}")
+
+    def sample(
+        self,
+        batch_shape: tuple[int, ...],
+        device: torch.device | str,
+        generator: torch.Generator,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Uniform over the allowed actions; shape `batch_shape`. `mask` is bool `[*batch_shape, n]`."""
+        if mask is None:
+            return torch.randint(self.n, batch_shape, device=device, generator=generator)
+        # Gumbel-max over allowed actions keeps the draw batched with no data-dependent shapes.
+        u = torch.rand((*batch_shape, self.n), device=device, generator=generator)
+        return torch.where(mask, u, -1.0).argmax(-1)
+
+    def to_gymnasium(self):
+        import gymnasium
+
+        return gymnasium.spaces.Discrete(self.n)
+
+
+@dataclass(frozen=True)
+class MultiDiscrete:
+    """Several independent choices per agent: int64 shape `(len(nvec),)`, choice `i` in `[0, nvec[i])`."""
+
+    nvec: tuple[int, ...]
+    dtype: torch.dtype = torch.int64
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nvec", tuple(int(v) for v in self.nvec))
+        if not self.nvec or min(self.nvec) < 1:
+            raise ValueError(f"MultiDiscrete needs a non-empty nvec of values >= 1, got {self.nvec}")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.nvec),)
+
+    def sample(
+        self, batch_shape: tuple[int, ...], device: torch.device | str, generator: torch.Generator
+    ) -> torch.Tensor:
+        nvec = torch.tensor(self.nvec, device=device, dtype=torch.float32)
+        u = torch.rand((*batch_shape, len(self.nvec)), device=device, generator=generator)
+        return (u * nvec).long().clamp_max(nvec.long() - 1)
+
+    def to_gymnasium(self):
+        import gymnasium
+        import numpy as np
+
+        return gymnasium.spaces.MultiDiscrete(np.array(self.nvec, dtype=np.int64))
+
+
+ActionSpec = Box | Discrete | MultiDiscrete
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """A group of agents sharing one observation spec and one action spec."""
+
+    agents: tuple[str, ...]
+    observation: Box
+    action: ActionSpec
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "agents", tuple(self.agents))
+        if not self.agents:
+            raise ValueError("a group needs at least one agent")
+        if len(set(self.agents)) != len(self.agents):
+            raise ValueError(f"agent names in a group must be unique, got {self.agents}")
+
+    @property
+    def n_agents(self) -> int:
+        return len(self.agents)
+
+    @property
+    def is_discrete(self) -> bool:
+        return isinstance(self.action, (Discrete, MultiDiscrete))
+
+    @property
+    def has_action_mask(self) -> bool:
+        return isinstance(self.action, Discrete) and self.action.masked

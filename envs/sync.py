@@ -1,0 +1,84 @@
+"""Catch host synchronisation in code that must stay on the device.
+
+`forbid_host_sync()` is a context manager under which any operation that would make the host wait for
+the device raises `HostSyncError`: reading values (`.item()`, `.tolist()`, `.numpy()`, `.cpu()`,
+`bool(t)`, `int(t)`, `float(t)`, `if t:`), and ops whose output shape depends on data (`nonzero`,
+boolean-mask indexing and assignment, `masked_select`, `unique`, `repeat_interleave` by a tensor).
+It works on CPU tensors too, so CI (without a GPU) proves that reset, step, rollout, advantages and
+loss never wait on the device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class HostSyncError(RuntimeError):
+    """An operation synchronised with the host where that is forbidden."""
+
+
+_SYNCING_METHODS = {
+    torch.Tensor.item: ".item()",
+    torch.Tensor.tolist: ".tolist()",
+    torch.Tensor.numpy: ".numpy()",
+    torch.Tensor.cpu: ".cpu()",
+    torch.Tensor.__bool__: "bool(tensor) (e.g. `if tensor:` or `and`/`or` on a tensor)",
+    torch.Tensor.__int__: "int(tensor)",
+    torch.Tensor.__float__: "float(tensor)",
+    torch.Tensor.__index__: "using a tensor as a Python index",
+    torch.Tensor.__array__: "numpy.asarray(tensor)",
+}
+
+_DATA_DEPENDENT_OPS = {
+    "aten::_local_scalar_dense": "reading a tensor value on the host",
+    "aten::nonzero": "nonzero (output shape depends on data)",
+    "aten::nonzero_static": None,  # fixed output size: allowed
+    "aten::masked_select": "masked_select (output shape depends on data)",
+    "aten::_unique2": "unique (output shape depends on data)",
+    "aten::unique_dim": "unique (output shape depends on data)",
+    "aten::unique_consecutive": "unique_consecutive (output shape depends on data)",
+}
+
+
+def _is_bool_index(indices) -> bool:
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices if i is not None)
+
+
+class _ForbidMethods(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        what = _SYNCING_METHODS.get(func)
+        if what is not None:
+            raise HostSyncError(f"host sync: {what} is not allowed here")
+        if func is torch.Tensor.to and args and isinstance(args[0], torch.Tensor):
+            target = kwargs.get("device", next((a for a in args[1:] if isinstance(a, (str, torch.device))), None))
+            if target is not None and torch.device(target).type == "cpu" and args[0].device.type != "cpu":
+                raise HostSyncError("host sync: copying a device tensor to the CPU is not allowed here")
+        return func(*args, **kwargs)
+
+
+class _ForbidDataDependentOps(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func._schema.name
+        what = _DATA_DEPENDENT_OPS.get(name)
+        if name in ("aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"):
+            if len(args) > 1 and _is_bool_index(args[1]):
+                what = "boolean-mask indexing (use torch.where instead)"
+        if name == "aten::repeat_interleave" and func._overloadname != "self_int" and kwargs.get("output_size") is None:
+            what = "repeat_interleave by a tensor (output shape depends on data)"
+        if what is not None:
+            raise HostSyncError(f"host sync: {what} is not allowed here")
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def forbid_host_sync() -> Iterator[None]:
+    """Raise `HostSyncError` on any host sync or data-dependent shape inside the block."""
+    with _ForbidMethods(), _ForbidDataDependentOps():
+        yield

@@ -1,0 +1,172 @@
+"""Small envs that each break one property of the env contract, for testing `check_env`.
+
+`Counter` is a correct toy env: each agent's position drifts by its action; rewards are minus the
+distance to a random target. Each subclass breaks one thing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from envs.base import EnvConfig, MultiAgentEnv
+from envs.specs import Box, Discrete, GroupSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class CounterConfig(EnvConfig):
+    max_steps: int = 6
+    n_agents: int = 2
+
+
+class Counter(MultiAgentEnv):
+    name = "counter"
+    Config = CounterConfig
+
+    def _make_groups(self):
+        n = self.config.n_agents
+        return {
+            "mover": GroupSpec([f"mover_{i}" for i in range(n)], Box((2,)), Box((1,), -1.0, 1.0)),
+            "picker": GroupSpec(["picker_0"], Box((1,)), Discrete(3, masked=True)),
+        }
+
+    def _init_state(self):
+        B, n = self.num_envs, self.config.n_agents
+        self.pos = torch.zeros(B, n, device=self.device)  # [B, n]
+        self.target = torch.zeros(B, n, device=self.device)  # [B, n]
+        self.picks = torch.zeros(B, device=self.device)  # [B]
+
+    def _reset(self, mask):
+        target = torch.rand(self.num_envs, self.config.n_agents, generator=self.generator, device=self.device)
+        self.target = torch.where(mask[:, None], target, self.target)
+        self.pos = torch.where(mask[:, None], 0.0, self.pos)
+        self.picks = torch.where(mask, 0.0, self.picks)
+
+    def _step(self, action):
+        self.pos = self.pos + action["mover"][..., 0]
+        self.picks = self.picks + action["picker"][:, 0].float()
+        distance = (self.pos - self.target).abs()
+        reward = {"mover": -distance, "picker": -distance.mean(-1, keepdim=True)}
+        terminated = (distance < 0.05).all(-1)
+        return reward, terminated
+
+    def _observe(self):
+        return {
+            "mover": torch.stack([self.pos, self.target], -1),
+            "picker": self.picks[:, None, None],
+        }
+
+    def _action_mask(self):
+        mask = torch.ones(self.num_envs, 1, 3, dtype=torch.bool, device=self.device)
+        mask[..., 2] = False  # action 2 is never allowed
+        return {"picker": mask}
+
+    def _render(self, index):
+        return np.zeros((8, 8, 3), dtype=np.uint8)
+
+
+class WrongShape(Counter):
+    def _observe(self):
+        obs = super()._observe()
+        obs["mover"] = obs["mover"][..., :1]
+        return obs
+
+
+class WrongDtype(Counter):
+    def _observe(self):
+        obs = super()._observe()
+        obs["mover"] = obs["mover"].double()
+        return obs
+
+
+class NanReward(Counter):
+    def _step(self, action):
+        reward, terminated = super()._step(action)
+        reward["mover"] = reward["mover"] / 0.0 * 0.0
+        return reward, terminated
+
+
+class HostSync(Counter):
+    def _step(self, action):
+        reward, terminated = super()._step(action)
+        if terminated.any():  # reads a device value on the host
+            pass
+        return reward, terminated
+
+
+class GlobalRandom(Counter):
+    """Draws from torch's global generator instead of the env's own: seeds do not reproduce runs."""
+
+    def _reset(self, mask):
+        target = torch.rand(self.num_envs, self.config.n_agents, device=self.device)
+        self.target = torch.where(mask[:, None], target, self.target)
+        self.pos = torch.where(mask[:, None], 0.0, self.pos)
+        self.picks = torch.where(mask, 0.0, self.picks)
+
+
+class LeakyEnvs(Counter):
+    """Rewards depend on the mean position over the whole batch: envs are not independent."""
+
+    def _step(self, action):
+        reward, terminated = super()._step(action)
+        reward["mover"] = reward["mover"] - self.pos.mean()
+        return reward, terminated
+
+
+class ResetsEveryEnv(Counter):
+    """Resets every env whatever the mask (so auto-reset restarts envs that are not done)."""
+
+    def _reset(self, mask):
+        super()._reset(torch.ones_like(mask))
+
+
+class IgnoresResetMask(Counter):
+    """Its public `reset(mask=...)` resets every env."""
+
+    def reset(self, seed=None, *, mask=None):
+        return super().reset(seed)
+
+
+class SkipsAutoReset(Counter):
+    """Hands the finished episode's final observation back as `obs`: no fresh start."""
+
+    def step(self, action):
+        next_td, obs = super().step(action)
+        for group in self.groups:
+            obs[group, "observation"] = next_td[group, "observation"]
+        return next_td, obs
+
+
+class OverwritesNext(Counter):
+    """Returns the reset observation as `next`: the true final observation is lost."""
+
+    def step(self, action):
+        next_td, obs = super().step(action)
+        for group in self.groups:
+            next_td[group, "observation"] = obs[group, "observation"]
+        return next_td, obs
+
+
+class TimeLimitAsTermination(Counter):
+    """Reports hitting the time limit as a termination."""
+
+    def step(self, action):
+        next_td, obs = super().step(action)
+        for td in [next_td, *(next_td[g] for g in self.groups)]:
+            td["terminated"] = td["terminated"] | td["truncated"]
+            td["truncated"] = torch.zeros_like(td["truncated"])
+        return next_td, obs
+
+
+class BadRender(Counter):
+    def _render(self, index):
+        return np.zeros((8, 8), dtype=np.float32)
+
+
+class SharedAgentNames(Counter):
+    def _make_groups(self):
+        groups = super()._make_groups()
+        groups["picker"] = GroupSpec(["mover_0"], Box((1,)), Discrete(3, masked=True))
+        return groups

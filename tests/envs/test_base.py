@@ -1,0 +1,153 @@
+"""The base class's argument checks, auto-reset and flags, on the toy env and on navigation."""
+
+import pytest
+import torch
+
+import envs
+from tests.envs.broken_envs import Counter
+
+
+def make(**kwargs):
+    return Counter(num_envs=4, seed=0, **kwargs)
+
+
+def good_action(env):
+    return {
+        "mover": torch.zeros(env.num_envs, env.config.n_agents, 1),
+        "picker": torch.zeros(env.num_envs, 1, dtype=torch.long),
+    }
+
+
+@pytest.mark.parametrize("num_envs", [0, -3, 2.5, True])
+def test_num_envs_must_be_positive_int(num_envs):
+    with pytest.raises(ValueError, match="num_envs must be a positive int"):
+        Counter(num_envs=num_envs)
+
+
+def test_action_with_wrong_shape_names_group_and_shapes():
+    env = make()
+    action = good_action(env)
+    action["mover"] = torch.zeros(4, 2, 2)
+    with pytest.raises(ValueError, match=r"action for group 'mover' has shape \(4, 2, 2\), expected \(4, 2, 1\)"):
+        env.step(action)
+
+
+def test_action_with_wrong_dtype():
+    env = make()
+    action = good_action(env)
+    action["mover"] = torch.zeros(4, 2, 1, dtype=torch.long)
+    with pytest.raises(TypeError, match="action for group 'mover' has dtype torch.int64, expected a float dtype"):
+        env.step(action)
+    action = good_action(env)
+    action["picker"] = torch.zeros(4, 1)
+    with pytest.raises(TypeError, match="action for group 'picker' has dtype torch.float32, expected an integer"):
+        env.step(action)
+
+
+def test_action_on_wrong_device():
+    env = make()
+    action = good_action(env)
+    action["mover"] = torch.zeros(4, 2, 1, device="meta")
+    with pytest.raises(ValueError, match="action for group 'mover' is on meta, expected the env's device cpu"):
+        env.step(action)
+
+
+def test_missing_and_unknown_groups():
+    env = make()
+    action = good_action(env)
+    del action["picker"]
+    action["prey"] = torch.zeros(4, 1)
+    with pytest.raises(KeyError, match=r"missing \['picker'\]; unknown \['prey'\]"):
+        env.step(action)
+
+
+def test_action_must_be_a_mapping():
+    with pytest.raises(TypeError, match="action must be a mapping group -> tensor"):
+        make().step(torch.zeros(4, 2, 1))
+
+
+def test_value_checks_catch_nan_bounds_and_masks_only_when_on():
+    env = make(check_values=True)
+    action = good_action(env)
+    action["mover"][0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="action for group 'mover' contains NaN or inf"):
+        env.step(action)
+    action = good_action(env)
+    action["mover"][1, 1, 0] = 3.0
+    with pytest.raises(ValueError, match="outside the action bounds"):
+        env.step(action)
+    action = good_action(env)
+    action["picker"][2, 0] = 2  # masked out
+    with pytest.raises(ValueError, match="action_mask forbids"):
+        env.step(action)
+    action["picker"][2, 0] = 5
+    with pytest.raises(ValueError, match=r"outside \[0, 3\)"):
+        env.step(action)
+    # Without value checks the same out-of-bounds action is clipped to the bounds, with no host sync.
+    env = make()
+    action = good_action(env)
+    action["mover"][1, 1, 0] = 3.0
+    next_td, _ = env.step(action)
+    assert next_td["mover", "observation"][1, 1, 0] == pytest.approx(1.0)
+
+
+def test_reset_mask_is_checked():
+    env = make()
+    with pytest.raises(ValueError, match=r"mask has shape \(3,\), expected \(4,\)"):
+        env.reset(mask=torch.zeros(3, dtype=torch.bool))
+    with pytest.raises(TypeError, match="mask has dtype torch.int64, expected torch.bool"):
+        env.reset(mask=torch.zeros(4, dtype=torch.long))
+
+
+def test_flags_and_auto_reset_at_max_steps():
+    env = make()  # max_steps = 6
+    env.reset(seed=1)
+    for t in range(1, 7):
+        next_td, obs = env.step(good_action(env))  # zero actions never reach the targets
+        truncated = next_td["truncated"][:, 0]
+        assert truncated.all() == (t == 6)
+        assert not next_td["terminated"].any()
+        assert torch.equal(next_td["mover", "truncated"], truncated[:, None, None].expand(4, 2, 1))
+        assert torch.equal(next_td["done"], next_td["truncated"])
+    # After the time limit every env restarted: counters are back to zero, targets are fresh.
+    assert torch.equal(env.step_count, torch.zeros(4, dtype=torch.long))
+    assert not torch.equal(next_td["mover", "observation"][..., 1], obs["mover", "observation"][..., 1])
+
+
+def test_tensordict_actions_are_accepted():
+    from tensordict import TensorDict
+
+    env = make()
+    action = TensorDict({g: {"action": a} for g, a in good_action(env).items()}, batch_size=[4])
+    env.step(action)
+
+
+def test_sample_actions_honours_masks():
+    env = make()
+    obs = env.reset()
+    actions = torch.stack([env.sample_actions(torch.Generator().manual_seed(i), obs)["picker"] for i in range(50)])
+    assert set(actions.unique().tolist()) == {0, 1}
+
+
+def test_registry_errors():
+    with pytest.raises(KeyError, match="unknown env 'navigaton'; known envs: .*navigation"):
+        envs.make("navigaton", num_envs=2)
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['n_agent'\] for env 'navigation'; valid options"):
+        envs.make("navigation", num_envs=2, n_agent=3)
+    with pytest.raises(TypeError, match=r"option n_agents=2.5 .* has type float, expected int"):
+        envs.make("navigation", num_envs=2, n_agents=2.5)
+    with pytest.raises(ValueError, match=r"n_agents must be in \[1, 256\], got 0"):
+        envs.make("navigation", num_envs=2, n_agents=0)
+    with pytest.raises(ValueError, match="max_steps must be >= 1"):
+        envs.make("navigation", num_envs=2, max_steps=0)
+    message = ""
+    try:
+        envs.make("navigation", num_envs=2, bogus=1)
+    except TypeError as error:
+        message = str(error)
+    assert "n_agents: int = 3  -- Number of agents" in message
+    assert "shared_reward: bool = True" in message
+
+
+def test_names_lists_navigation():
+    assert "navigation" in envs.names()
