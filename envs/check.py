@@ -93,6 +93,7 @@ class _Checker:
         start = obs
         generator = torch.Generator(env.device).manual_seed(action_seed)
         other = torch.Generator(env.device).manual_seed(action_seed + 7919)
+        first = torch.arange(self.B, device=env.device) == 0  # [B]: env 0
         trajectory = []
         for t in range(steps):
             if reset_mask_at == t:
@@ -101,8 +102,6 @@ class _Checker:
             action = self.actions(generator, obs)
             if perturb_env0:
                 alternative = self.actions(other, obs)
-                first = torch.zeros(self.B, dtype=torch.bool, device=env.device)
-                first[0] = True
                 action = action.apply(lambda a, b: torch.where(first.view(-1, *[1] * (a.dim() - 1)), b, a), alternative)
             next_td, obs = env.step(action)
             trajectory.append((next_td.clone(), obs.clone()))
