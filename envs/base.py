@@ -56,6 +56,9 @@ class MultiAgentEnv:
 
     Config: ClassVar[type[EnvConfig]] = EnvConfig
     name: ClassVar[str] = "env"
+    runs_on_host: ClassVar[bool] = False
+    """True for adapters of host (numpy) simulators, e.g. PettingZoo: their steps copy data between host
+    and device by nature, so `check_env` does not hold them to the no-host-sync property."""
 
     def __init__(
         self,
@@ -65,6 +68,7 @@ class MultiAgentEnv:
         device: torch.device | str = "cpu",
         seed: int | None = None,
         check_values: bool = False,
+        compile: bool = False,
     ) -> None:
         """Build `num_envs` copies on `device`.
 
@@ -75,6 +79,9 @@ class MultiAgentEnv:
             seed: seeds the env's own `torch.Generator`; a random seed when None.
             check_values: also check action values (NaN/inf, bounds, masks) on every step. This
                 synchronises with the host, so it is meant for tests and debugging.
+            compile: run the physics (`_step`, `_observe`) through `torch.compile`, which fuses its
+                many small ops into a few kernels (the first step then takes seconds to compile).
+                Resets stay eager: they draw from the env's generator, which graphs cannot hold.
         """
         if config is None:
             config = self.Config()
@@ -95,6 +102,11 @@ class MultiAgentEnv:
         self._action_bounds = {
             g: spec.action.bounds(self.device) for g, spec in self.groups.items() if isinstance(spec.action, Box)
         }
+        self.compiled = compile
+        if compile:
+            # Instance attributes shadow the methods; shapes never change, so no dynamic shapes.
+            self._step = torch.compile(self._step, dynamic=False)
+            self._observe = torch.compile(self._observe, dynamic=False)
         self._init_state()
         self._reset(torch.ones(num_envs, dtype=torch.bool, device=self.device))
 

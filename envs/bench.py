@@ -24,8 +24,8 @@ import envs
 from envs.navigation import NavigationConfig
 
 
-def time_vecmarl(num_envs: int, n_agents: int, steps: int, repeats: int, device: str) -> float:
-    env = envs.make("navigation", num_envs=num_envs, device=device, seed=0, n_agents=n_agents)
+def time_vecmarl(num_envs: int, n_agents: int, steps: int, repeats: int, device: str, compile: bool) -> float:
+    env = envs.make("navigation", num_envs=num_envs, device=device, seed=0, n_agents=n_agents, compile=compile)
     generator = torch.Generator(device).manual_seed(1)
     actions = [env.sample_actions(generator)["agent"] for _ in range(8)]
     env.reset()
@@ -56,7 +56,8 @@ def time_vmas(num_envs: int, n_agents: int, steps: int, repeats: int, device: st
     )
     generator = torch.Generator(device).manual_seed(1)
     actions = [
-        list((torch.rand(n_agents, num_envs, 2, generator=generator, device=device) * 2 - 1).unbind(0)) for _ in range(8)
+        list((torch.rand(n_agents, num_envs, 2, generator=generator, device=device) * 2 - 1).unbind(0))
+        for _ in range(8)
     ]
     env.reset()
 
@@ -104,6 +105,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per figure; the median is reported")
     parser.add_argument("--device", default="cpu", help="torch device for both sides")
     parser.add_argument("--no-vmas", action="store_true", help="skip VMAS even when it is installed")
+    parser.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time vecmarl with compile=True (torch.compile'd physics; compile time is not timed)",
+    )
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
 
@@ -118,20 +125,32 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"command: python -m envs.bench {' '.join(argv if argv is not None else sys.argv[1:])}")
     print(f"device: {args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(f"steps per run: {args.steps}, median of {args.repeats} runs, env-steps/s (one env, all agents)")
-    header = f"{'env':<11}{'num_envs':>9}{'n_agents':>9}{'vecmarl':>14}{'VMAS':>14}{'ratio':>8}"
+    columns = ["eager", "compiled"] if args.compile else ["eager"]
+    header = f"{'env':<11}{'num_envs':>9}{'n_agents':>9}" + "".join(f"{'vecmarl ' + c:>18}" for c in columns)
+    header += f"{'VMAS':>12}" + "".join(f"{'ratio ' + c:>16}" for c in columns)
     print(header)
     print("-" * len(header))
     rows = []
     for n_agents in args.n_agents:
         for num_envs in args.num_envs:
-            ours = time_vecmarl(num_envs, n_agents, args.steps, args.repeats, args.device)
+            ours = {
+                c: time_vecmarl(num_envs, n_agents, args.steps, args.repeats, args.device, c == "compiled")
+                for c in columns
+            }
             theirs = time_vmas(num_envs, n_agents, args.steps, args.repeats, args.device) if with_vmas else None
-            ratio = f"{ours / theirs:.2f}x" if theirs else "-"
-            theirs_text = f"{theirs:,.0f}" if theirs else "-"
-            print(f"{'navigation':<11}{num_envs:>9}{n_agents:>9}{ours:>14,.0f}{theirs_text:>14}{ratio:>8}", flush=True)
+            line = f"{'navigation':<11}{num_envs:>9}{n_agents:>9}" + "".join(f"{ours[c]:>18,.0f}" for c in columns)
+            line += f"{theirs:>12,.0f}" if theirs else f"{'-':>12}"
+            line += "".join(f"{ours[c] / theirs:>15.2f}x" if theirs else f"{'-':>16}" for c in columns)
+            print(line, flush=True)
             rows.append(
-                {"env": "navigation", "num_envs": num_envs, "n_agents": n_agents, "device": args.device,
-                 "vecmarl_env_steps_per_s": ours, "vmas_env_steps_per_s": theirs}
+                {
+                    "env": "navigation",
+                    "num_envs": num_envs,
+                    "n_agents": n_agents,
+                    "device": args.device,
+                    **{f"vecmarl_{c}_env_steps_per_s": ours[c] for c in columns},
+                    "vmas_env_steps_per_s": theirs,
+                }
             )
     if args.json:
         with open(args.json, "w") as f:

@@ -5,7 +5,8 @@ It checks, in order, and stops at the first property that fails, naming it with 
 - `specs`: groups, agents and specs are well formed;
 - `data`: every tensor of `reset` and `step` matches its spec (shape, dtype, device, bounds, finite);
 - `flags`: `done == terminated | truncated`, never both, and an env-level `done` finishes every agent;
-- `host_sync`: `reset` and `step` never synchronise with the host or make data-dependent shapes;
+- `host_sync`: `reset` and `step` never synchronise with the host or make data-dependent shapes (not
+  checked for adapters of host simulators, whose class sets `runs_on_host = True`);
 - `seeding`: one seed gives one trajectory, different seeds give different starts;
 - `independence`: changing env 0's actions changes nothing in the other envs;
 - `truncation`: `truncated` is set exactly at `max_steps` (and `terminated` is not);
@@ -133,6 +134,8 @@ class _Checker:
 
     def host_sync(self) -> None:
         env = self.env
+        if env.runs_on_host:
+            return
         generator = torch.Generator(env.device).manual_seed(3)
         env.check_values = False
         try:

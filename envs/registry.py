@@ -34,7 +34,8 @@ def register(name: str) -> Callable[[type[MultiAgentEnv]], type[MultiAgentEnv]]:
 
 
 def register_prefix(prefix: str, factory: Callable[..., MultiAgentEnv], help: str) -> None:
-    """Route `make("<prefix>/<rest>", ...)` to `factory(rest, num_envs=, device=, seed=, check_values=, **options)`."""
+    """Route `make("<prefix>/<rest>", ...)` to
+    `factory(rest, num_envs=, device=, seed=, check_values=, compile=, **options)`."""
     _PREFIXES[prefix] = (factory, help)
 
 
@@ -60,22 +61,26 @@ def make(
     device: torch.device | str = "cpu",
     seed: int | None = None,
     check_values: bool = False,
+    compile: bool = False,
     **options: Any,
 ) -> MultiAgentEnv:
     """Build env `name` with `num_envs` copies on `device`.
 
     `options` are the env's own (see `marl envs` or `describe(name)`); an unknown or invalid option
-    raises an error that lists the valid ones with their types and defaults.
+    raises an error that lists the valid ones with their types and defaults. `check_values` and
+    `compile` are explained in `MultiAgentEnv.__init__`.
     """
     if "/" in name:
         prefix, rest = name.split("/", 1)
         if prefix not in _PREFIXES:
             raise KeyError(_unknown(name))
         factory, _ = _PREFIXES[prefix]
-        return factory(rest, num_envs=num_envs, device=device, seed=seed, check_values=check_values, **options)
+        return factory(
+            rest, num_envs=num_envs, device=device, seed=seed, check_values=check_values, compile=compile, **options
+        )
     cls = env_class(name)
     config = _options.build(cls.Config, options, what=f"env {name!r}")
-    return cls(config, num_envs=num_envs, device=device, seed=seed, check_values=check_values)
+    return cls(config, num_envs=num_envs, device=device, seed=seed, check_values=check_values, compile=compile)
 
 
 def describe(name: str) -> str:
