@@ -203,17 +203,28 @@ class MultiAgentEnv:
     def sample_actions(self, generator: torch.Generator | None = None, obs: TensorDictBase | None = None) -> TensorDict:
         """A random action for every agent, `{group: [B, n, *action_shape]}`, honouring the action
         masks in `obs` when given. Uses `generator` (not the env's own, by default a fresh one)."""
-        if generator is None:
-            generator = torch.Generator(device=self.device)
-            generator.manual_seed(int(torch.randint(2**62, (1,)).item()))
-        actions = {}
-        for group, spec in self.groups.items():
-            batch = (self.num_envs, spec.n_agents)
-            if spec.has_action_mask and obs is not None:
-                actions[group] = spec.action.sample(batch, self.device, generator, mask=obs[group, "action_mask"])
+        return sample_actions(self.groups, self.num_envs, self.device, generator, obs)
+
+    def state_dict(self) -> dict:
+        """Everything needed to continue exactly where the env is: its tensors (attributes holding a
+        tensor or a dict of tensors), step counters and generator state."""
+        state = {
+            name: value
+            for name, value in vars(self).items()
+            if isinstance(value, torch.Tensor)
+            or (isinstance(value, dict) and value and all(isinstance(v, torch.Tensor) for v in value.values()))
+        }
+        return {"tensors": state, "generator": self.generator.get_state(), "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, value in state["tensors"].items():
+            if isinstance(value, dict):
+                value = {k: v.to(self.device) for k, v in value.items()}
             else:
-                actions[group] = spec.action.sample(batch, self.device, generator)
-        return TensorDict(actions, batch_size=[self.num_envs], device=self.device)
+                value = value.to(self.device)
+            setattr(self, name, value)
+        self.generator.set_state(state["generator"])
+        self.seed = state["seed"]
 
     def render(self, index: int = 0) -> np.ndarray:
         """An RGB image `[H, W, 3]` uint8 of env `index`; needs no display."""
@@ -310,3 +321,25 @@ class MultiAgentEnv:
             allowed = mask.gather(-1, value.unsqueeze(-1)).squeeze(-1)
             if not bool(allowed.all()):
                 raise ValueError(f"{self.name}: {what} picks actions that its action_mask forbids")
+
+
+def sample_actions(
+    groups: Mapping[str, GroupSpec],
+    num_envs: int,
+    device: torch.device,
+    generator: torch.Generator | None = None,
+    obs: TensorDictBase | None = None,
+) -> TensorDict:
+    """Random actions `{group: [num_envs, n, *action_shape]}` for `groups`, honouring the action masks in
+    `obs` when given; drawn from `generator` (a freshly seeded one when None)."""
+    if generator is None:
+        generator = torch.Generator(device=device)
+        generator.manual_seed(int(torch.randint(2**62, (1,)).item()))
+    actions = {}
+    for group, spec in groups.items():
+        batch = (num_envs, spec.n_agents)
+        if spec.has_action_mask and obs is not None:
+            actions[group] = spec.action.sample(batch, device, generator, mask=obs[group, "action_mask"])
+        else:
+            actions[group] = spec.action.sample(batch, device, generator)
+    return TensorDict(actions, batch_size=[num_envs], device=device)

@@ -136,13 +136,19 @@ class Navigation(MultiAgentEnv):
         return canvas.image
 
 
-def scripted_action(observation: torch.Tensor, gain: float = 3.0, damping: float = 1.5) -> torch.Tensor:
-    """A go-to-goal PD controller: `[*B, n, 18]` observations -> `[*B, n, 2]` forces in [-1, 1].
+def scripted_action(
+    observation: torch.Tensor, gain: float = 3.0, damping: float = 1.5, repulsion: float = 10.0
+) -> torch.Tensor:
+    """A go-to-goal PD controller that steers away from what its LIDAR sees:
+    `[*B, n, 6 + K]` observations -> `[*B, n, 2]` forces in [-1, 1].
 
-    It ignores other agents; it is the yardstick that trained teams are compared against.
+    It is the yardstick trained teams are compared against.
     """
-    velocity, to_goal = observation[..., 2:4], observation[..., 4:6]
-    return (gain * to_goal - damping * velocity).clamp(-1.0, 1.0)
+    velocity, to_goal, lidar = observation[..., 2:4], observation[..., 4:6], observation[..., 6:]
+    angles = torch.arange(lidar.shape[-1], device=lidar.device) * (2 * math.pi / lidar.shape[-1])
+    directions = torch.stack([angles.cos(), angles.sin()], -1)  # [K, 2]
+    away = -lidar @ directions  # LIDAR readings grow as things get closer: push from them
+    return (gain * to_goal - damping * velocity + repulsion * away).clamp(-1.0, 1.0)
 
 
 def _main() -> None:

@@ -50,9 +50,12 @@ class Box:
 
     def bounds(self, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
         """`(low, high)` as tensors shaped `shape` on `device`."""
-        low = torch.tensor(self.low, dtype=self.dtype, device=device).expand(self.shape)
-        high = torch.tensor(self.high, dtype=self.dtype, device=device).expand(self.shape)
-        return low.reshape(self.shape), high.reshape(self.shape)
+
+        def shaped(value: Bound) -> torch.Tensor:
+            tensor = torch.tensor(value, dtype=self.dtype, device=device)
+            return tensor.reshape(self.shape) if tensor.dim() else tensor.expand(self.shape).clone()
+
+        return shaped(self.low), shaped(self.high)
 
     @property
     def bounded(self) -> bool:

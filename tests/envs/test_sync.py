@@ -23,8 +23,21 @@ x = torch.randn(6)
         lambda: x.unique(),
         lambda: torch.repeat_interleave(x, torch.ones(6, dtype=torch.long)),
     ],
-    ids=["item", "tolist", "numpy", "cpu", "bool", "int", "float", "mask_index", "mask_assign", "nonzero",
-         "where_1arg", "unique", "repeat_interleave_tensor"],
+    ids=[
+        "item",
+        "tolist",
+        "numpy",
+        "cpu",
+        "bool",
+        "int",
+        "float",
+        "mask_index",
+        "mask_assign",
+        "nonzero",
+        "where_1arg",
+        "unique",
+        "repeat_interleave_tensor",
+    ],
 )
 def test_syncing_operations_raise(operation):
     with pytest.raises(HostSyncError, match="host sync"), forbid_host_sync():

@@ -1,0 +1,250 @@
+"""`marl`: train, evaluate, plot and list envs from the command line.
+
+    marl train                                   # MAPPO on navigation with the defaults
+    marl train --env navigation --algo ippo --num-envs 512 --env-option n_agents=5
+    marl eval --checkpoint runs/RUN/checkpoint.pt --episodes 100 --render team.gif
+    marl plot runs/RUN
+    marl envs
+
+The train options are generated from the config dataclasses in `marl.config`; their docstrings are
+the help text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import dataclasses
+import sys
+import typing
+from typing import Any
+
+from envs import options as _options
+from marl.config import GROUP_FIELDS, SECTIONS, TrainConfig
+
+# Options that are not plain fields on the command line.
+SPECIAL = {"env_options", "group_overrides"}
+RESUMABLE = {"total_frames", "checkpoint_every", "progress", "tensorboard", "device"}
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def _key_value(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    return key.strip(), _parse_value(value)
+
+
+def _add_field(group: argparse._ArgumentGroup, cls: type, field: dataclasses.Field, doc: str) -> None:
+    tp = _options.field_types(cls)[field.name]
+    flag = "--" + field.name.replace("_", "-")
+    default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+    help_text = f"{doc} (default: {' '.join(map(str, default)) if isinstance(default, tuple) else default})"
+    kwargs: dict[str, Any] = {"dest": field.name, "default": argparse.SUPPRESS, "help": help_text}
+    if tp is bool:
+        group.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
+    elif typing.get_origin(tp) is typing.Literal:
+        group.add_argument(flag, choices=typing.get_args(tp), **kwargs)
+    elif typing.get_origin(tp) is tuple:
+        group.add_argument(flag, type=int, nargs="+", metavar="N", **kwargs)
+    else:
+        group.add_argument(flag, type=tp, metavar=tp.__name__.upper(), **kwargs)
+
+
+def _train_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "train",
+        help="train a team with MAPPO or IPPO",
+        description="Train every agent group of an env with PPO (MAPPO or IPPO), on the device, "
+        "batched over num_envs envs. Writes metrics.csv, checkpoints and plots to LOG_DIR/RUN_NAME.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    titles = {"env": "environment", "algo": "algorithm (PPO)", "model": "networks", "run": "run"}
+    for section, cls in SECTIONS.items():
+        group = parser.add_argument_group(titles[section])
+        docs = _options.field_docs(cls)
+        for field in dataclasses.fields(cls):
+            if field.name not in SPECIAL:
+                _add_field(group, cls, field, docs.get(field.name, ""))
+        if section == "env":
+            group.add_argument(
+                "--env-option",
+                dest="env_options",
+                action="append",
+                type=_key_value,
+                default=[],
+                metavar="KEY=VALUE",
+                help="an option of the env, e.g. n_agents=5 (repeatable; see `marl envs`)",
+            )
+    parser.add_argument(
+        "--group",
+        dest="group_overrides",
+        action="append",
+        type=_key_value,
+        default=[],
+        metavar="GROUP.FIELD=VALUE",
+        help=f"override an algorithm or network field for one group, e.g. speaker.lr=1e-3 (repeatable); "
+        f"fields: {', '.join(sorted(GROUP_FIELDS))}",
+    )
+    parser.add_argument("--resume", metavar="CHECKPOINT", help="continue the run saved in this checkpoint")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    given = vars(args)
+    sections = {}
+    for section, cls in SECTIONS.items():
+        values = {f.name: given[f.name] for f in dataclasses.fields(cls) if f.name in given and f.name not in SPECIAL}
+        if section == "env":
+            values["env_options"] = dict(given.get("env_options", []))
+        sections[section] = _options.build(cls, values, f"{section} options")
+    overrides: dict[str, dict[str, Any]] = {}
+    for key, value in given.get("group_overrides", []):
+        if "." not in key:
+            raise ValueError(f"--group expects GROUP.FIELD=VALUE, got {key}={value}")
+        group, field = key.split(".", 1)
+        overrides.setdefault(group, {})[field] = value
+    return TrainConfig(**sections, group_overrides=overrides)
+
+
+class UsageError(Exception):
+    """Bad input on the command line: reported in one line, without a traceback."""
+
+
+@contextlib.contextmanager
+def usage_errors():
+    """Turn the errors that bad options raise while setting up (unknown env, option or value, missing
+    file) into a `UsageError`; errors during training itself keep their traceback."""
+    try:
+        yield
+    except (ValueError, TypeError, KeyError, FileNotFoundError) as error:
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        raise UsageError(str(message)) from error
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from marl.summary import print_summary
+
+    with usage_errors():
+        trainer = _make_trainer(args)
+    config = trainer.config
+    print(
+        f"training {config.env.env} ({', '.join(f'{g}: {s.n_agents} agents' for g, s in trainer.env.groups.items())}) "
+        f"with {config.algo.algo.upper()} on {trainer.device}, {config.env.num_envs} envs, "
+        f"{config.run.total_frames:,} frames; logging to {trainer.run_dir}"
+    )
+    rows = trainer.train()
+    print_summary(trainer, rows)
+    return 0
+
+
+def _make_trainer(args: argparse.Namespace):
+    from marl.trainer import Trainer
+
+    if args.resume:
+        changed = {k for k in vars(args) if k not in {"command", "resume", "env_options", "group_overrides", "func"}}
+        changed |= {k for k in ("env_options", "group_overrides") if getattr(args, k)}
+        not_allowed = sorted(changed - RESUMABLE)
+        if not_allowed:
+            raise ValueError(
+                f"marl train --resume keeps the run's configuration; only {sorted(RESUMABLE)} can change, "
+                f"got {not_allowed}"
+            )
+        trainer = Trainer.resume(args.resume, **{k: getattr(args, k) for k in changed})
+        print(f"resuming {trainer.run_dir} at iteration {trainer.iteration} ({trainer.frames:,} frames)")
+        return trainer
+    return Trainer(config_from_args(args))
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from marl.evaluate import evaluate
+
+    with usage_errors():
+        result = evaluate(
+            args.checkpoint,
+            episodes=args.episodes,
+            render=args.render,
+            device=args.device,
+            num_envs=args.num_envs,
+            seed=args.seed,
+            deterministic=not args.stochastic,
+        )
+    for group, value in result["returns"].items():
+        print(
+            f"{group}: mean episode return {value['mean']:.4f} +- {value['std']:.4f} over {result['episodes']} episodes"
+        )
+    print(f"mean episode length {result['episode_length']:.1f}")
+    if args.render:
+        print(f"wrote {args.render}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from marl.plot import plot_run
+
+    with usage_errors():
+        path = plot_run(args.run_dir, args.out)
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_envs(args: argparse.Namespace) -> int:
+    import envs
+
+    for name in envs.names():
+        print(name)
+        if "/" not in name:
+            print(envs.describe(name))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="marl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _train_parser(subparsers).set_defaults(func=cmd_train)
+
+    evaluate = subparsers.add_parser(
+        "eval",
+        help="evaluate a checkpoint, optionally rendering a GIF",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    evaluate.add_argument("--checkpoint", required=True, help="a checkpoint.pt written by marl train")
+    evaluate.add_argument("--episodes", type=int, default=100, help="episodes to average over")
+    evaluate.add_argument("--render", metavar="GIF", help="write the first episode of env 0 to this GIF")
+    evaluate.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    evaluate.add_argument("--num-envs", type=int, default=None, help="envs run at once (default: min(episodes, 256))")
+    evaluate.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs")
+    evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
+    evaluate.set_defaults(func=cmd_eval)
+
+    plot = subparsers.add_parser("plot", help="plot a run's learning curve to a PNG")
+    plot.add_argument("run_dir", help="the run's folder (holding metrics.csv)")
+    plot.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/learning_curve.png)")
+    plot.set_defaults(func=cmd_plot)
+
+    listing = subparsers.add_parser("envs", help="list the envs and their options")
+    listing.set_defaults(func=cmd_envs)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except UsageError as error:
+        print(f"marl {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

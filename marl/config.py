@@ -1,0 +1,188 @@
+"""Training configuration: one dataclass per concern, one docstring line per field.
+
+`marl train --help` is generated from these docstrings, so they are the reference for every option.
+Per-group overrides (`TrainConfig.group_overrides`, `--group NAME.FIELD=VALUE` on the command line)
+change any `AlgoConfig` or `ModelConfig` field for one group, e.g. a larger learning rate for the
+speaker in `speaker_listener`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from envs import options as _options
+
+
+@dataclass(frozen=True)
+class EnvSettings:
+    env: str = "navigation"
+    """Env name (see `marl envs`): a native env, `vmas/<scenario>` or `pettingzoo/<module>.<env>`."""
+    num_envs: int = 256
+    """Envs stepped as one batch on the device."""
+    env_options: dict = field(default_factory=dict)
+    """The env's own options (`--env-option n_agents=5`); see `marl envs` for each env's."""
+    group_map: str = "by_type"
+    """Which agents train together: by_type, all_in_one or per_agent."""
+    pad: bool = False
+    """With group_map=all_in_one, zero-pad observations of different sizes and tag each agent's type."""
+
+    def __post_init__(self) -> None:
+        if self.num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {self.num_envs}")
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    algo: Literal["mappo", "ippo"] = "mappo"
+    """mappo: centralised critic (critic_scope auto = group, or global with an env state); ippo: each
+    agent's own observation."""
+    critic_scope: Literal["auto", "agent", "group", "global"] = "auto"
+    """What the critic sees: agent (IPPO), group (MAPPO), global (every group, or the env's state)."""
+    lr: float = 3e-4
+    """Adam learning rate of the policy and the critic."""
+    gamma: float = 0.99
+    """Discount factor."""
+    lmbda: float = 0.95
+    """GAE lambda."""
+    epochs: int = 4
+    """PPO epochs over each rollout."""
+    minibatch_size: int = 4096
+    """Frames (env steps, all agents of the group) per minibatch; at most num_envs * rollout_length."""
+    clip_eps: float = 0.2
+    """PPO ratio clip."""
+    clip_value: bool = True
+    """Clip the value update around the rollout's values with the same clip_eps."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus."""
+    value_coef: float = 0.5
+    """Weight of the value loss."""
+    max_grad_norm: float = 1.0
+    """Clip each group's gradient norm to this (0 disables)."""
+    normalize_advantage: bool = True
+    """Normalise each group's advantages per minibatch."""
+
+    def __post_init__(self) -> None:
+        for name in ("gamma", "lmbda"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        for name in ("lr", "clip_eps"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("entropy_coef", "value_coef", "max_grad_norm"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.epochs < 1 or self.minibatch_size < 1:
+            raise ValueError(f"epochs and minibatch_size must be >= 1, got {self.epochs}, {self.minibatch_size}")
+
+    def scope(self, has_state: bool) -> str:
+        if self.critic_scope != "auto":
+            return self.critic_scope
+        if self.algo == "ippo":
+            return "agent"
+        return "global" if has_state else "group"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    hidden: tuple[int, ...] = (64, 64)
+    """Hidden layer sizes of the policy and the critic (`--hidden 256 256`)."""
+    activation: Literal["tanh", "relu", "elu"] = "tanh"
+    """Hidden activation."""
+    share_params: bool = True
+    """Agents of a group share one network; else each has its own (stacked, one batched matmul)."""
+    log_std_init: float = 0.0
+    """Initial log standard deviation of continuous actions (before tanh squashing)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hidden", tuple(int(h) for h in self.hidden))
+        if any(h < 1 for h in self.hidden):
+            raise ValueError(f"hidden sizes must be >= 1, got {self.hidden}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    total_frames: int = 3_000_000
+    """Frames (env steps) to train for."""
+    rollout_length: int = 64
+    """Steps collected per env per iteration (T); an iteration is num_envs * rollout_length frames."""
+    seed: int = 0
+    """Seeds the envs, the networks and the sampling."""
+    device: str = "auto"
+    """cpu, cuda, cuda:N, or auto (CUDA when present)."""
+    log_dir: str = "runs"
+    """Each run writes its CSV log, checkpoints and plots to LOG_DIR/RUN_NAME."""
+    run_name: str = ""
+    """Name of the run's folder; default <env>-<algo>-<seed>-<time>."""
+    checkpoint_every: int = 10
+    """Write a checkpoint every this many iterations (and at the end)."""
+    progress: bool = True
+    """Show a progress bar."""
+    tensorboard: bool = True
+    """Also log to TensorBoard when it is installed."""
+
+    def __post_init__(self) -> None:
+        for name in ("total_frames", "rollout_length", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    env: EnvSettings = field(default_factory=EnvSettings)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    group_overrides: dict = field(default_factory=dict)
+    """{group: {field: value}} overriding AlgoConfig / ModelConfig fields for one group."""
+
+    def __post_init__(self) -> None:
+        for group, overrides in self.group_overrides.items():
+            unknown = set(overrides) - set(GROUP_FIELDS)
+            if unknown:
+                raise ValueError(
+                    f"unknown field(s) {sorted(unknown)} in the overrides for group {group!r}; "
+                    f"overridable fields: {sorted(GROUP_FIELDS)}"
+                )
+        frames_per_iteration = self.env.num_envs * self.run.rollout_length
+        if self.algo.minibatch_size > frames_per_iteration:
+            raise ValueError(
+                f"minibatch_size={self.algo.minibatch_size} is larger than an iteration's "
+                f"num_envs * rollout_length = {frames_per_iteration} frames"
+            )
+
+    def for_group(self, group: str) -> tuple[AlgoConfig, ModelConfig]:
+        """The algorithm and model configs of `group`, with its overrides applied."""
+        overrides = self.group_overrides.get(group, {})
+        algo = {k: v for k, v in overrides.items() if k in _fields(AlgoConfig)}
+        model = {k: v for k, v in overrides.items() if k in _fields(ModelConfig)}
+        return (
+            _options.build(AlgoConfig, {**_as_dict(self.algo), **algo}, f"group {group!r}"),
+            _options.build(ModelConfig, {**_as_dict(self.model), **model}, f"group {group!r}"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        return cls(
+            env=_options.build(EnvSettings, data["env"], "env settings"),
+            algo=_options.build(AlgoConfig, data["algo"], "algo config"),
+            model=_options.build(ModelConfig, {**data["model"], "hidden": tuple(data["model"]["hidden"])}, "model"),
+            run=_options.build(RunConfig, data["run"], "run config"),
+            group_overrides=data.get("group_overrides", {}),
+        )
+
+
+def _fields(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def _as_dict(config) -> dict[str, Any]:
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+
+
+GROUP_FIELDS = _fields(AlgoConfig) | _fields(ModelConfig)
+SECTIONS = {"env": EnvSettings, "algo": AlgoConfig, "model": ModelConfig, "run": RunConfig}

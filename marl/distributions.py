@@ -1,0 +1,122 @@
+"""Policy heads: turn network outputs into action distributions for each kind of action spec.
+
+Every distribution works on a *raw* action (what the buffer stores) and converts it to the *env*
+action (what the env receives):
+
+- `TanhNormal` for bounded continuous actions: raw `u ~ Normal(mean, std)`, env action
+  `low + (tanh(u) + 1) / 2 * (high - low)`. `log_prob(u)` is the log-density of the env action (the
+  Normal's minus the log-Jacobian of the squashing), so PPO ratios are those of what the env saw.
+  `entropy()` is the Normal's (the squashed entropy has no closed form); it only feeds the bonus.
+- `MaskedCategorical` for `Discrete` actions: disallowed actions (action mask false) get probability
+  zero; raw and env actions are the same int64 index.
+- `MultiCategorical` for `MultiDiscrete` actions: independent categoricals, log-probs summed.
+
+Shapes: parameters `[*B, n, ...]`; `log_prob`, `entropy` -> `[*B, n]`. Sampling draws from a given
+`torch.Generator` so a seed reproduces a run.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from envs.specs import ActionSpec, Box, Discrete, MultiDiscrete
+
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+class TanhNormal:
+    def __init__(self, mean: torch.Tensor, log_std: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> None:
+        self.mean, self.log_std = mean, log_std.expand_as(mean)  # [*B, n, A]
+        self.low, self.half_range = low, (high - low) / 2  # [A]
+
+    def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
+        noise = torch.randn(self.mean.shape, generator=generator, device=self.mean.device, dtype=self.mean.dtype)
+        return self.mean + self.log_std.exp() * noise
+
+    def mode(self) -> torch.Tensor:
+        return self.mean
+
+    def env_action(self, raw: torch.Tensor) -> torch.Tensor:
+        return self.low + (torch.tanh(raw) + 1) * self.half_range
+
+    def log_prob(self, raw: torch.Tensor) -> torch.Tensor:
+        z = (raw - self.mean) / self.log_std.exp()
+        normal = -0.5 * z.square() - self.log_std - LOG_SQRT_2PI
+        # log |d tanh(u)/du| = log(1 - tanh(u)^2) = 2 * (log 2 - u - softplus(-2u)), stable for large |u|.
+        log_jacobian = 2 * (math.log(2) - raw - F.softplus(-2 * raw)) + self.half_range.log()
+        return (normal - log_jacobian).sum(-1)
+
+    def entropy(self) -> torch.Tensor:
+        return (0.5 + LOG_SQRT_2PI + self.log_std).sum(-1)
+
+
+class MaskedCategorical:
+    def __init__(self, logits: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        if mask is not None:
+            logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
+        self.log_probs = logits.log_softmax(-1)  # [*B, n, K]
+        self.mask = mask
+
+    def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
+        # Gumbel-max: argmax(log p + Gumbel noise) is a draw from p, with our own generator.
+        u = torch.rand(self.log_probs.shape, generator=generator, device=self.log_probs.device)
+        gumbel = -torch.log(-torch.log(u.clamp(1e-20, 1.0)))
+        return (self.log_probs + gumbel).argmax(-1)
+
+    def mode(self) -> torch.Tensor:
+        return self.log_probs.argmax(-1)
+
+    def env_action(self, raw: torch.Tensor) -> torch.Tensor:
+        return raw
+
+    def log_prob(self, raw: torch.Tensor) -> torch.Tensor:
+        return self.log_probs.gather(-1, raw.unsqueeze(-1)).squeeze(-1)
+
+    def entropy(self) -> torch.Tensor:
+        p_log_p = self.log_probs.exp() * self.log_probs
+        if self.mask is not None:
+            p_log_p = torch.where(self.mask, p_log_p, 0.0)
+        return -p_log_p.sum(-1)
+
+
+class MultiCategorical:
+    def __init__(self, logits: torch.Tensor, nvec: tuple[int, ...]) -> None:
+        self.parts = [MaskedCategorical(part) for part in logits.split(list(nvec), -1)]
+
+    def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
+        return torch.stack([p.sample(generator) for p in self.parts], -1)
+
+    def mode(self) -> torch.Tensor:
+        return torch.stack([p.mode() for p in self.parts], -1)
+
+    def env_action(self, raw: torch.Tensor) -> torch.Tensor:
+        return raw
+
+    def log_prob(self, raw: torch.Tensor) -> torch.Tensor:
+        return sum(p.log_prob(a) for p, a in zip(self.parts, raw.unbind(-1)))
+
+    def entropy(self) -> torch.Tensor:
+        return sum(p.entropy() for p in self.parts)
+
+
+Distribution = TanhNormal | MaskedCategorical | MultiCategorical
+
+
+def head_size(spec: ActionSpec) -> int:
+    """How many numbers per agent the policy network outputs for this action spec."""
+    if isinstance(spec, Box):
+        if not spec.bounded:
+            raise ValueError(f"continuous actions must be bounded for the tanh-squashed policy, got {spec}")
+        return math.prod(spec.shape)
+    if isinstance(spec, Discrete):
+        return spec.n
+    if isinstance(spec, MultiDiscrete):
+        return sum(spec.nvec)
+    raise TypeError(f"unsupported action spec {spec!r}")
+
+
+def raw_action_dtype(spec: ActionSpec) -> torch.dtype:
+    return torch.float32 if isinstance(spec, Box) else torch.int64

@@ -1,0 +1,84 @@
+"""Evaluate a checkpoint: mean episode return per group, and an optional GIF of one episode."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from marl.checkpoint import load_checkpoint
+from marl.config import TrainConfig
+from marl.trainer import build_policies, make_env, resolve_device
+
+
+@torch.no_grad()
+def evaluate(
+    checkpoint: str,
+    episodes: int = 100,
+    render: str | None = None,
+    device: str = "auto",
+    num_envs: int | None = None,
+    seed: int = 12345,
+    deterministic: bool = True,
+) -> dict:
+    """Run `episodes` full episodes with the checkpoint's policies (their mode when `deterministic`).
+
+    Every env contributes its first episode only, so short episodes are not over-counted; with more
+    episodes than `num_envs` (default min(episodes, 256)) the envs run in rounds with fresh seeds.
+    `render`: write env 0's first episode to this GIF path.
+    """
+    if episodes < 1:
+        raise ValueError(f"episodes must be >= 1, got {episodes}")
+    state = load_checkpoint(checkpoint)
+    config = TrainConfig.from_dict(state["config"])
+    device = resolve_device(device)
+    batch = num_envs or min(episodes, 256)
+    returns: dict[str, list[float]] = {}
+    lengths: list[float] = []
+    frames = []
+    generator = torch.Generator(device).manual_seed(seed)
+    round_index = 0
+    while len(lengths) < episodes:
+        k = min(batch, episodes - len(lengths))
+        env = make_env(config, device, num_envs=k, seed=seed + round_index)
+        policies = build_policies(config, env, device)
+        for g, policy in policies.items():
+            policy.load_state_dict(state["learners"][g]["policy"])
+        obs = env.reset()
+        running = {g: torch.zeros(k, s.n_agents, device=device) for g, s in env.groups.items()}
+        finished = torch.zeros(k, dtype=torch.bool, device=device)
+        final = {g: torch.zeros(k, device=device) for g in env.groups}
+        length = torch.zeros(k, device=device)
+        while not bool(finished.all()):
+            if render and round_index == 0 and not bool(finished[0]):
+                frames.append(env.render(0))
+            actions = {}
+            for g, policy in policies.items():
+                dist = policy(obs[g, "observation"], obs.get((g, "action_mask"), None))
+                actions[g] = dist.env_action(dist.mode() if deterministic else dist.sample(generator))
+            next_td, obs = env.step(actions)
+            done = next_td["done"][:, 0] & ~finished
+            for g in env.groups:
+                running[g] += next_td[g, "reward"][..., 0]
+                final[g] = torch.where(done, running[g].mean(-1), final[g])
+            length = torch.where(finished, length, length + 1)
+            finished |= done
+        for g in env.groups:
+            returns.setdefault(g, []).extend(final[g].tolist())
+        lengths.extend(length.tolist())
+        round_index += 1
+    if render:
+        from envs.render import save_gif
+
+        save_gif(frames, render)
+    summary = {g: {"mean": _mean(v), "std": _std(v)} for g, v in returns.items()}
+    return {"returns": summary, "episodes": len(lengths), "episode_length": _mean(lengths)}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _std(values: list[float]) -> float:
+    mean = _mean(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1))

@@ -1,0 +1,70 @@
+"""Run logging: a CSV file per run (TensorBoard too when installed), a progress bar and a summary."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+
+class RunLogger:
+    """Appends one row per iteration to `run_dir/metrics.csv` and mirrors it to TensorBoard."""
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        total_frames: int,
+        start_frames: int = 0,
+        progress: bool = True,
+        tensorboard: bool = True,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.csv_path = self.run_dir / "metrics.csv"
+        self._columns: list[str] | None = None
+        if self.csv_path.exists() and self.csv_path.stat().st_size > 0:
+            with open(self.csv_path) as f:
+                self._columns = next(csv.reader(f))
+        self._writer = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._writer = SummaryWriter(str(self.run_dir / "tensorboard"))
+            except ImportError:
+                pass
+        self.bar = tqdm(
+            total=total_frames,
+            initial=start_frames,
+            unit="frame",
+            unit_scale=True,
+            disable=not progress,
+            dynamic_ncols=True,
+        )
+
+    def log(self, row: dict[str, float]) -> None:
+        if self._columns is None:
+            self._columns = list(row)
+        with open(self.csv_path, "a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=self._columns, extrasaction="ignore")
+            if f.tell() == 0:
+                writer.writeheader()
+            writer.writerow(row)
+        if self._writer is not None:
+            for key, value in row.items():
+                if key != "frames" and isinstance(value, (int, float)) and math.isfinite(value):
+                    self._writer.add_scalar(key, value, int(row["frames"]))
+        returns = [v for k, v in row.items() if k.endswith("/episode_return") and math.isfinite(v)]
+        postfix = {"frames/s": f"{row['frames_per_s']:,.0f}"}
+        if returns:
+            postfix["return"] = f"{sum(returns) / len(returns):.3f}"
+        self.bar.set_postfix(postfix, refresh=False)
+        self.bar.update(int(row["frames"]) - self.bar.n)
+
+    def close(self) -> None:
+        self.bar.close()
+        if self._writer is not None:
+            self._writer.close()

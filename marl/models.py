@@ -1,0 +1,115 @@
+"""A group's policy and critic, and what the critic sees.
+
+Critic scopes (one per group):
+- `"agent"` (IPPO): each agent's own observation;
+- `"group"` (MAPPO): the observations of every agent in the group;
+- `"global"`: the env's global `state` when it has one, else the observations of every group.
+Centralised inputs are the same for every agent of the group; with shared parameters a one-hot of
+the agent's index is appended so the one network can still give each agent its own value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import nn
+
+from envs.specs import Box, Discrete, GroupSpec, MultiDiscrete
+from marl.distributions import Distribution, MaskedCategorical, MultiCategorical, TanhNormal, head_size
+from marl.networks import MultiAgentMLP
+
+CRITIC_SCOPES = ("agent", "group", "global")
+
+
+class Policy(nn.Module):
+    """`[*B, n, obs]` (+ action mask) -> an action distribution over the group's action spec."""
+
+    def __init__(
+        self,
+        spec: GroupSpec,
+        hidden: Sequence[int],
+        activation: str,
+        share_params: bool,
+        log_std_init: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.spec = spec
+        obs_size = spec.observation.shape[0] if len(spec.observation.shape) == 1 else None
+        if obs_size is None:
+            raise ValueError(f"policies take flat observations; group observation shape is {spec.observation.shape}")
+        out = head_size(spec.action)
+        self.net = MultiAgentMLP(obs_size, out, spec.n_agents, hidden, activation, share_params, output_gain=0.01)
+        if isinstance(spec.action, Box):
+            low, high = spec.action.bounds("cpu")
+            self.register_buffer("low", low.flatten())
+            self.register_buffer("high", high.flatten())
+            rows = 1 if share_params else spec.n_agents
+            self.log_std = nn.Parameter(torch.full((rows, out), float(log_std_init)))  # [1 or n, A]
+
+    def forward(self, observation: torch.Tensor, action_mask: torch.Tensor | None = None) -> Distribution:
+        out = self.net(observation)  # [*B, n, head]
+        action = self.spec.action
+        if isinstance(action, Box):
+            return TanhNormal(out, self.log_std, self.low, self.high)
+        if isinstance(action, Discrete):
+            return MaskedCategorical(out, action_mask if action.masked else None)
+        if isinstance(action, MultiDiscrete):
+            return MultiCategorical(out, action.nvec)
+        raise TypeError(f"unsupported action spec {action!r}")
+
+
+class CriticInput:
+    """Builds group `group`'s critic input `[*batch, n, size]` from every group's observations."""
+
+    def __init__(
+        self,
+        scope: str,
+        group: str,
+        groups: Mapping[str, GroupSpec],
+        state_size: int | None,
+        agent_id: bool,
+    ) -> None:
+        if scope not in CRITIC_SCOPES:
+            raise ValueError(f"unknown critic scope {scope!r}; expected one of {CRITIC_SCOPES}")
+        self.scope, self.group, self.groups = scope, group, dict(groups)
+        self.n = groups[group].n_agents
+        self.use_state = scope == "global" and state_size is not None
+        self.agent_id = agent_id and scope != "agent"
+        if scope == "agent":
+            size = groups[group].observation.shape[0]
+        elif scope == "group":
+            size = self.n * groups[group].observation.shape[0]
+        elif self.use_state:
+            size = state_size
+        else:
+            size = sum(s.n_agents * s.observation.shape[0] for s in groups.values())
+        self.size = size + (self.n if self.agent_id else 0)
+
+    def __call__(self, observations: Mapping[str, torch.Tensor], state: torch.Tensor | None) -> torch.Tensor:
+        own = observations[self.group]  # [*batch, n, d]
+        if self.scope == "agent":
+            return own
+        if self.scope == "group":
+            shared = own.flatten(-2)  # [*batch, n * d]
+        elif self.use_state:
+            shared = state.flatten(len(own.shape) - 2)  # [*batch, state]
+        else:
+            shared = torch.cat([observations[g].flatten(-2) for g in self.groups], -1)
+        batch = own.shape[:-2]
+        parts = [shared.unsqueeze(-2).expand(*batch, self.n, shared.shape[-1])]
+        if self.agent_id:
+            eye = torch.eye(self.n, device=own.device, dtype=own.dtype)
+            parts.append(eye.expand(*batch, self.n, self.n))
+        return torch.cat(parts, -1)  # [*batch, n, size]
+
+
+class Critic(nn.Module):
+    """`[*B, n, critic input]` -> values `[*B, n]`."""
+
+    def __init__(self, in_features: int, n_agents: int, hidden: Sequence[int], activation: str, share_params: bool):
+        super().__init__()
+        self.net = MultiAgentMLP(in_features, 1, n_agents, hidden, activation, share_params, output_gain=1.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x).squeeze(-1)

@@ -1,0 +1,362 @@
+"""The training loop: collect -> advantages -> update, for every group at once.
+
+Each group has its own policy, critic, optimiser and (with per-group overrides) hyper-parameters;
+all groups are collected in the same rollout and updated in the same minibatch steps, batched over
+the envs. One iteration:
+
+1. **collect** `T` steps of `B` envs into the time-major buffer (`marl.rollout`);
+2. **advantages**: the critic's values of `obs` and of the true `next` observations in two batched
+   passes, then `kernels.gae` per group;
+3. **update**: PPO epochs over shuffled minibatches of the `T * B` frames;
+4. **log**: the iteration's metrics are read back in one host sync.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict
+
+import envs
+import kernels
+from marl.checkpoint import load_checkpoint, save_checkpoint
+from marl.config import AlgoConfig, ModelConfig, TrainConfig
+from marl.groups import GroupedEnv
+from marl.logger import RunLogger
+from marl.models import Critic, CriticInput, Policy
+from marl.ppo import explained_variance, ppo_loss
+from marl.rollout import Collector, observations
+
+LOSS_TERMS = ("loss", "policy_loss", "value_loss", "entropy_loss", "approx_kl", "clip_fraction", "entropy")
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A loss term became NaN or inf; the run stops instead of training on garbage."""
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device} was asked for, but CUDA is not available; use --device cpu or auto")
+    return device
+
+
+def make_env(config: TrainConfig, device: torch.device, num_envs: int | None = None, seed: int | None = None):
+    """The configured env, regrouped by the configured group map."""
+    settings = config.env
+    env = envs.make(
+        settings.env,
+        num_envs=num_envs or settings.num_envs,
+        device=device,
+        seed=config.run.seed if seed is None else seed,
+        **settings.env_options,
+    )
+    return GroupedEnv(env, settings.group_map, pad=settings.pad)
+
+
+@dataclass
+class Learner:
+    """Everything one group learns with."""
+
+    algo: AlgoConfig
+    model: ModelConfig
+    policy: Policy
+    critic: Critic
+    critic_input: CriticInput
+    optimizer: torch.optim.Optimizer
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [*self.policy.parameters(), *self.critic.parameters()]
+
+
+def build_policies(config: TrainConfig, env, device: torch.device) -> dict[str, Policy]:
+    policies = {}
+    for group, spec in env.groups.items():
+        _, model = config.for_group(group)
+        policies[group] = Policy(spec, model.hidden, model.activation, model.share_params, model.log_std_init)
+    return {g: p.to(device) for g, p in policies.items()}
+
+
+def build_learners(config: TrainConfig, env, device: torch.device) -> dict[str, Learner]:
+    state_size = math.prod(env.state_spec.shape) if env.state_spec is not None else None
+    policies = build_policies(config, env, device)
+    learners = {}
+    for group, spec in env.groups.items():
+        algo, model = config.for_group(group)
+        policy = policies[group]
+        critic_input = CriticInput(
+            algo.scope(env.state_spec is not None), group, env.groups, state_size, agent_id=model.share_params
+        )
+        critic = Critic(critic_input.size, spec.n_agents, model.hidden, model.activation, model.share_params)
+        critic = critic.to(device)
+        optimizer = torch.optim.Adam([*policy.parameters(), *critic.parameters()], lr=algo.lr, eps=1e-5)
+        learners[group] = Learner(algo, model, policy, critic, critic_input, optimizer)
+    return learners
+
+
+class PhaseTimer:
+    """Wall time per phase without host syncs: CUDA events on a GPU (read at the logging sync)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list[tuple[str, object]] = []
+
+    def mark(self, name: str) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append((name, event))
+        else:
+            self.marks.append((name, time.perf_counter()))
+
+    def seconds(self) -> dict[str, float]:
+        """Seconds between consecutive marks, keyed by the later mark's name (call after a sync)."""
+        out = {}
+        for (_, a), (name, b) in zip(self.marks, self.marks[1:]):
+            out[name] = a.elapsed_time(b) / 1000 if self.cuda else b - a
+        self.marks = []
+        return out
+
+
+class Trainer:
+    """Trains every group of `config.env` with PPO (MAPPO or IPPO per group)."""
+
+    def __init__(self, config: TrainConfig, run_dir: str | Path | None = None) -> None:
+        self.config = config
+        self.device = resolve_device(config.run.device)
+        torch.manual_seed(config.run.seed)
+        self.env = make_env(config, self.device)
+        self.learners = build_learners(config, self.env, self.device)
+        self.generator = torch.Generator(self.device).manual_seed(config.run.seed + 1)
+        self.collector = Collector(
+            self.env,
+            {g: lr.policy for g, lr in self.learners.items()},
+            config.run.rollout_length,
+            self.generator,
+            seed=config.run.seed,
+        )
+        self.frames_per_iteration = config.env.num_envs * config.run.rollout_length
+        self.iteration, self.frames, self.elapsed = 0, 0, 0.0
+        self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
+        self.timer = PhaseTimer(self.device)
+
+    # ---- one iteration ---------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def compute_advantages(self, buffer: TensorDict) -> dict[str, torch.Tensor]:
+        """Values of `obs` and of the true next observations, then GAE; written into `buffer`."""
+        groups = list(self.env.groups)
+        obs, state = observations(buffer, groups)
+        next_obs, next_state = observations(buffer, groups, next=True)
+        explained = {}
+        for g, learner in self.learners.items():
+            value = learner.critic(learner.critic_input(obs, state))  # [T, B, n]
+            next_value = learner.critic(learner.critic_input(next_obs, next_state))
+            data = buffer[g]
+            advantage, target = kernels.gae(
+                data["reward"],
+                value,
+                next_value,
+                data["done"],
+                data["terminated"],
+                gamma=learner.algo.gamma,
+                lmbda=learner.algo.lmbda,
+            )
+            data.update({"value": value, "advantage": advantage, "value_target": target})
+            explained[g] = explained_variance(value, target)
+        return explained
+
+    def update(self, buffer: TensorDict) -> dict[str, dict[str, torch.Tensor]]:
+        """PPO epochs over minibatches; returns each group's loss terms averaged over the updates."""
+        algo = self.config.algo
+        flat = buffer.reshape(-1)  # [T * B]
+        frames = flat.batch_size[0]
+        size = algo.minibatch_size
+        count = frames // size
+        groups = list(self.env.groups)
+        sums = {g: {k: torch.zeros((), device=self.device) for k in (*LOSS_TERMS, "grad_norm")} for g in groups}
+        for _ in range(algo.epochs):
+            order = torch.randperm(frames, generator=self.generator, device=self.device)
+            for k in range(count):
+                batch = flat[order[k * size : (k + 1) * size]]
+                obs, state = observations(batch, groups)
+                total = torch.zeros((), device=self.device)
+                for g, learner in self.learners.items():
+                    data = batch[g]
+                    dist = learner.policy(data["observation"], data.get("action_mask", None))
+                    value = learner.critic(learner.critic_input(obs, state))
+                    a = learner.algo
+                    terms = ppo_loss(
+                        dist.log_prob(data["action"]),
+                        data["log_prob"],
+                        data["advantage"],
+                        value,
+                        data["value"],
+                        data["value_target"],
+                        dist.entropy(),
+                        clip_eps=a.clip_eps,
+                        clip_value=a.clip_value,
+                        entropy_coef=a.entropy_coef,
+                        value_coef=a.value_coef,
+                        normalize_advantage=a.normalize_advantage,
+                    )
+                    total = total + terms["loss"]
+                    for name in LOSS_TERMS:
+                        sums[g][name] += terms[name].detach()
+                for learner in self.learners.values():
+                    learner.optimizer.zero_grad(set_to_none=True)
+                total.backward()
+                for g, learner in self.learners.items():
+                    if learner.algo.max_grad_norm > 0:
+                        norm = torch.nn.utils.clip_grad_norm_(learner.parameters(), learner.algo.max_grad_norm)
+                        sums[g]["grad_norm"] += norm.detach()
+                    learner.optimizer.step()
+        updates = algo.epochs * count
+        return {g: {k: v / updates for k, v in terms.items()} for g, terms in sums.items()}
+
+    def train_iteration(self) -> dict[str, float]:
+        """Collect, advantages, update; returns the iteration's metrics (one host sync)."""
+        start = time.perf_counter()
+        self.timer.mark("start")
+        buffer = self.collector.collect()
+        self.timer.mark("collect_s")
+        explained = self.compute_advantages(buffer)
+        self.timer.mark("advantages_s")
+        terms = self.update(buffer)
+        self.timer.mark("update_s")
+        stats = self.collector.stats
+        device_values = {"episodes": stats.episodes, "episode_length": stats.length_sum / stats.episodes}
+        for g in self.learners:
+            device_values[f"{g}/episode_return"] = stats.return_sum[g] / stats.episodes
+            device_values[f"{g}/explained_variance"] = explained[g]
+            for name, value in terms[g].items():
+                device_values[f"{g}/{name}"] = value
+        keys = list(device_values)
+        values = torch.stack([v.float().reshape(()) for v in device_values.values()]).tolist()  # the one sync
+        stats.clear()
+        metrics = dict(zip(keys, values))
+        for g in self.learners:
+            for name in ("loss", "policy_loss", "value_loss", "entropy_loss"):
+                if not math.isfinite(metrics[f"{g}/{name}"]):
+                    raise NonFiniteLossError(
+                        f"the {name} of group '{g}' became {metrics[f'{g}/{name}']} at iteration "
+                        f"{self.iteration + 1}; stopping instead of training on it (lower the learning rate, "
+                        "check the env's rewards and observations for NaN/inf)"
+                    )
+        self.iteration += 1
+        self.frames += self.frames_per_iteration
+        seconds = time.perf_counter() - start
+        self.elapsed += seconds
+        return {
+            "iteration": self.iteration,
+            "frames": self.frames,
+            "time_s": self.elapsed,
+            "frames_per_s": self.frames_per_iteration / seconds,
+            **self.timer.seconds(),
+            **metrics,
+        }
+
+    # ---- the whole run -----------------------------------------------------------------------------
+
+    def train(self) -> list[dict[str, float]]:
+        """Train until `total_frames`, logging every iteration and checkpointing every
+        `checkpoint_every` iterations and at the end; returns the logged rows."""
+        run = self.config.run
+        logger = RunLogger(self.run_dir, run.total_frames, self.frames, run.progress, run.tensorboard)
+        rows = []
+        try:
+            while self.frames < run.total_frames:
+                row = self.train_iteration()
+                logger.log(row)
+                rows.append(row)
+                if self.iteration % run.checkpoint_every == 0 or self.frames >= run.total_frames:
+                    self.save()
+        except KeyboardInterrupt:
+            logger.close()
+            print(f"\ninterrupted at iteration {self.iteration}; {self._last_checkpoint_text()}")
+            raise
+        except Exception:
+            logger.close()
+            print(f"\nthe run failed at iteration {self.iteration + 1}; {self._last_checkpoint_text()}")
+            raise
+        logger.close()
+        return rows
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.run_dir / "checkpoint.pt"
+
+    def _last_checkpoint_text(self) -> str:
+        if self.checkpoint_path.exists():
+            return f"the last checkpoint is {self.checkpoint_path} (resume with marl train --resume {self.checkpoint_path})"
+        return "no checkpoint was written yet"
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        try:
+            env_state = self.env.state_dict()
+        except (AttributeError, NotImplementedError):
+            env_state = None
+        return {
+            "config": self.config.to_dict(),
+            "iteration": self.iteration,
+            "frames": self.frames,
+            "elapsed": self.elapsed,
+            "learners": {
+                g: {
+                    "policy": lr.policy.state_dict(),
+                    "critic": lr.critic.state_dict(),
+                    "optimizer": lr.optimizer.state_dict(),
+                }
+                for g, lr in self.learners.items()
+            },
+            "generator": self.generator.get_state(),
+            "env": env_state,
+            "obs": self.collector.obs.to_dict(),
+            "stats": self.collector.stats.state_dict(),
+        }
+
+    def save(self) -> Path:
+        return save_checkpoint(self.checkpoint_path, self.state_dict())
+
+    def load_state_dict(self, state: dict) -> None:
+        self.iteration, self.frames, self.elapsed = state["iteration"], state["frames"], state["elapsed"]
+        for g, lr in self.learners.items():
+            saved = state["learners"][g]
+            lr.policy.load_state_dict(saved["policy"])
+            lr.critic.load_state_dict(saved["critic"])
+            lr.optimizer.load_state_dict(saved["optimizer"])
+        self.generator.set_state(state["generator"])
+        if state["env"] is not None:
+            self.env.load_state_dict(state["env"])
+            self.collector.obs = TensorDict(state["obs"], batch_size=[self.env.num_envs], device=self.device)
+            self.collector.stats.load_state_dict(state["stats"])
+        else:
+            print("this env cannot save its state: resumed training starts new episodes")
+
+    @classmethod
+    def resume(cls, path: str | Path, **run_overrides) -> Trainer:
+        """Continue the run saved at `path` (in its run folder); `run_overrides` may change RunConfig
+        fields such as `total_frames`."""
+        state = load_checkpoint(path)
+        config = TrainConfig.from_dict(state["config"])
+        if run_overrides:
+            config = dataclasses.replace(config, run=dataclasses.replace(config.run, **run_overrides))
+        trainer = cls(config, run_dir=Path(path).parent)
+        trainer.load_state_dict(state)
+        return trainer
+
+
+def default_run_dir(config: TrainConfig) -> Path:
+    name = config.run.run_name or (
+        f"{config.env.env.replace('/', '_')}-{config.algo.algo}-seed{config.run.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    return Path(config.run.log_dir) / name

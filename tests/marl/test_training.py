@@ -1,0 +1,111 @@
+"""Training end to end on small budgets: learning, exact resume, NaN guard, no host sync."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import envs
+from envs.navigation import scripted_action
+from marl.config import AlgoConfig, EnvSettings, ModelConfig, RunConfig, TrainConfig
+from marl.trainer import NonFiniteLossError, Trainer
+from tests.envs.broken_envs import Counter
+
+
+def small_config(tmp_path, **run) -> TrainConfig:
+    return TrainConfig(
+        env=EnvSettings(env="navigation", num_envs=32, env_options={"max_steps": 25}),
+        algo=AlgoConfig(minibatch_size=256, epochs=2),
+        model=ModelConfig(hidden=(32, 32)),
+        run=RunConfig(total_frames=32 * 16 * 3, rollout_length=16, log_dir=str(tmp_path), run_name="run",
+                      progress=False, tensorboard=False, checkpoint_every=1, **run),
+    )
+
+
+def test_resume_reproduces_the_next_iteration_exactly(tmp_path):
+    config = small_config(tmp_path)
+    straight = Trainer(config, run_dir=tmp_path / "straight")
+    straight.train_iteration()
+    straight.save()
+    straight.train_iteration()
+
+    resumed = Trainer.resume(tmp_path / "straight" / "checkpoint.pt")
+    assert resumed.iteration == 1
+    resumed.train_iteration()
+    for group in straight.learners:
+        for a, b in zip(straight.learners[group].policy.parameters(), resumed.learners[group].policy.parameters()):
+            assert torch.equal(a, b)
+        for a, b in zip(straight.learners[group].critic.parameters(), resumed.learners[group].critic.parameters()):
+            assert torch.equal(a, b)
+    assert torch.equal(straight.collector.obs["agent", "observation"], resumed.collector.obs["agent", "observation"])
+
+
+def test_train_writes_log_and_atomic_checkpoints(tmp_path):
+    trainer = Trainer(small_config(tmp_path))
+    rows = trainer.train()
+    assert len(rows) == 3 and rows[-1]["frames"] == 32 * 16 * 3
+    lines = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
+    assert len(lines) == 4 and "agent/episode_return" in lines[0] and "collect_s" in lines[0]
+    assert (tmp_path / "run" / "checkpoint.pt").exists()
+    assert not list((tmp_path / "run").glob("*.tmp"))
+
+
+class NanAfterAWhile(Counter):
+    """Rewards turn to NaN after a few steps."""
+
+    def _step(self, action):
+        reward, terminated = super()._step(action)
+        reward["mover"] = torch.where(self.picks[:, None] > -1e9, reward["mover"] / 0.0, reward["mover"])
+        return reward, terminated
+
+
+def test_nan_loss_stops_the_run_naming_group_and_term(tmp_path, monkeypatch):
+    monkeypatch.setitem(envs.registry._ENVS, "nan_counter", NanAfterAWhile)
+    config = dataclasses.replace(
+        small_config(tmp_path), env=EnvSettings(env="nan_counter", num_envs=32)
+    )
+    trainer = Trainer(config)
+    with pytest.raises(NonFiniteLossError, match="of group 'mover' became nan at iteration 1"):
+        trainer.train()
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def test_collect_advantages_and_loss_never_sync_with_the_host(tmp_path):
+    trainer = Trainer(small_config(tmp_path))
+    with envs.forbid_host_sync():
+        buffer = trainer.collector.collect()
+        trainer.compute_advantages(buffer)
+        learner = trainer.learners["agent"]
+        data = buffer["agent"].reshape(-1)
+        dist = learner.policy(data["observation"])
+        dist.log_prob(data["action"]).sum().backward()
+
+
+def mean_return(policy_fn, episodes_env, steps=25):
+    obs = episodes_env.reset(seed=123)
+    total = torch.zeros(episodes_env.num_envs)
+    for _ in range(steps):
+        next_td, obs = episodes_env.step({"agent": policy_fn(obs["agent", "observation"])})
+        total += next_td["agent", "reward"][:, 0, 0]
+    return total.mean().item()
+
+
+@pytest.mark.parametrize("algo", ["mappo", "ippo"])
+def test_short_training_clearly_beats_a_random_policy(tmp_path, algo):
+    config = TrainConfig(
+        env=EnvSettings(env="navigation", num_envs=64, env_options={"max_steps": 25}),
+        algo=AlgoConfig(algo=algo, minibatch_size=1024, epochs=4, lr=1e-3),
+        model=ModelConfig(hidden=(64, 64)),
+        run=RunConfig(total_frames=64 * 32 * 40, rollout_length=32, log_dir=str(tmp_path), run_name=algo,
+                      progress=False, tensorboard=False, checkpoint_every=100),
+    )
+    trainer = Trainer(config)
+    rows = trainer.train()
+    env = envs.make("navigation", num_envs=256, seed=7, max_steps=25)
+    policy = trainer.learners["agent"].policy
+    with torch.no_grad():
+        trained = mean_return(lambda o: (d := policy(o)).env_action(d.mode()), env)
+    generator = torch.Generator().manual_seed(0)
+    random = mean_return(lambda o: torch.rand(o.shape[:-1] + (2,), generator=generator) * 2 - 1, env)
+    scripted = mean_return(scripted_action, env)
+    assert trained > random + 0.5 * (scripted - random), (trained, random, scripted, rows[-1])
