@@ -2,5 +2,6 @@
 plain reference loop, behind one public function taking time-major `[T, *batch]` tensors."""
 
 from .gae import gae
+from .returns import discounted_returns, td_lambda_returns
 
-__all__ = ["gae"]
+__all__ = ["discounted_returns", "gae", "td_lambda_returns"]

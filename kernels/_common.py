@@ -86,7 +86,7 @@ def check_inputs(
         if x.device != device:
             raise ValueError(f"{op}: {name} is on {x.device}, expected {device} like {owner}")
         if name in values and not x.is_floating_point():
-            raise TypeError(f"{op}: {name} has dtype {x.dtype}; expected a floating dtype (float32 or bfloat16)")
+            raise TypeError(f"{op}: {name} has dtype {x.dtype}; expected float32 or bfloat16 (a float)")
         if name in flags and not (x.dtype == torch.bool or x.is_floating_point()):
             raise TypeError(f"{op}: {name} has dtype {x.dtype}; expected bool (or float 0.0/1.0)")
         fits = x.dim() == len(shape) and x.shape[0] == shape[0]
@@ -163,12 +163,13 @@ def launch_columns(
     """Run a column kernel: one program per block of columns, walking time backwards.
 
     Kernels take `(*inputs, *outputs, T, N, N2, *input strides (st, s1, s2), *scalars, **constexprs,
-    BLOCK, CHUNK)`; the outputs are fresh contiguous `[T, *batch]` tensors, i.e. `[T, N]` row-major.
+    FLAT, BLOCK, CHUNK)`; the outputs are fresh contiguous `[T, *batch]` tensors, i.e. `[T, N]` row-major.
     """
     shape = outputs[0].shape
     n1, n2, inputs, strides = column_layout(shape, inputs)
     num_steps, num_columns = shape[0], n1 * n2
     args = (*inputs, *outputs, num_steps, num_columns, n2, *strides, *scalars)
+    constexprs["FLAT"] = n1 == 1
     device = outputs[0].device
     if num_columns == 0:
         return
@@ -199,8 +200,14 @@ def reverse_recurrence_(out: torch.Tensor, coefficient: torch.Tensor) -> torch.T
     return out
 
 
-def _column_offsets(columns, N2, s1, s2):
-    """Offsets (int64) of `columns` in a tensor whose batch dims are an `[N1, N2]` grid (see `column_layout`)."""
+def _column_offsets(columns, N2, s1, s2, FLAT: tl.constexpr):
+    """Offsets (int64) of `columns` in an input whose batch dims form an `[N1, N2]` grid (`column_layout`).
+
+    With `FLAT` (`N1 == 1`) the offsets are `columns * s2`: with `s2 == 1` (Triton specialises it) the
+    compiler sees contiguous columns and issues vector loads.
+    """
+    if FLAT:
+        return columns * s2
     return (columns // N2) * s1 + (columns % N2) * s2
 
 

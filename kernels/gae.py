@@ -47,17 +47,18 @@ def _gae_kernel(
     T, N, N2,  # steps, columns, and the inner size of the [N1, N2] grid of columns
     r_st, r_s1, r_s2, v_st, v_s1, v_s2, nv_st, nv_s1, nv_s2, d_st, d_s1, d_s2, m_st, m_s1, m_s2,
     gamma, lmbda,
+    FLAT: tl.constexpr,  # the batch dims of every input collapse to one (see column_offsets)
     BLOCK: tl.constexpr,  # columns per program
     CHUNK: tl.constexpr,  # time steps loaded per tile: all their loads are in flight before any store
 ):
     columns = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
     in_range = columns < N
     rows = tl.arange(0, CHUNK)[:, None]  # [CHUNK, 1]: row i of a chunk holds step `last - i`
-    reward_ptr += column_offsets(columns, N2, r_s1, r_s2)
-    value_ptr += column_offsets(columns, N2, v_s1, v_s2)
-    next_value_ptr += column_offsets(columns, N2, nv_s1, nv_s2)
-    done_ptr += column_offsets(columns, N2, d_s1, d_s2)
-    terminated_ptr += column_offsets(columns, N2, m_s1, m_s2)
+    reward_ptr += column_offsets(columns, N2, r_s1, r_s2, FLAT)
+    value_ptr += column_offsets(columns, N2, v_s1, v_s2, FLAT)
+    next_value_ptr += column_offsets(columns, N2, nv_s1, nv_s2, FLAT)
+    done_ptr += column_offsets(columns, N2, d_s1, d_s2, FLAT)
+    terminated_ptr += column_offsets(columns, N2, m_s1, m_s2, FLAT)
     trace_decay = gamma * lmbda
     advantage = tl.zeros([BLOCK], dtype=tl.float32)  # A[t + 1] in fp32, whatever the input dtype
     for start in range(0, T, CHUNK):
