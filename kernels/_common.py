@@ -183,20 +183,43 @@ def launch_columns(
 
 
 def decay(flag: torch.Tensor, scale: float) -> torch.Tensor:
-    """`scale * (1 - flag)` in float32, in one vectorised pass (a bool -> float cast is slow on CPU)."""
-    flag = flag.view(torch.uint8) if flag.dtype == torch.bool else flag.float()
-    return torch.add(torch.tensor(scale, device=flag.device), flag, alpha=-scale)
+    """`scale * (1 - flag)` as a fresh float32 tensor of the flag's shape.
+
+    A bool flag is read as uint8, whose cast to float is vectorised on CPU (bool's is not, nor is
+    `torch.where(flag, 0.0, scale)`).
+    """
+    flag = flag.view(torch.uint8) if flag.dtype == torch.bool else flag
+    return flag.to(torch.float32, copy=True).mul_(-scale).add_(scale)
 
 
 def reverse_recurrence_(out: torch.Tensor, coefficient: torch.Tensor) -> torch.Tensor:
     """In place over time: `out[t] += coefficient[t] * out[t + 1]` for `t = T - 2, ..., 0`.
 
-    `out` is `[T, *batch]` and contiguous, so each step is one fused op over a contiguous row;
-    `coefficient` is `[T, *batch]` or broadcastable to it.
+    `out` is `[T, *batch]` and contiguous; `coefficient` is `[T, *batch]` or broadcastable to it, and
+    contiguous. Each op is fused (`addcmul_`) over contiguous rows. A loop of `T` tiny ops would be bound
+    by per-op overhead, so time is cut into `M` blocks of `k ~ sqrt(T)` rows: each block's recurrence
+    runs for all blocks at once as if the row after it were zero (`k` ops), then the first rows take
+    the carry block by block (`M` ops), then one op adds it to the rest of every block:
+    `y[t] = local[t] + (coefficient[t] * ... * coefficient[end of block]) * y[row after the block]`.
     """
+    num_steps = out.shape[0]
+    block = max(1, round(num_steps**0.5))
+    num_blocks, tail = divmod(num_steps, block)
+    end = num_blocks * block  # rows [end, T) are a tail shorter than a block, done one by one first
     rows, coefficients = out.unbind(0), coefficient.unbind(0)
-    for t in range(out.shape[0] - 2, -1, -1):
+    for t in range(num_steps - 2, end - 1, -1):
         rows[t].addcmul_(coefficients[t], rows[t + 1])
+    y = out[:end].view(num_blocks, block, *out.shape[1:])  # [M, k, *batch]
+    a = coefficient[:end].reshape(num_blocks, block, *coefficient.shape[1:])
+    for j in range(block - 2, -1, -1):
+        y[:, j].addcmul_(a[:, j], y[:, j + 1])
+    reach = a.flip(1).cumprod(1).flip(1)  # reach[:, j] = a[:, j] * ... * a[:, k - 1]
+    if tail:
+        y[-1].addcmul_(reach[-1], out[end])
+    first, first_reach = y[:, 0].unbind(0), reach[:, 0].unbind(0)
+    for m in range(num_blocks - 2, -1, -1):
+        first[m].addcmul_(first_reach[m], first[m + 1])
+    y[:-1, 1:].addcmul_(reach[:-1, 1:], y[1:, :1])
     return out
 
 
