@@ -4,7 +4,7 @@ read through, their launcher, and the backwards recurrence of the fast torch pat
 Every op here is a backwards linear recurrence over time, `y[t] = c[t] + a[t] * y[t + 1]`, run independently
 for each column of a time-major `[T, *batch]` tensor. The Triton kernels give each program a block of
 columns and walk time backwards; the torch paths compute `c` and `a` in a few vectorised passes and then
-issue one fused op per time step over a contiguous row.
+run the recurrence with fused ops over contiguous rows (`reverse_recurrence_`).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def check_inputs(
         if x.device != device:
             raise ValueError(f"{op}: {name} is on {x.device}, expected {device} like {owner}")
         if name in values and not x.is_floating_point():
-            raise TypeError(f"{op}: {name} has dtype {x.dtype}; expected float32 or bfloat16 (a float)")
+            raise TypeError(f"{op}: {name} has dtype {x.dtype}; expected floating point (float32, bfloat16)")
         if name in flags and not (x.dtype == torch.bool or x.is_floating_point()):
             raise TypeError(f"{op}: {name} has dtype {x.dtype}; expected bool (or float 0.0/1.0)")
         fits = x.dim() == len(shape) and x.shape[0] == shape[0]

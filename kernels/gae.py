@@ -16,7 +16,8 @@ belongs to another episode). A truncated step (done and not terminated) keeps it
 
 Four implementations, held to each other by the tests:
 - `_gae_kernel`: the Triton kernel, one program per block of columns walking time backwards in chunks;
-- `_gae_torch`: the fast CPU path, vectorised `delta` then one fused op per time step;
+- `_gae_torch`: the fast CPU path, a vectorised `delta`, then fused ops over contiguous rows walking
+  time backwards (`reverse_recurrence_`);
 - `gae_reference`: a plain loop a reader can check against the formulas above;
 - `gae`: the public function that checks its inputs and dispatches.
 """

@@ -61,7 +61,7 @@ GAE_ERRORS = {
     "integer-value": (
         dict(value=torch.zeros(T, B, N, dtype=torch.int64)),
         TypeError,
-        "gae: value has dtype torch.int64; expected float32 or bfloat16",
+        "gae: value has dtype torch.int64; expected floating point (float32, bfloat16)",
     ),
     "integer-reward": (
         dict(reward=torch.zeros(T, B, N, dtype=torch.int32)),
