@@ -183,24 +183,26 @@ def launch_columns(
 
 
 def decay(flag: torch.Tensor, scale: float) -> torch.Tensor:
-    """`scale * (1 - flag)` as a fresh float32 tensor of the flag's shape.
+    """`scale * (1 - flag)` as a fresh float32 tensor of the flag's shape, in one vectorised op.
 
-    A bool flag is read as uint8, whose cast to float is vectorised on CPU (bool's is not, nor is
-    `torch.where(flag, 0.0, scale)`).
+    A bool flag is read as uint8 (bool -> float casts and `torch.where(flag, 0.0, scale)` are not
+    vectorised on CPU, and mixed uint8/float tensor ops sometimes fall off the vectorised path).
     """
-    flag = flag.view(torch.uint8) if flag.dtype == torch.bool else flag
-    return flag.to(torch.float32, copy=True).mul_(-scale).add_(scale)
+    flag = flag.view(torch.uint8) if flag.dtype == torch.bool else flag.float()
+    return torch.rsub(flag, scale, alpha=scale)
 
 
 def reverse_recurrence_(out: torch.Tensor, coefficient: torch.Tensor) -> torch.Tensor:
     """In place over time: `out[t] += coefficient[t] * out[t + 1]` for `t = T - 2, ..., 0`.
 
     `out` is `[T, *batch]` and contiguous; `coefficient` is `[T, *batch]` or broadcastable to it, and
-    contiguous. Each op is fused (`addcmul_`) over contiguous rows. A loop of `T` tiny ops would be bound
-    by per-op overhead, so time is cut into `M` blocks of `k ~ sqrt(T)` rows: each block's recurrence
-    runs for all blocks at once as if the row after it were zero (`k` ops), then the first rows take
-    the carry block by block (`M` ops), then one op adds it to the rest of every block:
-    `y[t] = local[t] + (coefficient[t] * ... * coefficient[end of block]) * y[row after the block]`.
+    contiguous. Every op is a fused `addcmul_` or `mul` over contiguous rows. A loop of `T` ops over
+    one row each would be bound by per-op overhead, so time is cut into `M` blocks of `k ~ sqrt(T)` rows:
+    the recurrence runs inside all blocks at once as if the row after each block were zero (`k` ops over
+    `M` rows), the first row of each block takes its carry block by block (`M` ops over one row), and the
+    other rows get theirs from it (`k` ops over `M` rows), using
+    `y[t] = inside[t] + (coefficient[t] * ... * coefficient[last row of the block]) * y[row after the block]`.
+    The ops stay small, so a few large ops never wait on a second thread that another process is using.
     """
     num_steps = out.shape[0]
     block = max(1, round(num_steps**0.5))
@@ -209,17 +211,20 @@ def reverse_recurrence_(out: torch.Tensor, coefficient: torch.Tensor) -> torch.T
     rows, coefficients = out.unbind(0), coefficient.unbind(0)
     for t in range(num_steps - 2, end - 1, -1):
         rows[t].addcmul_(coefficients[t], rows[t + 1])
-    y = out[:end].view(num_blocks, block, *out.shape[1:])  # [M, k, *batch]
-    a = coefficient[:end].reshape(num_blocks, block, *coefficient.shape[1:])
+    y = out[:end].view(num_blocks, block, *out.shape[1:]).unbind(1)  # k views [M, *batch]
+    a = coefficient[:end].reshape(num_blocks, block, *coefficient.shape[1:]).unbind(1)
+    reach = [a[-1]] * block  # reach[j] = a[j] * ... * a[k - 1]: how far the row after a block reaches
     for j in range(block - 2, -1, -1):
-        y[:, j].addcmul_(a[:, j], y[:, j + 1])
-    reach = a.flip(1).cumprod(1).flip(1)  # reach[:, j] = a[:, j] * ... * a[:, k - 1]
+        y[j].addcmul_(a[j], y[j + 1])
+        reach[j] = a[j] * reach[j + 1]
     if tail:
-        y[-1].addcmul_(reach[-1], out[end])
-    first, first_reach = y[:, 0].unbind(0), reach[:, 0].unbind(0)
+        for j in range(block):
+            y[j][-1].addcmul_(reach[j][-1], out[end])
+    first, first_reach = y[0].unbind(0), reach[0].unbind(0)
     for m in range(num_blocks - 2, -1, -1):
         first[m].addcmul_(first_reach[m], first[m + 1])
-    y[:-1, 1:].addcmul_(reach[:-1, 1:], y[1:, :1])
+    for j in range(1, block):
+        y[j][:-1].addcmul_(reach[j][:-1], y[0][1:])
     return out
 
 
