@@ -182,27 +182,38 @@ def launch_columns(
     kernel[(triton.cdiv(num_columns, block),)](*args, **constexprs, BLOCK=block, CHUNK=CPU_CHUNK)
 
 
-def decay(flag: torch.Tensor, scale: float) -> torch.Tensor:
-    """`scale * (1 - flag)` as a fresh float32 tensor of the flag's shape, in one vectorised op.
+def decay(flag: torch.Tensor, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`scale * (1 - flag)` in float32, of the flag's shape, in one vectorised op (into `out` if given).
 
-    A bool flag is read as uint8 (bool -> float casts and `torch.where(flag, 0.0, scale)` are not
-    vectorised on CPU, and mixed uint8/float tensor ops sometimes fall off the vectorised path).
+    A bool flag is read as uint8: bool -> float casts and `torch.where(flag, 0.0, scale)` are not
+    vectorised on CPU. The scale is a CPU scalar tensor, which CUDA ops accept without a copy.
     """
     flag = flag.view(torch.uint8) if flag.dtype == torch.bool else flag.float()
-    return torch.rsub(flag, scale, alpha=scale)
+    if out is None:
+        out = torch.empty(flag.shape, dtype=torch.float32, device=flag.device)
+    return torch.sub(torch.tensor(scale), flag, alpha=scale, out=out)
+
+
+def scratch(buffer: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """A contiguous view of `shape` on the memory of a contiguous float32 `buffer` at least as large.
+
+    The torch paths keep their temporaries in an output buffer that is written last: a fresh large
+    allocation costs page faults (about a millisecond per megabyte on a small VM) on every call.
+    """
+    return buffer.view(-1)[: shape.numel()].view(shape)
 
 
 def reverse_recurrence_(out: torch.Tensor, coefficient: torch.Tensor) -> torch.Tensor:
     """In place over time: `out[t] += coefficient[t] * out[t + 1]` for `t = T - 2, ..., 0`.
 
     `out` is `[T, *batch]` and contiguous; `coefficient` is `[T, *batch]` or broadcastable to it, and
-    contiguous. Every op is a fused `addcmul_` or `mul` over contiguous rows. A loop of `T` ops over
-    one row each would be bound by per-op overhead, so time is cut into `M` blocks of `k ~ sqrt(T)` rows:
-    the recurrence runs inside all blocks at once as if the row after each block were zero (`k` ops over
-    `M` rows), the first row of each block takes its carry block by block (`M` ops over one row), and the
-    other rows get theirs from it (`k` ops over `M` rows), using
+    contiguous; it is scratch, overwritten. Every op is a fused `addcmul_` or `mul_` over contiguous
+    rows. A loop of `T` ops over one row each would be bound by per-op overhead, so time is cut into `M`
+    blocks of `k ~ sqrt(T)` rows: the recurrence runs inside all blocks at once as if the row after each
+    block were zero (`k` ops over `M` rows), the first row of each block takes its carry block by block
+    (`M` ops over one row), then the other rows get theirs (`k` ops over `M` rows), using
     `y[t] = inside[t] + (coefficient[t] * ... * coefficient[last row of the block]) * y[row after the block]`.
-    The ops stay small, so a few large ops never wait on a second thread that another process is using.
+    Small ops also never wait on a second thread that another process is using.
     """
     num_steps = out.shape[0]
     block = max(1, round(num_steps**0.5))
@@ -212,19 +223,19 @@ def reverse_recurrence_(out: torch.Tensor, coefficient: torch.Tensor) -> torch.T
     for t in range(num_steps - 2, end - 1, -1):
         rows[t].addcmul_(coefficients[t], rows[t + 1])
     y = out[:end].view(num_blocks, block, *out.shape[1:]).unbind(1)  # k views [M, *batch]
-    a = coefficient[:end].reshape(num_blocks, block, *coefficient.shape[1:]).unbind(1)
-    reach = [a[-1]] * block  # reach[j] = a[j] * ... * a[k - 1]: how far the row after a block reaches
+    # a[j] becomes reach[j] = a[j] * ... * a[k - 1], how far the row after a block reaches into row j
+    a = coefficient[:end].view(num_blocks, block, *coefficient.shape[1:]).unbind(1)
     for j in range(block - 2, -1, -1):
         y[j].addcmul_(a[j], y[j + 1])
-        reach[j] = a[j] * reach[j + 1]
+        a[j].mul_(a[j + 1])
     if tail:
         for j in range(block):
-            y[j][-1].addcmul_(reach[j][-1], out[end])
-    first, first_reach = y[0].unbind(0), reach[0].unbind(0)
+            y[j][-1].addcmul_(a[j][-1], out[end])
+    first, first_reach = y[0].unbind(0), a[0].unbind(0)
     for m in range(num_blocks - 2, -1, -1):
         first[m].addcmul_(first_reach[m], first[m + 1])
     for j in range(1, block):
-        y[j][:-1].addcmul_(reach[j][:-1], y[0][1:])
+        y[j][:-1].addcmul_(a[j][:-1], y[0][1:])
     return out
 
 

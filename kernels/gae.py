@@ -36,6 +36,7 @@ from ._common import (
     launch_columns,
     resolve_backend,
     reverse_recurrence_,
+    scratch,
     tl,
     triton_jit,
 )
@@ -100,9 +101,11 @@ def _gae_triton(reward, value, next_value, done, terminated, *, gamma, lmbda):
 
 def _gae_torch(reward, value, next_value, done, terminated, *, gamma, lmbda):
     advantage = torch.empty(value.shape, dtype=torch.float32, device=value.device)  # contiguous rows
-    torch.addcmul(reward, next_value, decay(terminated, gamma), out=advantage).sub_(value)  # delta
-    reverse_recurrence_(advantage, decay(done, gamma * lmbda))
-    return advantage, advantage + value
+    value_target = torch.empty_like(advantage)  # holds the coefficients until it is written, last
+    bootstrap = decay(terminated, gamma, out=scratch(value_target, terminated.shape))
+    torch.addcmul(reward, next_value, bootstrap, out=advantage).sub_(value)  # delta
+    reverse_recurrence_(advantage, decay(done, gamma * lmbda, out=scratch(value_target, done.shape)))
+    return advantage, torch.add(advantage, value, out=value_target)
 
 
 def gae_reference(
