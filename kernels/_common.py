@@ -207,21 +207,28 @@ def reverse_recurrence_(out: torch.Tensor, coefficient: torch.Tensor) -> torch.T
     """In place over time: `out[t] += coefficient[t] * out[t + 1]` for `t = T - 2, ..., 0`.
 
     `out` is `[T, *batch]` and contiguous; `coefficient` is `[T, *batch]` or broadcastable to it, and
-    contiguous; it is scratch, overwritten. Every op is a fused `addcmul_` or `mul_` over contiguous
-    rows. A loop of `T` ops over one row each would be bound by per-op overhead, so time is cut into `M`
-    blocks of `k ~ sqrt(T)` rows: the recurrence runs inside all blocks at once as if the row after each
-    block were zero (`k` ops over `M` rows), the first row of each block takes its carry block by block
-    (`M` ops over one row), then the other rows get theirs (`k` ops over `M` rows), using
+    contiguous; it is scratch, and may be overwritten. Every op is a fused `addcmul_` or `mul_` over
+    contiguous rows.
+
+    With long rows, one op per step. With short rows that loop is bound by per-op overhead (a few
+    microseconds), so time is cut into `M` blocks of `k ~ sqrt(T)` rows: the recurrence runs inside all
+    blocks at once as if the row after each block were zero (`k` ops over `M` rows), the first row of
+    each block takes its carry block by block (`M` ops over one row), then the other rows get theirs
+    (`k` ops over `M` rows), using
     `y[t] = inside[t] + (coefficient[t] * ... * coefficient[last row of the block]) * y[row after the block]`.
-    Small ops also never wait on a second thread that another process is using.
+    That reads the data about three times instead of once, so it pays only below ~4096 columns
+    (measured on CPU: 5x faster at [1024, 256], even at [100, 3072], 1.4x slower at [1024, 8192]).
     """
     num_steps = out.shape[0]
-    block = max(1, round(num_steps**0.5))
+    if num_steps < 48 or out[0].numel() >= 4096:
+        for t in range(num_steps - 2, -1, -1):
+            out[t].addcmul_(coefficient[t], out[t + 1])
+        return out
+    block = round(num_steps**0.5)
     num_blocks, tail = divmod(num_steps, block)
     end = num_blocks * block  # rows [end, T) are a tail shorter than a block, done one by one first
-    rows, coefficients = out.unbind(0), coefficient.unbind(0)
     for t in range(num_steps - 2, end - 1, -1):
-        rows[t].addcmul_(coefficients[t], rows[t + 1])
+        out[t].addcmul_(coefficient[t], out[t + 1])
     y = out[:end].view(num_blocks, block, *out.shape[1:]).unbind(1)  # k views [M, *batch]
     # a[j] becomes reach[j] = a[j] * ... * a[k - 1], how far the row after a block reaches into row j
     a = coefficient[:end].view(num_blocks, block, *coefficient.shape[1:]).unbind(1)

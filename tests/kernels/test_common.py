@@ -16,13 +16,23 @@ def one_step_at_a_time(out, coefficient):
 
 @pytest.mark.parametrize("coefficient_batch", [(6, 3), (6, 1)], ids=["per-agent", "broadcast-over-agents"])
 def test_blocked_recurrence_matches_one_step_at_a_time(coefficient_batch):
+    # Short rows: from T = 48 on, blocks of ~sqrt(T) rows, with every tail length up to T = 81.
     generator = torch.Generator().manual_seed(0)
-    for num_steps in [*range(1, 41), 99, 100, 101, 257]:  # every block/tail split of small T, and some large
+    for num_steps in [1, 2, 3, 47, *range(48, 82), 99, 100, 101, 257, 1024]:
         out = torch.randn(num_steps, 6, 3, generator=generator)
         coefficient = torch.rand(num_steps, *coefficient_batch, generator=generator)
         coefficient[torch.rand(coefficient.shape, generator=generator) < 0.1] = 0.0  # episode ends
         expected = one_step_at_a_time(out, coefficient)
         torch.testing.assert_close(reverse_recurrence_(out, coefficient), expected, msg=f"T={num_steps}")
+
+
+def test_long_rows_take_one_op_per_step():
+    generator = torch.Generator().manual_seed(1)
+    out, coefficient = torch.randn(100, 4096, generator=generator), torch.rand(100, 4096, generator=generator)
+    kept = coefficient.clone()
+    expected = one_step_at_a_time(out, coefficient)
+    torch.testing.assert_close(reverse_recurrence_(out, coefficient), expected)
+    assert torch.equal(coefficient, kept)  # the blocked path would have overwritten it
 
 
 LAYOUTS = {
