@@ -1,10 +1,12 @@
 """Benchmark vecmarl's GAE against its reference loop and TorchRL's GAE on the same data.
 
-    python -m kernels.bench [--sizes 100x1024x3x1,...] [--repeats 7] [--peer-python PATH] [--json PATH]
+    python -m kernels.bench [--sizes 100x1024x3x1,...] [--repeats 7] [--rounds 1] [--threads N]
+                            [--peer-python PATH] [--json PATH]
 
 Each size is `TxBxnx1`: a time-major rollout `[T, B, n, 1]` of float32 rewards and values and bool
 per-agent flags (2% of steps end an episode, half of those by termination). Every call is timed as a
-user makes it, the median of `--repeats` after one warm-up call. TorchRL's functions take batch-major
+user makes it, the median of `--repeats` back-to-back calls after one warm-up call; with `--rounds`,
+all of that is repeated and the medians over rounds reported. TorchRL's functions take batch-major
 tensors with time at `time_dim`; they get the same time-major tensors with `time_dim=0` and transpose
 inside the call, which is timed. TorchRL is never a dependency: it is imported when importable, or run in
 a subprocess of `--peer-python` (this file run as a script, which imports only torch and torchrl).
@@ -63,21 +65,20 @@ def synchronize(device: torch.device) -> None:
 def median_seconds(
     calls: dict[str, Callable[[], object]], repeats: int, device: torch.device
 ) -> dict[str, float]:
-    """Median wall time of each call over `repeats` runs, after one warm-up (compilation, autotuning).
-
-    The calls take turns, so that a burst of load from other processes hits all of them alike.
-    """
-    for call in calls.values():
+    """Median wall time of each call over `repeats` back-to-back runs, after one warm-up (compilation,
+    autotuning, the allocator's first fresh pages): the usual microbenchmark, warm caches included."""
+    seconds = {}
+    for name, call in calls.items():
         call()
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(repeats):
-        for name, call in calls.items():
+        times = []
+        for _ in range(repeats):
             synchronize(device)
             start = time.perf_counter()
             call()
             synchronize(device)
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(samples) for name, samples in times.items()}
+            times.append(time.perf_counter() - start)
+        seconds[name] = statistics.median(times)
+    return seconds
 
 
 def make_rollout(size: tuple[int, ...], device: torch.device) -> dict[str, torch.Tensor]:
@@ -164,8 +165,15 @@ LABELS = {
 BASELINES = ("reference", "torchrl_loop", "torchrl_vec")
 
 
-def bench_size(size, device, backends, repeats, peer_python, workdir) -> tuple[list[dict], str | None]:
-    """Time every call on one rollout size; one row per call, with its speedups over the baselines."""
+def bench_size(
+    size, device, backends, repeats, rounds, peer_python, workdir
+) -> tuple[list[dict], str | None]:
+    """Time every call on one rollout size; one row per call, with its speedups over the baselines.
+
+    Each of `rounds` rounds times every call (TorchRL in a fresh subprocess); a row reports the median
+    over rounds of the call's time and of its per-round speedups, so a burst of load from other
+    processes during one round does not decide the result.
+    """
     from kernels.gae import gae, gae_reference
 
     data = make_rollout(size, device)
@@ -175,38 +183,41 @@ def bench_size(size, device, backends, repeats, peer_python, workdir) -> tuple[l
         for backend in backends
     }
     calls["reference"] = partial(gae_reference, *inputs, gamma=GAMMA, lmbda=LMBDA)
-    seconds = median_seconds(calls, repeats, device)
-    timings = {name: {"seconds": seconds[name], "outputs": call()} for name, call in calls.items()}
-    peer_versions = None
-    if importlib.util.find_spec("torchrl") is not None:
-        timings.update(time_torchrl(data, repeats))
-    elif peer_python:
-        peer_timings, peer_versions = torchrl_in_subprocess(peer_python, data, repeats, workdir)
-        timings.update(peer_timings)
+    outputs = {name: call() for name, call in calls.items()}
+    per_round, peer_versions = [], None
+    for _ in range(rounds):
+        seconds = median_seconds(calls, repeats, device)
+        peer = {}
+        if importlib.util.find_spec("torchrl") is not None:
+            peer = time_torchrl(data, repeats)
+        elif peer_python:
+            peer, peer_versions = torchrl_in_subprocess(peer_python, data, repeats, workdir)
+        seconds.update({name: timing["seconds"] for name, timing in peer.items()})
+        outputs.update({name: timing["outputs"] for name, timing in peer.items()})
+        per_round.append(seconds)
     elements = data["value"].numel()
     bytes_moved = sum(x.numel() * x.element_size() for x in inputs) + 2 * 4 * elements  # + 2 fp32 outputs
-    expected = timings["reference"]["outputs"]
     rows = []
-    for name, timing in timings.items():
-        seconds = timing["seconds"]
-        diffs = [
-            (got.float() - want).abs().max().item()
-            for got, want in zip(timing["outputs"], expected, strict=True)
-        ]
+    for name in per_round[0]:
+        median = statistics.median(timing[name] for timing in per_round)
+        pairs = zip(outputs[name], outputs["reference"], strict=True)
+        diffs = [(got.float() - want).abs().max().item() for got, want in pairs]
+        speedups = {
+            f"speedup_vs_{base}": statistics.median(timing[base] / timing[name] for timing in per_round)
+            for base in BASELINES
+            if base in per_round[0]
+        }
         rows.append(
             {
                 "call": LABELS.get(name, f'gae(backend="{name.removeprefix("gae_")}")'),
                 "size": "x".join(map(str, size)),
                 "device": device.type,
-                "median_ms": seconds * 1e3,
-                "elements_per_s": elements / seconds,
-                "gb_per_s": bytes_moved / seconds / 1e9,
-                **{
-                    f"speedup_vs_{base}": timings[base]["seconds"] / seconds
-                    for base in BASELINES
-                    if base in timings
-                },
+                "median_ms": median * 1e3,
+                "elements_per_s": elements / median,
+                "gb_per_s": bytes_moved / median / 1e9,
+                **speedups,
                 "max_abs_diff_vs_reference": max(diffs),
+                "round_ms": [timing[name] * 1e3 for timing in per_round],
             }
         )
     return rows, peer_versions
@@ -251,6 +262,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--repeats", type=int, default=7, help="timed calls per measurement; the median is kept"
     )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="repeat every measurement this many rounds; report medians"
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
         "--backends",
@@ -279,13 +293,14 @@ def main(argv: list[str] | None = None) -> None:
     header = [
         f"command: {command}",
         f"date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; device: {device_name(device)}; "
-        f"torch {torch.__version__}; gamma={GAMMA}, lmbda={LMBDA}; median of {args.repeats}",
+        f"torch {torch.__version__}; gamma={GAMMA}, lmbda={LMBDA}; median of {args.repeats} calls,"
+        f" of {args.rounds} round(s)",
     ]
     rows, peer_versions = [], None
     with tempfile.TemporaryDirectory() as workdir:
         for size in args.sizes:
             size_rows, peer_versions = bench_size(
-                size, device, backends, args.repeats, args.peer_python, Path(workdir)
+                size, device, backends, args.repeats, args.rounds, args.peer_python, Path(workdir)
             )
             rows += size_rows
     if peer_versions:
@@ -294,7 +309,8 @@ def main(argv: list[str] | None = None) -> None:
         header.append(f"peak memory bandwidth: {peak / 1e9:.0f} GB/s")
     print("\n".join(header))
     print(format_table(rows, peak))
-    print("x: speedup of the row's call over that one (its median time / the row's), same data, same run.")
+    print("x: speedup of the row's call over that one (that one's time / the row's), same data, same round;")
+    print("max |diff|: largest difference from gae_reference over both outputs.")
     if args.json:
         Path(args.json).write_text(json.dumps({"header": header, "rows": rows}, indent=2))
 
