@@ -1,2 +1,7 @@
 """Numerical kernels for reinforcement learning: each op has a Triton kernel, a fast torch path and a
-plain reference loop, behind one public function."""
+plain reference loop, behind one public function taking time-major `[T, *batch]` tensors."""
+
+from .gae import gae
+from .returns import discounted_returns, td_lambda_returns
+
+__all__ = ["discounted_returns", "gae", "td_lambda_returns"]

@@ -1,0 +1,260 @@
+"""What every op in `kernels` shares: input checks, backend dispatch, the column layout the Triton kernels
+read through, their launcher, and the backwards recurrence of the fast torch paths.
+
+Every op here is a backwards linear recurrence over time, `y[t] = c[t] + a[t] * y[t + 1]`, run independently
+for each column of a time-major `[T, *batch]` tensor. The Triton kernels give each program a block of
+columns and walk time backwards; the torch paths compute `c` and `a` in a few vectorised passes and then
+run the recurrence with fused ops over contiguous rows (`reverse_recurrence_`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+except ImportError:  # Triton is Linux-only; without it every call takes a torch path
+    triton = tl = InterpretedFunction = None
+
+Backend = Literal["auto", "triton", "torch", "reference"]
+BACKENDS = ("auto", "triton", "torch", "reference")
+
+# Without a GPU, triton.autotune cannot time configurations: the interpreter runs this fixed one. A wide
+# block means few programs, and each program costs the interpreter a Python loop over time.
+CPU_MAX_BLOCK = 32768
+CPU_CHUNK = 8
+
+
+def triton_jit(fn: Callable) -> Callable | None:
+    """`triton.jit`, or None where Triton is not installed (the op then only has its torch paths)."""
+    return triton.jit(fn) if triton is not None else None
+
+
+def autotuned(kernel: Callable | None) -> Callable | None:
+    """The kernel autotuned over block width, time chunk and warps, keyed on the problem size (GPU only)."""
+    if kernel is None or isinstance(kernel, InterpretedFunction):
+        return None
+    configs = [
+        triton.Config({"BLOCK": block, "CHUNK": chunk}, num_warps=warps)
+        for block, warps in ((64, 1), (128, 1), (256, 2), (512, 4), (1024, 8))
+        for chunk in (4, 8, 16)
+    ]
+    return triton.autotune(configs=configs, key=["T", "N"])(kernel)
+
+
+def check_unit_interval(op: str, name: str, x: float) -> float:
+    """`x` as a float, or an error unless it is a real number in [0, 1]."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TypeError(
+            f"{op}: {name} must be a Python float in [0, 1], got {type(x).__name__}"
+            + (" (pass float(tensor) once, outside the training loop)" if isinstance(x, torch.Tensor) else "")
+        )
+    if not 0.0 <= x <= 1.0:  # also rejects NaN
+        raise ValueError(f"{op}: {name} = {x} is outside [0, 1]")
+    return float(x)
+
+
+def check_inputs(
+    op: str,
+    owner: str,
+    values: dict[str, torch.Tensor | None],
+    flags: dict[str, torch.Tensor | None],
+) -> tuple[torch.Size, torch.device]:
+    """Check the time-major inputs of `op` and return the output shape (the owner's) and the device.
+
+    `values` (rewards, values) must be floating point; `flags` bool or floating point (0.0 or 1.0). Every
+    input has the owner's number of dims and its `T`; each batch dim equals the owner's or is 1 (read
+    through a zero stride, e.g. an env-level flag `[T, B, 1, 1]` against per-agent values `[T, B, n, 1]`).
+    None entries are optional inputs that were not given.
+    """
+    reference = values[owner]
+    shape, device = reference.shape, reference.device
+    shown = tuple(shape)
+    if reference.dim() == 0:
+        raise ValueError(f"{op}: {owner} is a 0-d tensor; expected a time-major tensor [T, *batch]")
+    if shape[0] == 0:
+        raise ValueError(f"{op}: {owner} has T = 0 time steps (shape {shown}); expected at least one step")
+    given = {name: x for name, x in {**values, **flags}.items() if x is not None}
+    for name, x in given.items():
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.device != device:
+            raise ValueError(f"{op}: {name} is on {x.device}, expected {device} like {owner}")
+        if name in values and not x.is_floating_point():
+            raise TypeError(f"{op}: {name} has dtype {x.dtype}; expected floating point (float32, bfloat16)")
+        if name in flags and not (x.dtype == torch.bool or x.is_floating_point()):
+            raise TypeError(f"{op}: {name} has dtype {x.dtype}; expected bool (or float 0.0/1.0)")
+        fits = x.dim() == len(shape) and x.shape[0] == shape[0]
+        fits = fits and all(size in (1, full) for size, full in zip(x.shape[1:], shape[1:], strict=True))
+        if not fits:
+            raise ValueError(
+                f"{op}: {name} has shape {tuple(x.shape)}; expected {owner}'s shape {shown}, or that shape"
+                f" with 1 in some batch dims (e.g. an env-level flag [T, B, 1, 1] against [T, B, n, 1])"
+            )
+    return shape, device
+
+
+def resolve_backend(backend: str, device: torch.device, kernel: Callable | None) -> str:
+    """Which implementation runs: `"triton"`, `"torch"` or `"reference"`.
+
+    `"auto"` picks Triton for CUDA tensors, and for CPU tensors when the kernels were built by Triton's
+    interpreter (`TRITON_INTERPRET=1` set before triton was first imported); otherwise the fast torch path.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not one of {', '.join(map(repr, BACKENDS))}")
+    interpreted = InterpretedFunction is not None and isinstance(kernel, InterpretedFunction)
+    can_run_triton = kernel is not None and (device.type == "cuda" or interpreted)
+    if backend == "auto":
+        return "triton" if can_run_triton else "torch"
+    if backend == "triton" and not can_run_triton:
+        why = (
+            "Triton is not installed"
+            if kernel is None
+            else f"Triton needs a CUDA device, or TRITON_INTERPRET=1 set before triton is first imported"
+            f" to run its interpreter on the CPU; got {device} tensors"
+        )
+        raise RuntimeError(f"backend='triton' cannot run here: {why}. Use backend='auto' or 'torch'.")
+    return backend
+
+
+def column_layout(
+    shape: Sequence[int], tensors: Sequence[torch.Tensor]
+) -> tuple[int, int, list[torch.Tensor], list[int]]:
+    """Describe the batch dims of every input as one grid of `N1 x N2` columns, without copying.
+
+    Each input is viewed as expanded to `shape` (broadcast dims get stride 0); batch dims of size 1 are
+    dropped and neighbours merged wherever every input allows. Column `j` is then at `(j // N2, j % N2)`,
+    so input `x` holds step `t` of column `j` at `t * st + (j // N2) * s1 + (j % N2) * s2`. Two grid dims
+    cover contiguous, permuted and sliced inputs and flags broadcast over agents; anything that needs
+    more is copied to contiguous memory first. Returns `(N1, N2, tensors, strides)` with strides flattened
+    as `(st, s1, s2)` per tensor.
+    """
+    expanded = [x.expand(shape) for x in tensors]
+    dims = [(size, [x.stride(d) for x in expanded]) for d, size in enumerate(shape) if d > 0 and size != 1]
+    merged: list[tuple[int, list[int]]] = []
+    for size, strides in dims:
+        if merged and all(outer == inner * size for outer, inner in zip(merged[-1][1], strides, strict=True)):
+            merged[-1] = (merged[-1][0] * size, strides)
+        else:
+            merged.append((size, strides))
+    if len(merged) > 2:  # rare: e.g. a flag broadcast over a middle dim of three
+        contiguous = [x.contiguous() for x in expanded]
+        return column_layout(shape, contiguous)
+    while len(merged) < 2:
+        merged.insert(0, (1, [0] * len(tensors)))
+    (n1, outer), (n2, inner) = merged
+    strides = [s for i, x in enumerate(expanded) for s in (x.stride(0), outer[i], inner[i])]
+    return n1, n2, list(tensors), strides
+
+
+def launch_columns(
+    kernel: Callable,
+    tuned: Callable | None,
+    inputs: Sequence[torch.Tensor],
+    outputs: Sequence[torch.Tensor],
+    scalars: Sequence[float],
+    **constexprs: bool,
+) -> None:
+    """Run a column kernel: one program per block of columns, walking time backwards.
+
+    Kernels take `(*inputs, *outputs, T, N, N2, *input strides (st, s1, s2), *scalars, **constexprs,
+    FLAT, BLOCK, CHUNK)`; the outputs are fresh contiguous `[T, *batch]` tensors, i.e. `[T, N]` row-major.
+    """
+    shape = outputs[0].shape
+    n1, n2, inputs, strides = column_layout(shape, inputs)
+    num_steps, num_columns = shape[0], n1 * n2
+    args = (*inputs, *outputs, num_steps, num_columns, n2, *strides, *scalars)
+    constexprs["FLAT"] = n1 == 1
+    device = outputs[0].device
+    if num_columns == 0:
+        return
+    if tuned is not None and device.type == "cuda":
+        grid = lambda meta: (triton.cdiv(num_columns, meta["BLOCK"]),)
+        with torch.cuda.device(device):
+            tuned[grid](*args, **constexprs)
+        return
+    block = min(max(triton.next_power_of_2(num_columns), 16), CPU_MAX_BLOCK)
+    kernel[(triton.cdiv(num_columns, block),)](*args, **constexprs, BLOCK=block, CHUNK=CPU_CHUNK)
+
+
+def decay(flag: torch.Tensor, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`scale * (1 - flag)` in float32, of the flag's shape, in one vectorised op (into `out` if given).
+
+    A bool flag is read as uint8: bool -> float casts and `torch.where(flag, 0.0, scale)` are not
+    vectorised on CPU. The scale is a CPU scalar tensor, which CUDA ops accept without a copy.
+    """
+    flag = flag.view(torch.uint8) if flag.dtype == torch.bool else flag.float()
+    if out is None:
+        out = torch.empty(flag.shape, dtype=torch.float32, device=flag.device)
+    return torch.sub(torch.tensor(scale), flag, alpha=scale, out=out)
+
+
+def scratch(buffer: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """A contiguous view of `shape` on the memory of a contiguous float32 `buffer` at least as large.
+
+    The torch paths keep their temporaries in an output buffer that is written last: a fresh large
+    allocation costs page faults (about a millisecond per megabyte on a small VM) on every call.
+    """
+    return buffer.view(-1)[: shape.numel()].view(shape)
+
+
+def reverse_recurrence_(out: torch.Tensor, coefficient: torch.Tensor) -> torch.Tensor:
+    """In place over time: `out[t] += coefficient[t] * out[t + 1]` for `t = T - 2, ..., 0`.
+
+    `out` is `[T, *batch]` and contiguous; `coefficient` is `[T, *batch]` or broadcastable to it, and
+    contiguous; it is scratch, and may be overwritten. Every op is a fused `addcmul_` or `mul_` over
+    contiguous rows.
+
+    With long rows, one op per step. With short rows that loop is bound by per-op overhead (a few
+    microseconds), so time is cut into `M` blocks of `k ~ sqrt(T)` rows: the recurrence runs inside all
+    blocks at once as if the row after each block were zero (`k` ops over `M` rows), the first row of
+    each block takes its carry block by block (`M` ops over one row), then the other rows get theirs
+    (`k` ops over `M` rows), using
+    `y[t] = inside[t] + (coefficient[t] * ... * coefficient[last row of the block]) * y[row after the block]`.
+    That reads the data about three times instead of once, so it pays only below ~4096 columns
+    (measured on CPU: 5x faster at [1024, 256], even at [100, 3072], 1.4x slower at [1024, 8192]).
+    """
+    num_steps = out.shape[0]
+    if num_steps < 48 or out[0].numel() >= 4096:
+        for t in range(num_steps - 2, -1, -1):
+            out[t].addcmul_(coefficient[t], out[t + 1])
+        return out
+    block = round(num_steps**0.5)
+    num_blocks, tail = divmod(num_steps, block)
+    end = num_blocks * block  # rows [end, T) are a tail shorter than a block, done one by one first
+    for t in range(num_steps - 2, end - 1, -1):
+        out[t].addcmul_(coefficient[t], out[t + 1])
+    y = out[:end].view(num_blocks, block, *out.shape[1:]).unbind(1)  # k views [M, *batch]
+    # a[j] becomes reach[j] = a[j] * ... * a[k - 1], how far the row after a block reaches into row j
+    a = coefficient[:end].view(num_blocks, block, *coefficient.shape[1:]).unbind(1)
+    for j in range(block - 2, -1, -1):
+        y[j].addcmul_(a[j], y[j + 1])
+        a[j].mul_(a[j + 1])
+    if tail:
+        for j in range(block):
+            y[j][-1].addcmul_(a[j][-1], out[end])
+    first, first_reach = y[0].unbind(0), a[0].unbind(0)
+    for m in range(num_blocks - 2, -1, -1):
+        first[m].addcmul_(first_reach[m], first[m + 1])
+    for j in range(1, block):
+        y[j][:-1].addcmul_(a[j][:-1], y[0][1:])
+    return out
+
+
+def _column_offsets(columns, N2, s1, s2, FLAT: tl.constexpr):
+    """Offsets (int64) of `columns` in an input whose batch dims form an `[N1, N2]` grid (`column_layout`).
+
+    With `FLAT` (`N1 == 1`) the offsets are `columns * s2`: with `s2 == 1` (Triton specialises it) the
+    compiler sees contiguous columns and issues vector loads.
+    """
+    if FLAT:
+        return columns * s2
+    return (columns // N2) * s1 + (columns % N2) * s2
+
+
+column_offsets = triton_jit(_column_offsets)

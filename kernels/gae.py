@@ -1,0 +1,174 @@
+"""Generalized advantage estimation (Schulman et al. 2016) over a time-major rollout.
+
+Layout: every tensor is time-major `[T, *batch]` (`*batch` is any number of dims, e.g. `[B, n, 1]` for
+`B` envs and `n` agents); row `t` is one contiguous step of the rollout.
+
+Semantics, for each column independently, walking time backwards from `A[T] = 0`:
+
+    delta[t] = reward[t] + gamma * (1 - terminated[t]) * next_value[t] - value[t]
+    A[t]     = delta[t] + gamma * lmbda * (1 - done[t]) * A[t + 1]
+    value_target[t] = A[t] + value[t]
+
+`next_value[t]` is the value of the true next observation of step `t` (before any auto-reset).
+`terminated` zeroes the bootstrap (the episode really ended) and `done` cuts the trace (the next row
+belongs to another episode). A truncated step (done and not terminated) keeps its bootstrap
+`next_value[t]`. `terminated` implies `done`.
+
+Four implementations, held to each other by the tests:
+- `_gae_kernel`: the Triton kernel, one program per block of columns walking time backwards in chunks;
+- `_gae_torch`: the fast CPU path, a vectorised `delta`, then fused ops over contiguous rows walking
+  time backwards (`reverse_recurrence_`);
+- `gae_reference`: a plain loop a reader can check against the formulas above;
+- `gae`: the public function that checks its inputs and dispatches.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._common import (
+    Backend,
+    autotuned,
+    check_inputs,
+    check_unit_interval,
+    column_offsets,
+    decay,
+    launch_columns,
+    resolve_backend,
+    reverse_recurrence_,
+    scratch,
+    tl,
+    triton_jit,
+)
+
+
+@triton_jit
+def _gae_kernel(
+    reward_ptr, value_ptr, next_value_ptr, done_ptr, terminated_ptr,  # inputs [T, *batch], any strides
+    advantage_ptr, value_target_ptr,  # outputs [T, N] float32, contiguous
+    T, N, N2,  # steps, columns, and the inner size of the [N1, N2] grid of columns
+    r_st, r_s1, r_s2, v_st, v_s1, v_s2, nv_st, nv_s1, nv_s2, d_st, d_s1, d_s2, m_st, m_s1, m_s2,
+    gamma, lmbda,
+    FLAT: tl.constexpr,  # the batch dims of every input collapse to one (see column_offsets)
+    BLOCK: tl.constexpr,  # columns per program
+    CHUNK: tl.constexpr,  # time steps loaded per tile: all their loads are in flight before any store
+):
+    columns = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
+    in_range = columns < N
+    rows = tl.arange(0, CHUNK)[:, None]  # [CHUNK, 1]: row i of a chunk holds step `last - i`
+    reward_ptr += column_offsets(columns, N2, r_s1, r_s2, FLAT)
+    value_ptr += column_offsets(columns, N2, v_s1, v_s2, FLAT)
+    next_value_ptr += column_offsets(columns, N2, nv_s1, nv_s2, FLAT)
+    done_ptr += column_offsets(columns, N2, d_s1, d_s2, FLAT)
+    terminated_ptr += column_offsets(columns, N2, m_s1, m_s2, FLAT)
+    trace_decay = gamma * lmbda
+    advantage = tl.zeros([BLOCK], dtype=tl.float32)  # A[t + 1] in fp32, whatever the input dtype
+    for start in range(0, T, CHUNK):
+        last = T - 1 - start
+        # The chunk's outputs are gathered in [CHUNK, BLOCK] tiles and stored after its last step, so no
+        # store separates its loads and the compiler can issue all of them at once.
+        advantages = tl.zeros([CHUNK, BLOCK], dtype=tl.float32)
+        value_targets = tl.zeros([CHUNK, BLOCK], dtype=tl.float32)
+        for i in tl.static_range(CHUNK):
+            # Rows before t = 0 (in the earliest chunk) reread step 0; they come last and are not stored.
+            t = tl.maximum(last - i, 0).to(tl.int64)
+            reward = tl.load(reward_ptr + t * r_st, mask=in_range).to(tl.float32)
+            value = tl.load(value_ptr + t * v_st, mask=in_range).to(tl.float32)
+            next_value = tl.load(next_value_ptr + t * nv_st, mask=in_range).to(tl.float32)
+            done = tl.load(done_ptr + t * d_st, mask=in_range).to(tl.float32)
+            terminated = tl.load(terminated_ptr + t * m_st, mask=in_range).to(tl.float32)
+            delta = reward + gamma * (1.0 - terminated) * next_value - value
+            advantage = delta + trace_decay * (1.0 - done) * advantage
+            row = rows == i
+            advantages = tl.where(row, advantage[None, :], advantages)
+            value_targets = tl.where(row, (advantage + value)[None, :], value_targets)
+        t = (last - rows).to(tl.int64)  # [CHUNK, 1]
+        mask = (t >= 0) & in_range[None, :]
+        tl.store(advantage_ptr + t * N + columns[None, :], advantages, mask=mask)
+        tl.store(value_target_ptr + t * N + columns[None, :], value_targets, mask=mask)
+
+
+_gae_kernel_tuned = autotuned(_gae_kernel)
+
+
+def _gae_triton(reward, value, next_value, done, terminated, *, gamma, lmbda):
+    advantage = torch.empty(value.shape, dtype=torch.float32, device=value.device)
+    value_target = torch.empty_like(advantage)
+    inputs = (reward, value, next_value, done, terminated)
+    launch_columns(_gae_kernel, _gae_kernel_tuned, inputs, (advantage, value_target), (gamma, lmbda))
+    return advantage, value_target
+
+
+def _gae_torch(reward, value, next_value, done, terminated, *, gamma, lmbda):
+    advantage = torch.empty(value.shape, dtype=torch.float32, device=value.device)  # contiguous rows
+    value_target = torch.empty_like(advantage)  # holds the coefficients until it is written, last
+    bootstrap = decay(terminated, gamma, out=scratch(value_target, terminated.shape))
+    torch.addcmul(reward, next_value, bootstrap, out=advantage).sub_(value)  # delta
+    reverse_recurrence_(advantage, decay(done, gamma * lmbda, out=scratch(value_target, done.shape)))
+    return advantage, torch.add(advantage, value, out=value_target)
+
+
+def gae_reference(
+    reward: torch.Tensor,
+    value: torch.Tensor,
+    next_value: torch.Tensor,
+    done: torch.Tensor,
+    terminated: torch.Tensor,
+    *,
+    gamma: float,
+    lmbda: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE as a plain loop over time, written to be checked by eye; same arguments as `gae`."""
+    advantage = torch.zeros(value.shape, dtype=torch.float32, device=value.device)
+    next_advantage = torch.zeros(value.shape[1:], dtype=torch.float32, device=value.device)  # A[T] = 0
+    for t in reversed(range(value.shape[0])):
+        not_terminated = 1.0 - terminated[t].float()
+        not_done = 1.0 - done[t].float()
+        delta = reward[t].float() + gamma * not_terminated * next_value[t].float() - value[t].float()
+        next_advantage = delta + gamma * lmbda * not_done * next_advantage
+        advantage[t] = next_advantage
+    return advantage, advantage + value.float()
+
+
+@torch.no_grad()
+def gae(
+    reward: torch.Tensor,
+    value: torch.Tensor,
+    next_value: torch.Tensor,
+    done: torch.Tensor,
+    terminated: torch.Tensor,
+    *,
+    gamma: float,
+    lmbda: float,
+    backend: Backend = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized advantage estimates and value targets of a time-major rollout.
+
+    Args:
+        reward: `[T, *batch]` float32 or bfloat16, reward of each step.
+        value: `[T, *batch]` float32 or bfloat16, `V(obs[t])`; its shape is the output shape.
+        next_value: `[T, *batch]`, `V` of the true next observation of step `t` (before any reset).
+        done: `[T, *batch]` bool (or float 0.0/1.0), the episode ended at step `t`, by termination or
+            truncation: cuts the trace.
+        terminated: `[T, *batch]` bool (or float 0.0/1.0), the episode ended for real at step `t`:
+            zeroes the bootstrap. A truncated step (done, not terminated) bootstraps from `next_value`.
+        gamma: discount in [0, 1].
+        lmbda: GAE lambda in [0, 1].
+        backend: `"auto"` (Triton for CUDA tensors, and for CPU tensors under `TRITON_INTERPRET=1`;
+            the fast torch path otherwise), `"triton"`, `"torch"` or `"reference"`.
+
+    `reward`, `next_value` and the flags may have size 1 in any batch dim (e.g. env-level flags
+    `[T, B, 1, 1]` against per-agent values `[T, B, n, 1]`); they are read through strides, not copied.
+    Any strides are accepted.
+
+    Returns:
+        `(advantage, value_target)`, both `[T, *batch]` float32 and contiguous, with
+        `value_target = advantage + value`. They are targets: no gradient flows through them.
+    """
+    gamma = check_unit_interval("gae", "gamma", gamma)
+    lmbda = check_unit_interval("gae", "lmbda", lmbda)
+    values = {"reward": reward, "value": value, "next_value": next_value}
+    _, device = check_inputs("gae", "value", values, {"done": done, "terminated": terminated})
+    implementation = {"triton": _gae_triton, "torch": _gae_torch, "reference": gae_reference}
+    run = implementation[resolve_backend(backend, device, _gae_kernel)]
+    return run(reward, value, next_value, done, terminated, gamma=gamma, lmbda=lmbda)

@@ -1,0 +1,57 @@
+"""The helpers every op shares: the blocked backwards recurrence of the torch paths and the column layout
+of the Triton kernels."""
+
+import pytest
+import torch
+
+from kernels._common import column_layout, reverse_recurrence_
+
+
+def one_step_at_a_time(out, coefficient):
+    out = out.clone()
+    for t in range(out.shape[0] - 2, -1, -1):
+        out[t] += coefficient[t] * out[t + 1]
+    return out
+
+
+@pytest.mark.parametrize("coefficient_batch", [(6, 3), (6, 1)], ids=["per-agent", "broadcast-over-agents"])
+def test_blocked_recurrence_matches_one_step_at_a_time(coefficient_batch):
+    # Short rows: from T = 48 on, blocks of ~sqrt(T) rows, with every tail length up to T = 81.
+    generator = torch.Generator().manual_seed(0)
+    for num_steps in [1, 2, 3, 47, *range(48, 82), 99, 100, 101, 257, 1024]:
+        out = torch.randn(num_steps, 6, 3, generator=generator)
+        coefficient = torch.rand(num_steps, *coefficient_batch, generator=generator)
+        coefficient[torch.rand(coefficient.shape, generator=generator) < 0.1] = 0.0  # episode ends
+        expected = one_step_at_a_time(out, coefficient)
+        torch.testing.assert_close(reverse_recurrence_(out, coefficient), expected, msg=f"T={num_steps}")
+
+
+def test_long_rows_take_one_op_per_step():
+    generator = torch.Generator().manual_seed(1)
+    out, coefficient = torch.randn(100, 4096, generator=generator), torch.rand(100, 4096, generator=generator)
+    kept = coefficient.clone()
+    expected = one_step_at_a_time(out, coefficient)
+    torch.testing.assert_close(reverse_recurrence_(out, coefficient), expected)
+    assert torch.equal(coefficient, kept)  # the blocked path would have overwritten it
+
+
+LAYOUTS = {
+    "contiguous": ([torch.zeros(5, 4, 3, 1)], (1, 12), [[12, 0, 1]]),
+    "env-flag-over-agents": (
+        [torch.zeros(5, 4, 3, 1), torch.zeros(5, 4, 1, 1)],
+        (4, 3),
+        [[12, 3, 1], [4, 1, 0]],
+    ),
+    "team-reward-over-envs": ([torch.zeros(5, 4, 3), torch.zeros(5, 1, 3)], (4, 3), [[12, 3, 1], [3, 0, 1]]),
+    "transposed": ([torch.zeros(5, 3, 4).transpose(1, 2)], (4, 3), [[12, 1, 4]]),
+    "no-batch-dims": ([torch.zeros(5)], (1, 1), [[1, 0, 0]]),
+}
+
+
+@pytest.mark.parametrize("tensors, grid, strides", LAYOUTS.values(), ids=LAYOUTS.keys())
+def test_column_layout_reads_through_strides(tensors, grid, strides):
+    shape = tensors[0].shape
+    n1, n2, laid_out, flat_strides = column_layout(shape, tensors)
+    assert (n1, n2) == grid
+    assert all(a is b for a, b in zip(laid_out, tensors, strict=True))  # no copies
+    assert [flat_strides[3 * i : 3 * i + 3] for i in range(len(tensors))] == strides

@@ -1,0 +1,162 @@
+"""GAE: the Triton kernel (under TRITON_INTERPRET=1 here) and the fast torch path against the reference
+loop, and the reference against hand-computed numbers."""
+
+import pytest
+import torch
+from kernel_cases import DENSITIES, assert_close, rollout
+
+from kernels import gae
+from kernels._common import column_layout
+
+FAST = ("triton", "torch")
+BATCHES = {"B1": (1,), "B7": (7,), "B5xn3": (5, 3), "B4xn3x1": (4, 3, 1)}
+
+
+def gae_by(backend, data, gamma=0.9, lmbda=0.95):
+    names = ("reward", "value", "next_value", "done", "terminated")
+    return gae(*(data[name] for name in names), gamma=gamma, lmbda=lmbda, backend=backend)
+
+
+def assert_matches_reference(data, gamma=0.9, lmbda=0.95, backends=FAST):
+    expected = gae_by("reference", data, gamma, lmbda)
+    for backend in backends:
+        advantage, value_target = gae_by(backend, data, gamma, lmbda)
+        assert advantage.is_contiguous() and value_target.is_contiguous()
+        assert_close(advantage, expected[0])
+        assert_close(value_target, expected[1])
+
+
+@pytest.mark.parametrize("batch", BATCHES.values(), ids=BATCHES.keys())
+@pytest.mark.parametrize("num_steps", [1, 3, 64, 200], ids=lambda t: f"T{t}")
+def test_matches_reference_over_sizes(num_steps, batch):
+    assert_matches_reference(rollout(num_steps, batch))
+
+
+@pytest.mark.parametrize("lmbda", [0.0, 0.9, 1.0], ids=lambda x: f"lmbda{x}")
+@pytest.mark.parametrize("gamma", [0.0, 0.9, 1.0], ids=lambda x: f"gamma{x}")
+def test_matches_reference_over_gamma_lmbda(gamma, lmbda):
+    assert_matches_reference(rollout(64, (5, 3)), gamma, lmbda)
+
+
+@pytest.mark.parametrize("num_steps", [3, 64], ids=lambda t: f"T{t}")
+@pytest.mark.parametrize("density", DENSITIES.values(), ids=DENSITIES.keys())
+def test_matches_reference_over_flag_densities(density, num_steps):
+    assert_matches_reference(rollout(num_steps, (7,), density))
+
+
+def test_env_level_flags_broadcast_over_agents_without_a_copy():
+    data = rollout(37, (6, 4, 1), density=0.1)  # [T, B, n, 1]
+    env_flags = rollout(37, (6, 1, 1), density=0.1, seed=1)  # [T, B, 1, 1]
+    data["done"], data["terminated"] = env_flags["done"], env_flags["terminated"]
+    assert_matches_reference(data)
+    expanded = {**data, "done": data["done"].expand(37, 6, 4, 1)}
+    expanded["terminated"] = data["terminated"].expand(37, 6, 4, 1)
+    for got, want in zip(gae_by("triton", data), gae_by("reference", expanded), strict=True):
+        assert_close(got, want)
+    # The kernel reads the env flag through a zero stride over agents: [B, n] stays a grid, no copy.
+    n1, n2, tensors, strides = column_layout(data["value"].shape, [data["value"], data["done"]])
+    assert (n1, n2) == (6, 4) and tensors[1] is data["done"]
+    assert strides[3:] == [6, 1, 0]  # done: (time, env, agent) strides
+
+
+def test_team_reward_broadcast_over_agents():
+    data = rollout(20, (6, 4, 1))
+    data["reward"] = data["reward"][:, :, :1]  # [T, B, 1, 1]
+    assert_matches_reference(data)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16], ids=["bf16"])
+def test_bf16_inputs_accumulate_in_fp32(dtype):
+    data = rollout(64, (5, 3), dtype=dtype)
+    assert_matches_reference(data)
+    # The reference upcasts the same bf16 numbers; fp32 inputs of equal value give the same outputs.
+    as_fp32 = {name: x.float() if x.is_floating_point() else x for name, x in data.items()}
+    for got, want in zip(gae_by("triton", data), gae_by("reference", as_fp32), strict=True):
+        assert_close(got, want)
+
+
+def test_float_flags_match_bool_flags():
+    data = rollout(30, (5, 3), density=0.2)
+    float_flags = {**data, "done": data["done"].float(), "terminated": data["terminated"].float()}
+    expected = gae_by("reference", data)
+    for backend in (*FAST, "reference"):
+        for got, want in zip(gae_by(backend, float_flags), expected, strict=True):
+            assert_close(got, want)
+
+
+NON_CONTIGUOUS = {
+    "transposed-batch": lambda x: x.transpose(1, 2).contiguous().transpose(1, 2),
+    "strided-slice": lambda x: torch.repeat_interleave(x, 2, dim=2)[:, :, ::2],
+    "time-slice": lambda x: torch.repeat_interleave(x, 2, dim=0)[::2],
+    "time-last-in-memory": lambda x: x.permute(1, 2, 0).contiguous().permute(2, 0, 1),
+}
+
+
+@pytest.mark.parametrize("make_view", NON_CONTIGUOUS.values(), ids=NON_CONTIGUOUS.keys())
+def test_non_contiguous_inputs(make_view):
+    data = rollout(19, (5, 3), density=0.1)
+    views = {name: make_view(x) for name, x in data.items()}
+    assert not views["value"].is_contiguous()
+    assert all(torch.equal(views[name], data[name]) for name in data)
+    expected = gae_by("reference", data)
+    for backend in FAST:
+        for got, want in zip(gae_by(backend, views), expected, strict=True):
+            assert_close(got, want)
+
+
+def test_flags_broadcast_over_a_middle_dim_are_copied_and_still_correct():
+    # [T, B, 1, k] flags against [T, B, n, k] values leave three grid dims: the launcher copies them.
+    data = rollout(11, (3, 4, 2), density=0.2)
+    flags = rollout(11, (3, 1, 2), density=0.2, seed=2)
+    data["done"], data["terminated"] = flags["done"], flags["terminated"]
+    n1, n2, tensors, _ = column_layout(data["value"].shape, [data["value"], data["done"]])
+    assert n1 * n2 == 24 and tensors[1] is not data["done"]
+    assert_matches_reference(data)
+
+
+def test_hand_computed_four_steps_with_one_truncation_and_one_termination():
+    # t = 1 is truncated: it bootstraps from the true final observation's value 99, and cuts the trace.
+    # t = 2 is terminated: no bootstrap. t = 3 ends the rollout without ending the episode: bootstraps.
+    reward = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    value = torch.tensor([10.0, 20.0, 30.0, 40.0])
+    next_value = torch.tensor([20.0, 99.0, 40.0, 50.0])
+    done = torch.tensor([False, True, True, False])
+    terminated = torch.tensor([False, False, True, False])
+    # gamma = lmbda = 0.5, so gamma * lmbda = 0.25:
+    #   delta = [1 + 0.5 * 20 - 10, 2 + 0.5 * 99 - 20, 3 + 0 - 30, 4 + 0.5 * 50 - 40] = [1, 31.5, -27, -11]
+    #   A[3] = -11; A[2] = -27 (done); A[1] = 31.5 (done); A[0] = 1 + 0.25 * 31.5 = 8.875
+    expected_advantage = torch.tensor([8.875, 31.5, -27.0, -11.0])
+    expected_target = expected_advantage + value
+    for backend in (*FAST, "reference"):
+        advantage, value_target = gae(
+            reward[:, None],
+            value[:, None],
+            next_value[:, None],
+            done[:, None],
+            terminated[:, None],
+            gamma=0.5,
+            lmbda=0.5,
+            backend=backend,
+        )
+        torch.testing.assert_close(advantage[:, 0], expected_advantage, rtol=0, atol=0)
+        torch.testing.assert_close(value_target[:, 0], expected_target, rtol=0, atol=0)
+
+
+def test_one_dim_input_without_batch_dims():
+    data = rollout(9, ())
+    assert_matches_reference(data)
+
+
+def test_empty_batch_gives_empty_outputs():
+    data = rollout(5, (0, 3))
+    for backend in (*FAST, "reference"):
+        advantage, value_target = gae_by(backend, data)
+        assert advantage.shape == value_target.shape == (5, 0, 3)
+
+
+def test_outputs_carry_no_gradient():
+    data = rollout(8, (3,))
+    data["value"].requires_grad_(True)
+    for backend in (*FAST, "reference"):
+        advantage, value_target = gae_by(backend, data)
+        assert not advantage.requires_grad and not value_target.requires_grad

@@ -1,0 +1,125 @@
+"""TD(lambda) and discounted returns: Triton kernel (interpreted here) and fast torch path against the
+reference loops; the references against hand-computed numbers and against GAE."""
+
+import pytest
+import torch
+from kernel_cases import DENSITIES, assert_close, rollout
+
+from kernels import discounted_returns, gae, td_lambda_returns
+
+FAST = ("triton", "torch")
+BATCHES = {"B1": (1,), "B7": (7,), "B5xn3": (5, 3), "B4xn3x1": (4, 3, 1)}
+
+
+def td_lambda_by(backend, data, gamma=0.9, lmbda=0.95):
+    names = ("reward", "next_value", "done", "terminated")
+    return td_lambda_returns(*(data[name] for name in names), gamma=gamma, lmbda=lmbda, backend=backend)
+
+
+def monte_carlo_by(backend, data, gamma=0.9):
+    return discounted_returns(data["reward"], data["done"], gamma=gamma, backend=backend)
+
+
+def bootstrapped_by(backend, data, gamma=0.9):
+    return discounted_returns(
+        data["reward"],
+        data["done"],
+        gamma=gamma,
+        next_value=data["next_value"],
+        terminated=data["terminated"],
+        backend=backend,
+    )
+
+
+OPS = {"td_lambda": td_lambda_by, "monte_carlo": monte_carlo_by, "bootstrapped": bootstrapped_by}
+
+
+def assert_matches_reference(op, data, **hyper):
+    expected = op("reference", data, **hyper)
+    for backend in FAST:
+        got = op(backend, data, **hyper)
+        assert got.is_contiguous()
+        assert_close(got, expected)
+
+
+@pytest.mark.parametrize("batch", BATCHES.values(), ids=BATCHES.keys())
+@pytest.mark.parametrize("num_steps", [1, 3, 64, 200], ids=lambda t: f"T{t}")
+@pytest.mark.parametrize("op", OPS.values(), ids=OPS.keys())
+def test_matches_reference_over_sizes(op, num_steps, batch):
+    assert_matches_reference(op, rollout(num_steps, batch))
+
+
+@pytest.mark.parametrize("lmbda", [0.0, 0.9, 1.0], ids=lambda x: f"lmbda{x}")
+@pytest.mark.parametrize("gamma", [0.0, 0.9, 1.0], ids=lambda x: f"gamma{x}")
+def test_td_lambda_matches_reference_over_gamma_lmbda(gamma, lmbda):
+    assert_matches_reference(td_lambda_by, rollout(64, (5, 3)), gamma=gamma, lmbda=lmbda)
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.9, 1.0], ids=lambda x: f"gamma{x}")
+@pytest.mark.parametrize("op", [monte_carlo_by, bootstrapped_by], ids=["monte_carlo", "bootstrapped"])
+def test_discounted_matches_reference_over_gamma(op, gamma):
+    assert_matches_reference(op, rollout(64, (5, 3)), gamma=gamma)
+
+
+@pytest.mark.parametrize("density", DENSITIES.values(), ids=DENSITIES.keys())
+@pytest.mark.parametrize("op", OPS.values(), ids=OPS.keys())
+def test_matches_reference_over_flag_densities(op, density):
+    assert_matches_reference(op, rollout(64, (7,), density))
+
+
+@pytest.mark.parametrize("op", OPS.values(), ids=OPS.keys())
+def test_env_level_flags_bf16_and_non_contiguous_inputs(op):
+    data = rollout(21, (6, 4, 1), density=0.1, dtype=torch.bfloat16)
+    flags = rollout(21, (6, 1, 1), density=0.1, seed=1)
+    data["done"], data["terminated"] = flags["done"], flags["terminated"]
+    assert_matches_reference(op, data)
+    views = {name: x.transpose(1, 2).contiguous().transpose(1, 2) for name, x in data.items()}
+    assert_matches_reference(op, views)
+
+
+def test_hand_computed_four_steps_with_one_truncation_and_one_termination():
+    # The case of test_gae: t = 1 truncated (bootstraps from 99), t = 2 terminated, t = 3 ends the rollout.
+    reward = torch.tensor([1.0, 2.0, 3.0, 4.0])[:, None]
+    next_value = torch.tensor([20.0, 99.0, 40.0, 50.0])[:, None]
+    done = torch.tensor([False, True, True, False])[:, None]
+    terminated = torch.tensor([False, False, True, False])[:, None]
+    # gamma = lmbda = 0.5:
+    #   G[3] = 4 + 0.5 * 50 = 29 (rollout end bootstraps); G[2] = 3 (terminated); G[1] = 2 + 0.5 * 99 = 51.5
+    #   G[0] = 1 + 0.5 * (0.5 * 20 + 0.5 * G[1]) = 18.875
+    # lambda = 1 keeps the same ends and gives G[0] = 1 + 0.5 * 51.5 = 26.75; without a critic
+    # G = [1 + 0.5 * 2, 2, 3, 4].
+    cases = {
+        "td_lambda": (
+            lambda b: td_lambda_returns(
+                reward, next_value, done, terminated, gamma=0.5, lmbda=0.5, backend=b
+            ),
+            [18.875, 51.5, 3.0, 29.0],
+        ),
+        "bootstrapped": (
+            lambda b: discounted_returns(
+                reward, done, gamma=0.5, next_value=next_value, terminated=terminated, backend=b
+            ),
+            [26.75, 51.5, 3.0, 29.0],
+        ),
+        "monte_carlo": (
+            lambda b: discounted_returns(reward, done, gamma=0.5, backend=b),
+            [2.0, 2.0, 3.0, 4.0],
+        ),
+    }
+    for name, (run, expected) in cases.items():
+        for backend in (*FAST, "reference"):
+            torch.testing.assert_close(run(backend)[:, 0], torch.tensor(expected), rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("lmbda", [0.0, 0.7, 1.0], ids=lambda x: f"lmbda{x}")
+def test_gae_value_target_equals_td_lambda_return(lmbda):
+    # Within an episode next_value[t] == value[t + 1]; at an episode end next_value is the true final
+    # observation's value, and value[t + 1] that of the reset observation. Then GAE's value target is
+    # the TD(lambda) return: two formulations, one answer.
+    data = rollout(50, (9, 2), density=0.1)
+    values = torch.randn(51, 9, 2, generator=torch.Generator().manual_seed(3))
+    data["value"] = values[:-1]
+    data["next_value"] = torch.where(data["done"], data["next_value"], values[1:])
+    names = ("reward", "value", "next_value", "done", "terminated")
+    _, value_target = gae(*(data[name] for name in names), gamma=0.9, lmbda=lmbda, backend="reference")
+    assert_close(td_lambda_by("reference", data, gamma=0.9, lmbda=lmbda), value_target)
