@@ -2,8 +2,9 @@
 
 `marl train --help` is generated from these docstrings, so they are the reference for every option.
 Per-group overrides (`TrainConfig.group_overrides`, `--group NAME.FIELD=VALUE` on the command line)
-change any `AlgoConfig` or `ModelConfig` field for one group, e.g. a larger learning rate for the
-speaker in `speaker_listener`.
+change any `AlgoConfig` or `ModelConfig` field for one group (except `epochs` and `minibatch_size`,
+which are run-wide because every group is updated in the same minibatch steps), e.g. a larger
+learning rate for the speaker in `speaker_listener`.
 """
 
 from __future__ import annotations
@@ -184,5 +185,6 @@ def _as_dict(config) -> dict[str, Any]:
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
 
 
-GROUP_FIELDS = _fields(AlgoConfig) | _fields(ModelConfig)
+# Epochs and minibatches are run-wide: every group is updated in the same minibatch steps.
+GROUP_FIELDS = (_fields(AlgoConfig) - {"epochs", "minibatch_size"}) | _fields(ModelConfig)
 SECTIONS = {"env": EnvSettings, "algo": AlgoConfig, "model": ModelConfig, "run": RunConfig}

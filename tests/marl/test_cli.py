@@ -1,0 +1,90 @@
+"""The `marl` command as a user runs it."""
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from marl.cli import build_parser, config_from_args, main
+from marl.config import SECTIONS
+
+
+def test_train_help_explains_every_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = capsys.readouterr().out
+    for cls in SECTIONS.values():
+        for field in dataclasses.fields(cls):
+            if field.name != "env_options":
+                assert "--" + field.name.replace("_", "-") in text, field.name
+    assert "PPO epochs over each rollout" in text and "--env-option" in text and "--resume" in text
+
+
+def test_options_reach_the_config():
+    args = build_parser().parse_args(
+        ["train", "--env", "navigation", "--algo", "ippo", "--num-envs", "8", "--hidden", "32", "16",
+         "--env-option", "n_agents=5", "--env-option", "shared_reward=False", "--group", "agent.lr=0.001",
+         "--no-clip-value", "--total-frames", "1000", "--minibatch-size", "256"]
+    )
+    config = config_from_args(args)
+    assert config.algo.algo == "ippo" and config.env.num_envs == 8 and config.model.hidden == (32, 16)
+    assert config.env.env_options == {"n_agents": 5, "shared_reward": False}
+    assert config.group_overrides == {"agent": {"lr": 0.001}} and not config.algo.clip_value
+    assert config.for_group("agent")[0].lr == 0.001 and config.algo.lr == 3e-4
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "--env", "navigaton"], "unknown env 'navigaton'"),
+        (["train", "--env-option", "n_agent=3"], "unknown option(s) ['n_agent'] for env 'navigation'"),
+        (["train", "--gamma", "1.5"], "gamma must be in [0, 1], got 1.5"),
+        (["train", "--num-envs", "4", "--rollout-length", "8", "--minibatch-size", "64"], "minibatch_size=64 is larger"),
+        (["train", "--group", "agent.lrr=1"], "unknown field(s) ['lrr'] in the overrides for group 'agent'"),
+        (["eval", "--checkpoint", "/nonexistent/checkpoint.pt"], "no checkpoint at /nonexistent/checkpoint.pt"),
+        (["plot", "/nonexistent"], "no metrics.csv in /nonexistent"),
+    ],
+)
+def test_bad_input_is_one_clear_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_envs_lists_envs_with_options(capsys):
+    main(["envs"])
+    out = capsys.readouterr().out
+    assert "navigation" in out and "n_agents: int = 3" in out
+
+
+def test_train_eval_plot_end_to_end(tmp_path):
+    run = [sys.executable, "-m", "marl"]
+    common = ["--log-dir", str(tmp_path), "--run-name", "cli", "--no-progress"]
+    train = subprocess.run(
+        [*run, "train", "--num-envs", "16", "--rollout-length", "8", "--minibatch-size", "64",
+         "--total-frames", "256", "--env-option", "max_steps=10", *common],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert train.returncode == 0, train.stderr
+    assert "mean episode return" in train.stdout and "marl eval --checkpoint" in train.stdout
+    checkpoint = tmp_path / "cli" / "checkpoint.pt"
+    gif = tmp_path / "team.gif"
+    evaluate = subprocess.run(
+        [*run, "eval", "--checkpoint", str(checkpoint), "--episodes", "4", "--render", str(gif)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert evaluate.returncode == 0, evaluate.stderr
+    assert "agent: mean episode return" in evaluate.stdout and gif.stat().st_size > 1000
+    plot = subprocess.run([*run, "plot", str(tmp_path / "cli")], capture_output=True, text=True, timeout=300)
+    assert plot.returncode == 0, plot.stderr
+    assert (tmp_path / "cli" / "learning_curve.png").stat().st_size > 1000
+    resume = subprocess.run(
+        [*run, "train", "--resume", str(checkpoint), "--total-frames", "384", "--no-progress"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert resume.returncode == 0, resume.stderr
+    assert "resuming" in resume.stdout
+    assert len((tmp_path / "cli" / "metrics.csv").read_text().splitlines()) == 1 + 3
+    refused = subprocess.run([*run, "train", "--resume", str(checkpoint), "--lr", "0.1"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "only" in refused.stderr and "['lr']" in refused.stderr
