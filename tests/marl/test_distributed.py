@@ -169,6 +169,8 @@ def test_a_dead_rank_stops_the_job_and_the_run_resumes_from_its_checkpoint(tmp_p
     checkpoint = torch.load(run / "checkpoint.pt", weights_only=True)
     assert checkpoint["iteration"] == 2 and checkpoint["world_size"] == RANKS
     assert [r["env"]["seed"] for r in checkpoint["ranks"]] == [0, 1000]
+    with pytest.raises(ValueError, match="written by 2 ranks; resume it with torchrun on 2 ranks"):
+        Trainer.resume(run / "checkpoint.pt")  # in one process
 
     code, output, _ = torchrun("-m", "marl", "train", "--resume", str(run / "checkpoint.pt"), *total)
     assert code == 0, output[-3000:]
