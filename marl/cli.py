@@ -134,14 +134,18 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     with usage_errors():
         trainer = _make_trainer(args)
-    config = trainer.config
-    print(
-        f"training {config.env.env} ({', '.join(f'{g}: {s.n_agents} agents' for g, s in trainer.env.groups.items())}) "
-        f"with {config.algo.algo.upper()} on {trainer.device}, {config.env.num_envs} envs, "
-        f"{config.run.total_frames:,} frames; logging to {trainer.run_dir}"
-    )
+    config, world = trainer.config, trainer.world
+    envs_text = f"{config.env.num_envs} envs" + (f" on each of {world.size} ranks" if world.size > 1 else "")
+    if world.is_main:
+        print(
+            f"training {config.env.env} ({', '.join(f'{g}: {s.n_agents} agents' for g, s in trainer.env.groups.items())}) "
+            f"with {config.algo.algo.upper()} on {trainer.device}, {envs_text}, "
+            f"{config.run.total_frames:,} frames; logging to {trainer.run_dir}"
+        )
     rows = trainer.train()
-    print_summary(trainer, rows)
+    if world.is_main:
+        print_summary(trainer, rows)
+    world.close()
     return 0
 
 
@@ -158,7 +162,8 @@ def _make_trainer(args: argparse.Namespace):
                 f"got {not_allowed}"
             )
         trainer = Trainer.resume(args.resume, **{k: getattr(args, k) for k in changed})
-        print(f"resuming {trainer.run_dir} at iteration {trainer.iteration} ({trainer.frames:,} frames)")
+        if trainer.world.is_main:
+            print(f"resuming {trainer.run_dir} at iteration {trainer.iteration} ({trainer.frames:,} frames)")
         return trainer
     return Trainer(config_from_args(args))
 

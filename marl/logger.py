@@ -68,3 +68,13 @@ class RunLogger:
         self.bar.close()
         if self._writer is not None:
             self._writer.close()
+
+
+class NoLogger:
+    """Stands in for `RunLogger` on the ranks that do not log (all but rank 0 under torchrun)."""
+
+    def log(self, row: dict[str, float]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -20,7 +20,8 @@ def print_summary(trainer, rows: list[dict[str, float]]) -> None:
     lines = [
         "",
         f"run            {trainer.run_dir}",
-        f"env            {trainer.config.env.env}  ({trainer.config.env.num_envs} envs on {trainer.device})",
+        f"env            {trainer.config.env.env}  ({trainer.config.env.num_envs} envs on {trainer.device}"
+        + (f", on each of {trainer.world.size} ranks)" if trainer.world.size > 1 else ")"),
         f"frames         {int(last['frames']):,} in {last['time_s']:.1f} s "
         f"({last['frames'] / max(last['time_s'], 1e-9):,.0f} frames/s)",
         f"iterations     {int(last['iteration'])}",

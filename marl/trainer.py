@@ -24,10 +24,11 @@ from tensordict import TensorDict
 
 import envs
 import kernels
+from marl import distributed
 from marl.checkpoint import load_checkpoint, save_checkpoint
 from marl.config import AlgoConfig, ModelConfig, TrainConfig
 from marl.groups import GroupedEnv
-from marl.logger import RunLogger
+from marl.logger import NoLogger, RunLogger
 from marl.models import Critic, CriticInput, Policy
 from marl.ppo import explained_variance, ppo_loss
 from marl.rollout import Collector, observations
@@ -130,19 +131,22 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, run_dir: str | Path | None = None) -> None:
         self.config = config
-        self.device = resolve_device(config.run.device)
+        # Under torchrun: this rank's device and process group (marl.distributed); else a no-op World.
+        self.world, self.device = distributed.setup(resolve_device(config.run.device), config.to_dict())
         torch.manual_seed(config.run.seed)
-        self.env = make_env(config, self.device)
+        seed = self.world.seed(config.run.seed)
+        self.env = make_env(config, self.device, seed=seed)
         self.learners = build_learners(config, self.env, self.device)
-        self.generator = torch.Generator(self.device).manual_seed(config.run.seed + 1)
+        self.world.broadcast_parameters(p for lr in self.learners.values() for p in lr.parameters())
+        self.generator = torch.Generator(self.device).manual_seed(seed + 1)
         self.collector = Collector(
             self.env,
             {g: lr.policy for g, lr in self.learners.items()},
             config.run.rollout_length,
             self.generator,
-            seed=config.run.seed,
+            seed=seed,
         )
-        self.frames_per_iteration = config.env.num_envs * config.run.rollout_length
+        self.frames_per_iteration = self.world.size * config.env.num_envs * config.run.rollout_length
         self.iteration, self.frames, self.elapsed = 0, 0, 0.0
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
         self.timer = PhaseTimer(self.device)
@@ -213,6 +217,7 @@ class Trainer:
                 for learner in self.learners.values():
                     learner.optimizer.zero_grad(set_to_none=True)
                 total.backward()
+                self.world.average_gradients(p for lr in self.learners.values() for p in lr.parameters())
                 for g, learner in self.learners.items():
                     if learner.algo.max_grad_norm > 0:
                         norm = torch.nn.utils.clip_grad_norm_(learner.parameters(), learner.algo.max_grad_norm)
@@ -238,6 +243,7 @@ class Trainer:
             device_values[f"{g}/explained_variance"] = explained[g]
             for name, value in terms[g].items():
                 device_values[f"{g}/{name}"] = value
+        device_values = self.world.reduce_metrics(device_values, stats)
         keys = list(device_values)
         values = torch.stack([v.float().reshape(()) for v in device_values.values()]).tolist()  # the one sync
         stats.clear()
@@ -269,7 +275,10 @@ class Trainer:
         """Train until `total_frames`, logging every iteration and checkpointing every
         `checkpoint_every` iterations and at the end; returns the logged rows."""
         run = self.config.run
-        logger = RunLogger(self.run_dir, run.total_frames, self.frames, run.progress, run.tensorboard)
+        if self.world.is_main:
+            logger = RunLogger(self.run_dir, run.total_frames, self.frames, run.progress, run.tensorboard)
+        else:
+            logger = NoLogger()
         rows = []
         try:
             while self.frames < run.total_frames:
@@ -280,11 +289,13 @@ class Trainer:
                     self.save()
         except KeyboardInterrupt:
             logger.close()
-            print(f"\ninterrupted at iteration {self.iteration}; {self._last_checkpoint_text()}")
+            if self.world.is_main:
+                print(f"\ninterrupted at iteration {self.iteration}; {self._last_checkpoint_text()}")
             raise
         except Exception:
             logger.close()
-            print(f"\nthe run failed at iteration {self.iteration + 1}; {self._last_checkpoint_text()}")
+            if self.world.is_main:
+                print(f"\nthe run failed at iteration {self.iteration + 1}; {self._last_checkpoint_text()}")
             raise
         logger.close()
         return rows
@@ -324,10 +335,13 @@ class Trainer:
             "stats": self.collector.stats.state_dict(),
         }
 
-    def save(self) -> Path:
-        return save_checkpoint(self.checkpoint_path, self.state_dict())
+    def save(self) -> Path | None:
+        """Write the checkpoint (under torchrun: a collective call, rank 0 writes and returns the path)."""
+        state = self.world.gather_checkpoint(self.state_dict())
+        return save_checkpoint(self.checkpoint_path, state) if state is not None else None
 
     def load_state_dict(self, state: dict) -> None:
+        state = self.world.own_checkpoint(state)
         self.iteration, self.frames, self.elapsed = state["iteration"], state["frames"], state["elapsed"]
         for g, lr in self.learners.items():
             saved = state["learners"][g]
