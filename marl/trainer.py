@@ -305,9 +305,10 @@ class Trainer:
         return self.run_dir / "checkpoint.pt"
 
     def _last_checkpoint_text(self) -> str:
-        if self.checkpoint_path.exists():
-            return f"the last checkpoint is {self.checkpoint_path} (resume with marl train --resume {self.checkpoint_path})"
-        return "no checkpoint was written yet"
+        if not self.checkpoint_path.exists():
+            return "no checkpoint was written yet"
+        launcher = f"torchrun --nproc-per-node {self.world.size} -m marl" if self.world.size > 1 else "marl"
+        return f"the last checkpoint is {self.checkpoint_path} (resume with {launcher} train --resume {self.checkpoint_path})"
 
     # ---- checkpoints -----------------------------------------------------------------------------
 
