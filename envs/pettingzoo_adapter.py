@@ -46,7 +46,7 @@ from envs.agent_groups import group_by_type
 from envs.base import EnvConfig, MultiAgentEnv
 from envs.host_batch import HostBatch
 from envs.registry import register_prefix
-from envs.specs import ActionSpec, Box, Discrete, MultiDiscrete
+from envs.spaces import action_spec, observation_spec
 
 INSTALL = 'pip install "vecmarl[pettingzoo]"'
 EXAMPLES = (
@@ -86,9 +86,9 @@ class PettingZooEnv(MultiAgentEnv):
         for agent in self._agents:
             space = first.observation_space(agent)
             self._masked[agent] = _is_masked(space)
-            observations.append(observation_spec(space["observation"] if self._masked[agent] else space, agent))
+            observations.append(observation_spec(space["observation"] if self._masked[agent] else space, repr(agent)))
             action_space = first.action_space(agent)
-            actions.append(action_spec(action_space, self._masked[agent], agent))
+            actions.append(action_spec(action_space, repr(agent), self._masked[agent]))
             self._action_start[agent] = int(getattr(action_space, "start", 0)) if actions[-1].shape == () else 0
         groups, members = group_by_type(self._agents, observations, actions)
         self._slot = {self._agents[i]: (group, j) for group, indices in members.items() for j, i in enumerate(indices)}
@@ -207,33 +207,6 @@ class PettingZooEnv(MultiAgentEnv):
 def _is_masked(space) -> bool:
     spaces = getattr(space, "spaces", None)
     return isinstance(spaces, dict) and "observation" in spaces and "action_mask" in spaces
-
-
-def observation_spec(space, agent: str) -> Box:
-    """A gymnasium Box observation space -> our float32 Box (bounds kept)."""
-    if type(space).__name__ != "Box":
-        raise TypeError(f"agent {agent!r} observes a {space}; the PettingZoo adapter takes Box observations")
-    low, high = (np.broadcast_to(b, space.shape).astype(np.float64).reshape(-1) for b in (space.low, space.high))
-    return Box(tuple(space.shape), _bound(low), _bound(high))
-
-
-def action_spec(space, masked: bool, agent: str) -> ActionSpec:
-    """A gymnasium action space -> our spec; `masked` when the observation carries an action mask."""
-    kind = type(space).__name__
-    if kind == "Discrete":
-        return Discrete(int(space.n), masked=masked)
-    if masked:
-        raise TypeError(f"agent {agent!r} has an action_mask but a {space} action space; masks need Discrete")
-    if kind == "Box":
-        return Box(tuple(space.shape), _bound(space.low.reshape(-1)), _bound(space.high.reshape(-1)))
-    if kind == "MultiDiscrete" and space.nvec.ndim == 1 and not np.any(space.start):
-        return MultiDiscrete(tuple(int(n) for n in space.nvec))
-    raise TypeError(f"agent {agent!r} has a {space} action space; expected Discrete, Box or 1-d MultiDiscrete")
-
-
-def _bound(values: np.ndarray) -> float | tuple[float, ...]:
-    """One number when all elements share it, else one per element."""
-    return float(values[0]) if np.all(values == values[0]) else tuple(float(v) for v in values)
 
 
 def import_env_module(path: str):

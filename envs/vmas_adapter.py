@@ -30,7 +30,8 @@ scratch reset (a full VMAS reset costs about a third of a step).
 Randomness. VMAS draws from torch's, numpy's and Python's global generators, swapped in from one list
 shared by every VMAS env. Each adapter keeps its own copy of that list and swaps it in around its
 calls into VMAS, so adapters never share a random stream. Seeding follows VMAS: `make(..., seed=s)`
-and `reset(seed=s)` start where VMAS's `make_env(..., seed=s)` and `reset(seed=s)` do.
+and `reset(seed=s)` start where VMAS's `make_env(..., seed=s)` and `reset(seed=s)` do (for
+`s < 2**32`; VMAS also seeds numpy, so larger seeds are taken modulo 2**32).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ from envs import options as _options
 from envs.agent_groups import group_by_type
 from envs.base import EnvConfig, MultiAgentEnv
 from envs.registry import register_prefix
-from envs.specs import ActionSpec, Box, Discrete, MultiDiscrete
+from envs.spaces import action_spec, observation_spec
+from envs.specs import Discrete
 from envs.sync import allow_host_sync
 
 INSTALL = 'pip install "vecmarl[vmas]"'
@@ -91,19 +93,18 @@ class VmasEnv(MultiAgentEnv):
                 f"vmas.scenarios, vmas.mpe_scenarios and vmas.debug_scenarios: {', '.join(known)}"
             )
         self._random = PrivateRandomState(vmas.simulator.environment.Environment.vmas_random_state, self.device)
-        self.vmas_env = self._build(vmas, self.num_envs, seed=self.seed, check_kwargs=True)
+        self.vmas_env = self._build(vmas, self.num_envs, seed=self.seed % 2**32, check_kwargs=True)
         self._scratch = self._build(vmas, self.num_envs)
         probe = self._build(vmas, 2 if self.num_envs == 1 else 1)
         self._slots = batched_slots(self.vmas_env.scenario, self._scratch.scenario, probe.scenario)
         self._seed_vmas(self.seed)  # so that the base class's first reset starts where make_env(seed) does
 
         agents = self.vmas_env.agents
-        observations = []
-        for agent, space in zip(agents, self.vmas_env.observation_space.spaces):
-            if type(space).__name__ != "Box":
-                raise TypeError(f"{self.name}: agent {agent.name!r} observes a {space}; only tensor observations fit")
-            observations.append(Box(tuple(space.shape)))
-        actions = [action_spec(self.vmas_env.get_agent_action_space(agent)) for agent in agents]
+        spaces = self.vmas_env.observation_space.spaces
+        observations = [observation_spec(space, f"{self.name}: agent {a.name!r}") for a, space in zip(agents, spaces)]
+        actions = [
+            action_spec(self.vmas_env.get_agent_action_space(a), f"{self.name}: agent {a.name!r}") for a in agents
+        ]
         groups, self._members = group_by_type([agent.name for agent in agents], observations, actions)
         return groups
 
@@ -189,7 +190,7 @@ class VmasEnv(MultiAgentEnv):
 
     def _seed_vmas(self, seed: int) -> None:
         with self._random:
-            self.vmas_env.seed(seed)
+            self.vmas_env.seed(seed % 2**32)  # VMAS also seeds numpy, which takes 32-bit seeds
 
     def _by_group(self, per_agent: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         """VMAS's per-agent list of `[B, ...]` -> `{group: [B, n, ...]}`."""
@@ -213,18 +214,6 @@ class VmasEnv(MultiAgentEnv):
 
 def _per_agent_column(value: torch.Tensor) -> torch.Tensor:
     return value.unsqueeze(-1) if value.dim() == 1 else value
-
-
-def action_spec(space) -> ActionSpec:
-    """A VMAS (gym) action space -> our spec."""
-    kind = type(space).__name__
-    if kind == "Box":
-        return Box(tuple(space.shape), tuple(space.low.reshape(-1).tolist()), tuple(space.high.reshape(-1).tolist()))
-    if kind == "Discrete":
-        return Discrete(int(space.n))
-    if kind == "MultiDiscrete":
-        return MultiDiscrete(tuple(int(n) for n in space.nvec))
-    raise TypeError(f"VMAS action space {space} has no vecmarl spec; expected Box, Discrete or MultiDiscrete")
 
 
 class PrivateRandomState:
