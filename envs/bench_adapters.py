@@ -10,10 +10,10 @@ its users do:
 - raw VMAS: `reset()` when every env is done, `reset_at(i)` for each finished env otherwise;
 - TorchRL: `env.step_and_maybe_reset(td)`, what its collectors call. torchrl is not a vecmarl
   dependency: this side runs in a subprocess with `--peer-python` (a Python with torchrl and vmas),
-  which prints its figures as JSON.
+  stepped on request, so that all three sides take turns.
 An env-step is one step of one env (all its agents). Each figure is the median of `--repeats` timed
-runs of `--steps` steps after a warm-up; the adapter and raw VMAS alternate run by run, so that load
-from other processes hits both alike. The ratios are time per step against raw VMAS, from this run.
+runs of `--steps` steps after a warm-up; the sides take turns run by run, so that load from other
+processes hits them alike. The ratios are time per step against raw VMAS, from this run.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -33,36 +34,37 @@ import envs
 
 N_AGENTS, MAX_STEPS, SEED, ACTION_SEED, ACTION_SETS, WARMUP = 3, 100, 0, 1, 8, 5
 
-# Run by --peer-python: TorchRL's VmasEnv on the same settings; argv[1] is a JSON dict of them.
+# Run by --peer-python: TorchRL's VmasEnv on the same settings (argv[1], JSON), driven over stdin:
+# "make <num_envs>" builds an env and answers "ok"; "run <steps>" steps it and answers the seconds taken.
 PEER_SCRIPT = r"""
-import json, statistics, sys, time
+import json, sys, time
 import torch
+import torchrl
 from torchrl.envs.libs.vmas import VmasEnv
 
 a = json.loads(sys.argv[1])
-rates = {}
-for num_envs in a["num_envs"]:
-    env = VmasEnv("navigation", num_envs=num_envs, continuous_actions=True, max_steps=a["max_steps"],
-                  seed=a["seed"], device=a["device"], n_agents=a["n_agents"])
-    generator = torch.Generator(a["device"]).manual_seed(a["action_seed"])
-    actions = [torch.rand(num_envs, a["n_agents"], 2, generator=generator, device=a["device"]) * 2 - 1
-               for _ in range(a["action_sets"])]
-    td = env.reset()
-    def run(steps):
-        global td
-        for i in range(steps):
+print(json.dumps({"torchrl": torchrl.__version__}), flush=True)
+for line in sys.stdin:
+    command, value = line.split()
+    if command == "make":
+        num_envs = int(value)
+        env = VmasEnv("navigation", num_envs=num_envs, continuous_actions=True, max_steps=a["max_steps"],
+                      seed=a["seed"], device=a["device"], n_agents=a["n_agents"])
+        generator = torch.Generator(a["device"]).manual_seed(a["action_seed"])
+        actions = [torch.rand(num_envs, a["n_agents"], 2, generator=generator, device=a["device"]) * 2 - 1
+                   for _ in range(a["action_sets"])]
+        td = env.reset()
+        print("ok", flush=True)
+    else:
+        if a["device"].startswith("cuda"):
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for i in range(int(value)):
             td["agents", "action"] = actions[i % len(actions)]
             _, td = env.step_and_maybe_reset(td)
         if a["device"].startswith("cuda"):
             torch.cuda.synchronize()
-    run(a["warmup"])
-    times = []
-    for _ in range(a["repeats"]):
-        start = time.perf_counter()
-        run(a["steps"])
-        times.append(time.perf_counter() - start)
-    rates[str(num_envs)] = num_envs * a["steps"] / statistics.median(times)
-print(json.dumps({"torchrl": __import__("torchrl").__version__, "rates": rates}))
+        print(time.perf_counter() - start, flush=True)
 """
 
 
@@ -72,7 +74,7 @@ def actions(num_envs: int, device: str) -> list[torch.Tensor]:
     return [torch.rand(num_envs, N_AGENTS, 2, generator=generator, device=device) * 2 - 1 for _ in range(ACTION_SETS)]
 
 
-def adapter_runner(num_envs: int, device: str) -> Callable[[int], None]:
+def adapter_runner(num_envs: int, device: str) -> Callable[[int], float]:
     env = envs.make(
         "vmas/navigation", num_envs=num_envs, device=device, seed=SEED, max_steps=MAX_STEPS, n_agents=N_AGENTS
     )
@@ -82,10 +84,10 @@ def adapter_runner(num_envs: int, device: str) -> Callable[[int], None]:
         for i in range(steps):
             env.step(sets[i % len(sets)])
 
-    return run
+    return timed(run, device)
 
 
-def raw_vmas_runner(num_envs: int, device: str) -> Callable[[int], None]:
+def raw_vmas_runner(num_envs: int, device: str) -> Callable[[int], float]:
     import vmas
 
     env = vmas.make_env(
@@ -102,45 +104,70 @@ def raw_vmas_runner(num_envs: int, device: str) -> Callable[[int], None]:
                 for index in done.nonzero()[:, 0].tolist():
                     env.reset_at(index)
 
-    return run
+    return timed(run, device)
 
 
-def median_rates(runners: dict[str, Callable[[int], None]], num_envs: int, args) -> dict[str, float]:
-    """env-steps/s per runner: the median of `args.repeats` timed runs, runners alternating."""
+class TorchRLPeer:
+    """TorchRL's side in a subprocess of `python` (with torchrl and vmas), stepped on request."""
+
+    def __init__(self, python: str, device: str) -> None:
+        self.errors = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: warnings never fill it up
+        settings = {
+            "device": device,
+            "n_agents": N_AGENTS,
+            "max_steps": MAX_STEPS,
+            "seed": SEED,
+            "action_seed": ACTION_SEED,
+            "action_sets": ACTION_SETS,
+        }
+        self.process = subprocess.Popen(
+            [python, "-c", PEER_SCRIPT, json.dumps(settings)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.errors,
+            text=True,
+        )
+        self.version = json.loads(self._ask(None))["torchrl"]
+
+    def runner(self, num_envs: int) -> Callable[[int], float]:
+        self._ask(f"make {num_envs}")
+        return lambda steps: float(self._ask(f"run {steps}"))
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+    def _ask(self, command: str | None) -> str:
+        if command is not None:
+            self.process.stdin.write(command + "\n")
+            self.process.stdin.flush()
+        answer = self.process.stdout.readline()
+        if not answer:
+            self.errors.seek(0)
+            raise RuntimeError(f"the TorchRL side stopped:\n{self.errors.read()[-2000:]}")
+        return answer.strip()
+
+
+def timed(run: Callable[[int], None], device: str) -> Callable[[int], float]:
+    def seconds(steps: int) -> float:
+        _sync(device)
+        start = time.perf_counter()
+        run(steps)
+        _sync(device)
+        return time.perf_counter() - start
+
+    return seconds
+
+
+def median_rates(runners: dict[str, Callable[[int], float]], num_envs: int, steps: int, repeats: int) -> dict:
+    """env-steps/s per runner: the median of `repeats` timed runs, the runners taking turns."""
     for run in runners.values():
         run(WARMUP)
     times: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         for name, run in runners.items():
-            _sync(args.device)
-            start = time.perf_counter()
-            run(args.steps)
-            _sync(args.device)
-            times[name].append(time.perf_counter() - start)
-    return {name: num_envs * args.steps / statistics.median(t) for name, t in times.items()}
-
-
-def peer_rates(args) -> tuple[dict[int, float], str]:
-    """TorchRL's figures from `args.peer_python`, and its version."""
-    settings = {
-        "num_envs": args.num_envs,
-        "steps": args.steps,
-        "repeats": args.repeats,
-        "device": args.device,
-        "n_agents": N_AGENTS,
-        "max_steps": MAX_STEPS,
-        "seed": SEED,
-        "action_seed": ACTION_SEED,
-        "action_sets": ACTION_SETS,
-        "warmup": WARMUP,
-    }
-    result = subprocess.run(
-        [args.peer_python, "-c", PEER_SCRIPT, json.dumps(settings)], capture_output=True, text=True, check=False
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"the TorchRL side failed ({args.peer_python}):\n{result.stderr[-2000:]}")
-    report = json.loads(result.stdout.strip().splitlines()[-1])
-    return {int(k): v for k, v in report["rates"].items()}, report["torchrl"]
+            times[name].append(run(steps))
+    return {name: num_envs * steps / statistics.median(t) for name, t in times.items()}
 
 
 def _sync(device: str) -> None:
@@ -160,14 +187,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
 
-    peer, peer_version = peer_rates(args) if args.peer_python else ({}, None)
+    peer = TorchRLPeer(args.peer_python, args.device) if args.peer_python else None
     print(f"command: python -m envs.bench_adapters {' '.join(argv if argv is not None else sys.argv[1:])}")
     print(
         f"VMAS navigation, n_agents={N_AGENTS}, max_steps={MAX_STEPS}; device {args.device}, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}"
-        + (f"; TorchRL {peer_version}" if peer_version else "; TorchRL not measured (no --peer-python)")
+        + (f"; TorchRL {peer.version}" if peer else "; TorchRL not measured (no --peer-python)")
     )
-    print(f"median of {args.repeats} runs of {args.steps} steps; env-steps/s; time per step relative to raw VMAS")
+    print(
+        f"median of {args.repeats} runs of {args.steps} steps, sides taking turns; env-steps/s; time per step vs raw VMAS"
+    )
     header = (
         f"{'num_envs':>9}{'vecmarl adapter':>17}{'raw VMAS':>12}{'TorchRL':>12}{'adapter time':>15}{'TorchRL time':>15}"
     )
@@ -176,8 +205,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     for num_envs in args.num_envs:
         runners = {"adapter": adapter_runner(num_envs, args.device), "raw": raw_vmas_runner(num_envs, args.device)}
-        rates = median_rates(runners, num_envs, args)
-        torchrl = peer.get(num_envs)
+        if peer:
+            runners["torchrl"] = peer.runner(num_envs)
+        rates = median_rates(runners, num_envs, args.steps, args.repeats)
+        torchrl = rates.get("torchrl")
         line = f"{num_envs:>9}{rates['adapter']:>17,.0f}{rates['raw']:>12,.0f}"
         line += f"{torchrl:>12,.0f}" if torchrl else f"{'-':>12}"
         line += f"{rates['raw'] / rates['adapter']:>14.2f}x"
@@ -196,6 +227,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 "torchrl_time_vs_raw": rates["raw"] / torchrl if torchrl else None,
             }
         )
+    if peer:
+        peer.close()
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)

@@ -115,6 +115,7 @@ class VmasEnv(MultiAgentEnv):
             for g, spec in self.groups.items()
         }
         self._info: dict[str, dict[str, torch.Tensor]] = {}  # group -> key -> [B, n, ...]
+        self._info_keys: dict[str, list[str]] | None = None
 
     def _reset(self, mask: torch.Tensor) -> None:
         # The adapter's own reads of device values (VMAS itself makes many): no env to reset, no reset;
@@ -197,23 +198,27 @@ class VmasEnv(MultiAgentEnv):
         return {g: torch.stack([per_agent[i] for i in indices], 1) for g, indices in self._members.items()}
 
     def _info_by_group(self, infos: list[dict]) -> dict[str, dict[str, torch.Tensor]]:
-        """Keys that every agent of a group reports with one shape, stacked to `[B, n, *shape]`."""
+        """Keys that every agent of a group reports as a tensor of one shape, stacked to `[B, n, *shape]`
+        (`[B, n, 1]` for a scalar per env). The keys are chosen at the first step and kept."""
+        if self._info_keys is None:
+            self._info_keys = {
+                group: [
+                    key
+                    for key, value in infos[indices[0]].items()
+                    if all(
+                        isinstance(infos[i].get(key), torch.Tensor) and infos[i][key].shape == value.shape
+                        for i in indices
+                    )
+                ]
+                for group, indices in self._members.items()
+            }
         grouped = {}
         for group, indices in self._members.items():
-            first = infos[indices[0]]
-            grouped[group] = {
-                key: torch.stack([_per_agent_column(infos[i][key]) for i in indices], 1)
-                for key, value in first.items()
-                if isinstance(value, torch.Tensor)
-                and all(
-                    isinstance(infos[i].get(key), torch.Tensor) and infos[i][key].shape == value.shape for i in indices
-                )
-            }
+            grouped[group] = {}
+            for key in self._info_keys[group]:
+                value = torch.stack([infos[i][key] for i in indices], 1)  # [B, n, *shape]
+                grouped[group][key] = value.unsqueeze(-1) if value.dim() == 2 else value
         return grouped
-
-
-def _per_agent_column(value: torch.Tensor) -> torch.Tensor:
-    return value.unsqueeze(-1) if value.dim() == 1 else value
 
 
 class PrivateRandomState:

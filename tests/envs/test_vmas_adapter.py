@@ -170,3 +170,8 @@ def test_importing_envs_imports_no_simulator():
     code = "import sys, envs; print(sorted(m for m in ('vmas', 'pettingzoo', 'gymnasium') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.gpu
+def test_passes_check_env_on_cuda():
+    envs.check_env(envs.make("vmas/navigation", num_envs=8, device="cuda", seed=0, max_steps=8))
