@@ -14,6 +14,16 @@ vmas = pytest.importorskip("vmas")
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """VMAS steps are many tiny ops: a second intra-op thread only adds synchronisation, and stalls
+    when the cores are shared (the module runs 2-3x faster on one thread on a busy 2-core machine)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.mark.parametrize(
     "scenario, options",
     [
