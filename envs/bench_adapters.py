@@ -43,6 +43,7 @@ import torchrl
 from torchrl.envs.libs.vmas import VmasEnv
 
 a = json.loads(sys.argv[1])
+torch.set_num_threads(a["threads"])
 print(json.dumps({"torchrl": torchrl.__version__}), flush=True)
 for line in sys.stdin:
     command, value = line.split()
@@ -110,10 +111,11 @@ def raw_vmas_runner(num_envs: int, device: str) -> Callable[[int], float]:
 class TorchRLPeer:
     """TorchRL's side in a subprocess of `python` (with torchrl and vmas), stepped on request."""
 
-    def __init__(self, python: str, device: str) -> None:
+    def __init__(self, python: str, device: str, threads: int) -> None:
         self.errors = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: warnings never fill it up
         settings = {
             "device": device,
+            "threads": threads,
             "n_agents": N_AGENTS,
             "max_steps": MAX_STEPS,
             "seed": SEED,
@@ -183,11 +185,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--steps", type=int, default=100, help="steps per timed run (one 100-step episode)")
     parser.add_argument("--repeats", type=int, default=7, help="timed runs per figure; the median is reported")
     parser.add_argument("--device", default="cpu", help="torch device for every side")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads for every side (default: torch's)")
     parser.add_argument("--peer-python", default=None, help="a Python with torchrl and vmas, for the TorchRL column")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
 
-    peer = TorchRLPeer(args.peer_python, args.device) if args.peer_python else None
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    peer = TorchRLPeer(args.peer_python, args.device, torch.get_num_threads()) if args.peer_python else None
     print(f"command: python -m envs.bench_adapters {' '.join(argv if argv is not None else sys.argv[1:])}")
     print(
         f"VMAS navigation, n_agents={N_AGENTS}, max_steps={MAX_STEPS}; device {args.device}, torch {torch.__version__}, "
