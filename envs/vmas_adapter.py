@@ -134,7 +134,8 @@ class VmasEnv(MultiAgentEnv):
                 get_observations=True, get_rewards=False, get_infos=False, get_dones=False
             )
         fresh = self._by_group(observations)
-        self._obs = {g: torch.where(mask.view(-1, 1, 1), fresh[g], self._obs[g]) for g in self.groups}
+        # Where no env was reset, keep the step's observation: recomputing may draw new noise.
+        self._obs = {g: torch.where(_rows(mask, fresh[g]), fresh[g], self._obs[g]) for g in self.groups}
 
     def _step(self, action: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         per_agent: list[torch.Tensor] = [None] * len(self.vmas_env.agents)
@@ -296,7 +297,12 @@ def copy_rows(paths: list[Path], live, scratch, mask: torch.Tensor) -> None:
         old, fresh = _child(live_parent, key), _child(scratch_parent, key)
         if not isinstance(old, torch.Tensor) or not isinstance(fresh, torch.Tensor) or old.shape != fresh.shape:
             continue  # not set (yet) in one of the worlds
-        _container(live_parent)[key] = torch.where(mask.view(-1, *[1] * (old.dim() - 1)), fresh, old)
+        _container(live_parent)[key] = torch.where(_rows(mask, old), fresh, old)
+
+
+def _rows(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The bool `[B]` mask shaped to broadcast over `like`'s `[B, ...]`."""
+    return mask.view(-1, *[1] * (like.dim() - 1))
 
 
 def _walkable(value) -> bool:
