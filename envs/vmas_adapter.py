@@ -53,6 +53,16 @@ from envs.specs import Discrete
 from envs.sync import allow_host_sync
 
 INSTALL = 'pip install "vecmarl[vmas]"'
+OWN_OPTIONS = ("max_steps", "continuous_actions", "multidiscrete_actions")
+# vmas.make_env's own arguments, which the adapter sets: passed on, they would not reach the scenario.
+VMAS_ENV_ARGUMENTS = {
+    "dict_spaces",
+    "clamp_actions",
+    "grad_enabled",
+    "terminated_truncated",
+    "wrapper",
+    "wrapper_kwargs",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,7 +369,13 @@ def make_vmas(
         raise ValueError(
             f"vmas/{scenario}: compile=True is not supported: VMAS's physics is Python that branches on data"
         )
-    own = {k: options.pop(k) for k in ("max_steps", "continuous_actions", "multidiscrete_actions") if k in options}
+    taken = sorted(VMAS_ENV_ARGUMENTS.intersection(options))
+    if taken:
+        raise TypeError(
+            f"vmas/{scenario}: {taken} are arguments of vmas.make_env that the adapter sets itself; its options "
+            f"are {list(OWN_OPTIONS)}, and every other keyword goes to the scenario"
+        )
+    own = {k: options.pop(k) for k in OWN_OPTIONS if k in options}
     config = _options.build(
         VmasConfig, {**own, "scenario": scenario, "scenario_kwargs": options}, what=f"env 'vmas/{scenario}'"
     )

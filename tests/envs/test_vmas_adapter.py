@@ -165,6 +165,11 @@ def test_unused_scenario_option_is_an_error():
         envs.make("vmas/navigation", num_envs=2, n_agnts=3)
 
 
+def test_vmas_environment_arguments_are_refused():
+    with pytest.raises(TypeError, match=r"\['dict_spaces'\] are arguments of vmas.make_env that the adapter sets"):
+        envs.make("vmas/navigation", num_envs=2, dict_spaces=True)
+
+
 def test_missing_vmas_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "vmas", None)
     with pytest.raises(ImportError, match=r'pip install "vecmarl\[vmas\]"'):
