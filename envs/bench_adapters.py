@@ -31,6 +31,7 @@ from collections.abc import Callable
 import torch
 
 import envs
+from envs.bench import _sync
 
 N_AGENTS, MAX_STEPS, SEED, ACTION_SEED, ACTION_SETS, WARMUP = 3, 100, 0, 1, 8, 5
 
@@ -170,11 +171,6 @@ def median_rates(runners: dict[str, Callable[[int], float]], num_envs: int, step
         for name, run in runners.items():
             times[name].append(run(steps))
     return {name: num_envs * steps / statistics.median(t) for name, t in times.items()}
-
-
-def _sync(device: str) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
