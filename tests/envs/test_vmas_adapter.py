@@ -29,11 +29,10 @@ def one_thread():
     [
         ("navigation", {"n_agents": 3}),
         ("balance", {}),
-        ("navigation", {"continuous_actions": False}),
-        ("simple_tag", {}),  # two agent types with different observations
+        ("simple_tag", {"continuous_actions": False}),  # discrete; two agent types, different observations
         ("simple_spread", {"continuous_actions": False, "multidiscrete_actions": True}),
     ],
-    ids=["navigation", "balance", "navigation-discrete", "simple_tag", "simple_spread-multidiscrete"],
+    ids=["navigation", "balance", "simple_tag-discrete", "simple_spread-multidiscrete"],
 )
 def test_passes_check_env(scenario, options):
     envs.check_env(envs.make(f"vmas/{scenario}", num_envs=4, seed=0, max_steps=8, **options))
