@@ -19,7 +19,7 @@ mask is true it resets the whole scratch, then copies the masked rows of every b
 states and actions, joints, scenario buffers such as reward shaping) into the live world with
 `torch.where`. The tensors to copy are found once, at construction, by walking the objects of both
 worlds side by side; a third world with another `num_envs` tells batched tensors (their first dim
-follows `num_envs`) from constant ones. `tests/envs/test_vmas_adapter.py` shows that the result
+follows `num_envs`) from constant ones (`envs.vmas_world`). `tests/envs/test_vmas_adapter.py` shows that the result
 equals VMAS's own per-index `reset_at`.
 
 Host syncs. VMAS's own step and reset synchronise with the host (asserts on action values, branches
@@ -51,6 +51,7 @@ from envs.registry import register_prefix
 from envs.spaces import action_spec, observation_spec
 from envs.specs import Discrete
 from envs.sync import allow_host_sync
+from envs.vmas_world import PrivateRandomState, batched_slots, copy_rows, rows
 
 INSTALL = 'pip install "vecmarl[vmas]"'
 OWN_OPTIONS = ("max_steps", "continuous_actions", "multidiscrete_actions")
@@ -145,7 +146,7 @@ class VmasEnv(MultiAgentEnv):
             )
         fresh = self._by_group(observations)
         # Where no env was reset, keep the step's observation: recomputing may draw new noise.
-        self._obs = {g: torch.where(_rows(mask, fresh[g]), fresh[g], self._obs[g]) for g in self.groups}
+        self._obs = {g: torch.where(rows(mask, fresh[g]), fresh[g], self._obs[g]) for g in self.groups}
 
     def _step(self, action: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         per_agent: list[torch.Tensor] = [None] * len(self.vmas_env.agents)
@@ -230,117 +231,6 @@ class VmasEnv(MultiAgentEnv):
                 value = torch.stack([infos[i][key] for i in indices], 1)  # [B, n, *shape]
                 grouped[group][key] = value.unsqueeze(-1) if value.dim() == 2 else value
         return grouped
-
-
-class PrivateRandomState:
-    """Swaps an env's own random state into VMAS's shared one for the length of a `with` block.
-
-    `shared` is VMAS's `[torch CPU state, numpy state, Python random state]` list, which VMAS's methods
-    load into the global generators and save back; on CUDA the device's generator is swapped too.
-    """
-
-    def __init__(self, shared: list, device: torch.device) -> None:
-        self.shared = shared
-        self.own = list(shared)
-        self.cuda = device if device.type == "cuda" else None
-        self.own_cuda = torch.cuda.get_rng_state(device) if self.cuda else None
-
-    def __enter__(self) -> PrivateRandomState:
-        self.saved = list(self.shared)
-        self.shared[:] = self.own
-        if self.cuda:
-            self.saved_cuda = torch.cuda.get_rng_state(self.cuda)
-            torch.cuda.set_rng_state(self.own_cuda, self.cuda)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.own = list(self.shared)
-        self.shared[:] = self.saved
-        if self.cuda:
-            self.own_cuda = torch.cuda.get_rng_state(self.cuda)
-            torch.cuda.set_rng_state(self.saved_cuda, self.cuda)
-
-
-# ---- the batched masked reset ----------------------------------------------------------------------
-
-Path = tuple[Any, ...]  # keys from the scenario object down to a tensor: attribute names, list indices, dict keys
-
-
-def batched_slots(live, scratch, probe) -> list[Path]:
-    """The paths of every batched tensor reachable from the `live` scenario object.
-
-    Walks the attributes, lists and dicts of VMAS objects (scenario, world, entities, states, actions,
-    joints, sensors) of three worlds side by side; a tensor is batched when its first dim is
-    `num_envs` in `live` and `scratch` and the other `num_envs` in `probe`, with the same other dims.
-    """
-    num_envs, probe_envs = live.world.batch_dim, probe.world.batch_dim
-    paths: list[Path] = []
-    seen: set[int] = set()
-    todo: list[tuple[Path, Any, Any, Any]] = [((), live, scratch, probe)]
-    while todo:
-        path, node, twin, other = todo.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        for key, value in _children(node):
-            twin_value, other_value = _child(twin, key), _child(other, key)
-            if isinstance(value, torch.Tensor):
-                if (
-                    isinstance(twin_value, torch.Tensor)
-                    and isinstance(other_value, torch.Tensor)
-                    and value.dim() >= 1
-                    and value.shape == twin_value.shape
-                    and value.shape[0] == num_envs
-                    and other_value.shape == (probe_envs, *value.shape[1:])
-                ):
-                    paths.append((*path, key))
-            elif _walkable(value) and type(twin_value) is type(value) and type(other_value) is type(value):
-                todo.append(((*path, key), value, twin_value, other_value))
-    return paths
-
-
-def copy_rows(paths: list[Path], live, scratch, mask: torch.Tensor) -> None:
-    """Where the bool `[B]` mask is true, replace each batched tensor of `live` by `scratch`'s."""
-    for path in paths:
-        live_parent, scratch_parent = _resolve(live, path[:-1]), _resolve(scratch, path[:-1])
-        key = path[-1]
-        old, fresh = _child(live_parent, key), _child(scratch_parent, key)
-        if not isinstance(old, torch.Tensor) or not isinstance(fresh, torch.Tensor) or old.shape != fresh.shape:
-            continue  # not set (yet) in one of the worlds
-        _container(live_parent)[key] = torch.where(_rows(mask, old), fresh, old)
-
-
-def _rows(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """The bool `[B]` mask shaped to broadcast over `like`'s `[B, ...]`."""
-    return mask.view(-1, *[1] * (like.dim() - 1))
-
-
-def _walkable(value) -> bool:
-    if isinstance(value, (list, dict)):
-        return True
-    return hasattr(value, "__dict__") and type(value).__module__.startswith("vmas.")
-
-
-def _container(node):
-    return node if isinstance(node, (list, dict)) else vars(node)
-
-
-def _children(node):
-    container = _container(node)
-    return list(enumerate(container) if isinstance(container, list) else container.items())
-
-
-def _child(node, key):
-    container = _container(node)
-    if isinstance(container, list):
-        return container[key] if key < len(container) else None
-    return container.get(key)
-
-
-def _resolve(node, path: Path):
-    for key in path:
-        node = _child(node, key)
-    return node
 
 
 # ---- construction ----------------------------------------------------------------------------------
