@@ -17,15 +17,15 @@ Auto-reset without a loop over envs. VMAS resets one env index or all of them. T
 second VMAS world built from the same scenario and options, the scratch. To reset the envs where a
 mask is true it resets the whole scratch, then copies the masked rows of every batched tensor (entity
 states and actions, joints, scenario buffers such as reward shaping) into the live world with
-`torch.where`. The tensors to copy are found once, at construction, by walking the objects of both
-worlds side by side; a third world with another `num_envs` tells batched tensors (their first dim
-follows `num_envs`) from constant ones (`envs.vmas_world`). `tests/envs/test_vmas_adapter.py` shows that the result
-equals VMAS's own per-index `reset_at`.
+`torch.where` (`envs.vmas_world`: the tensors are found once, at construction, by walking the
+objects of the worlds side by side). When every env is to be reset it calls VMAS's own `reset()`,
+which also redraws what some scenarios keep for the whole batch (simple_speaker_listener's goal).
+`tests/envs/test_vmas_adapter.py` shows that the masked copy equals VMAS's own per-index `reset_at`.
 
 Host syncs. VMAS's own step and reset synchronise with the host (asserts on action values, branches
 on `tensor.any()`, rejection sampling), so calls into VMAS run under `allow_host_sync`. The adapter
-reads one flag itself, whether any env is to be reset, so that steps where no env finished skip the
-scratch reset (a full VMAS reset costs about a third of a step).
+itself reads whether any env (and then whether every env) is to be reset: steps where no env
+finished skip the reset, which costs about a third of a step.
 
 Randomness. VMAS draws from torch's, numpy's and Python's global generators, swapped in from one list
 shared by every VMAS env. Each adapter keeps its own copy of that list and swaps it in around its
