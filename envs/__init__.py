@@ -4,14 +4,25 @@ import envs
 env = envs.make("navigation", num_envs=1024, device="cuda", seed=0, n_agents=3)
 obs = env.reset()
 next, obs = env.step(env.sample_actions())
+
+Adapters: `envs.make("vmas/<scenario>", ...)` and `envs.make("pettingzoo/<module>.<env>", ...)` (their
+simulators are imported only when such an env is made); `envs.to_pettingzoo(env)` exports any env.
 """
 
-from envs import navigation  # noqa: F401  (registers the native envs)
+from envs import navigation, pettingzoo_adapter, vmas_adapter  # noqa: F401  (register native envs and adapters)
 from envs.base import EnvConfig, MultiAgentEnv
 from envs.check import CheckError, check_env
 from envs.registry import describe, make, names, register, register_prefix
 from envs.specs import Box, Discrete, GroupSpec, MultiDiscrete
-from envs.sync import HostSyncError, forbid_host_sync
+from envs.sync import HostSyncError, allow_host_sync, forbid_host_sync
+
+
+def to_pettingzoo(env: MultiAgentEnv, index: int = 0):
+    """Env `index` of `env`'s batch as a PettingZoo `ParallelEnv`, numpy in and out (see `envs.export`)."""
+    from envs.export import to_pettingzoo as export
+
+    return export(env, index)
+
 
 __all__ = [
     "Box",
@@ -22,6 +33,7 @@ __all__ = [
     "HostSyncError",
     "MultiAgentEnv",
     "MultiDiscrete",
+    "allow_host_sync",
     "check_env",
     "describe",
     "forbid_host_sync",
@@ -29,4 +41,5 @@ __all__ = [
     "names",
     "register",
     "register_prefix",
+    "to_pettingzoo",
 ]

@@ -6,11 +6,16 @@ the device raises `HostSyncError`: reading values (`.item()`, `.tolist()`, `.num
 boolean-mask indexing and assignment, `masked_select`, `unique`, `repeat_interleave` by a tensor).
 It works on CPU tensors too, so CI (without a GPU) proves that reset, step, rollout, advantages and
 loss never wait on the device.
+
+`allow_host_sync()` lifts the guard for a block of code the caller cannot change: a wrapped third-party
+simulator (VMAS asserts on action values and branches on `tensor.any()` inside its own step). The
+adapter's own code around such calls stays under the guard.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 
 import torch
@@ -20,6 +25,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 class HostSyncError(RuntimeError):
     """An operation synchronised with the host where that is forbidden."""
+
+
+_allowed = threading.local()  # .depth: how many `allow_host_sync` blocks enclose the running code
+
+
+def _is_allowed() -> bool:
+    return getattr(_allowed, "depth", 0) > 0
 
 
 _SYNCING_METHODS = {
@@ -52,6 +64,8 @@ def _is_bool_index(indices) -> bool:
 class _ForbidMethods(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if _is_allowed():
+            return func(*args, **kwargs)
         what = _SYNCING_METHODS.get(func)
         if what is not None:
             raise HostSyncError(f"host sync: {what} is not allowed here")
@@ -65,6 +79,8 @@ class _ForbidMethods(TorchFunctionMode):
 class _ForbidDataDependentOps(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if _is_allowed():
+            return func(*args, **kwargs)
         name = func._schema.name
         what = _DATA_DEPENDENT_OPS.get(name)
         if name in ("aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"):
@@ -82,3 +98,14 @@ def forbid_host_sync() -> Iterator[None]:
     """Raise `HostSyncError` on any host sync or data-dependent shape inside the block."""
     with _ForbidMethods(), _ForbidDataDependentOps():
         yield
+
+
+@contextlib.contextmanager
+def allow_host_sync() -> Iterator[None]:
+    """Suspend `forbid_host_sync` inside the block, for code the caller does not own (a wrapped
+    simulator); outside any `forbid_host_sync` block it does nothing."""
+    _allowed.depth = getattr(_allowed, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _allowed.depth -= 1

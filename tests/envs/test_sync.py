@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from envs.sync import HostSyncError, forbid_host_sync
+from envs.sync import HostSyncError, allow_host_sync, forbid_host_sync
 
 x = torch.randn(6)
 
@@ -50,3 +50,11 @@ def test_device_side_operations_pass():
         y = y[torch.arange(3)] + x[1:4] * x.argmax()
         torch.rand(3, generator=torch.Generator())
     assert y.shape == (3,)
+
+
+def test_allow_host_sync_lifts_the_guard_for_its_block_only():
+    with forbid_host_sync():
+        with allow_host_sync():
+            assert x[x > 0].numel() == int((x > 0).sum())
+        with pytest.raises(HostSyncError, match="host sync"):
+            x.sum().item()

@@ -1,0 +1,275 @@
+"""`vmas/<scenario>`: any VMAS scenario behind the vecmarl env contract, on its device.
+
+    env = envs.make("vmas/navigation", num_envs=1024, device="cuda", seed=0, n_agents=3)
+    env = envs.make("vmas/simple_tag", num_envs=64, continuous_actions=False, max_steps=50)
+
+Options: `max_steps` (vecmarl owns the time limit; VMAS itself runs without one), `continuous_actions`
+(True: Box actions in VMAS's ranges; False: one Discrete choice per agent), `multidiscrete_actions`
+(with `continuous_actions=False`: one choice per action dimension). Every other keyword goes to the
+scenario; one the scenario does not use is an error.
+
+What maps to what: agents are grouped by type from their names (`agent_0` -> group `agent`, see
+`envs.agent_groups`); `(group, "observation")` `[B, n, obs_dim]`; `(group, "reward")` `[B, n, 1]`;
+`terminated` is the scenario's `done()`. VMAS's per-agent info is passed through in `next` as
+`(group, "info", key)`, shaped `[B, n, *shape]` (a scalar per agent is `[B, n, 1]`).
+
+Auto-reset without a loop over envs. VMAS resets one env index or all of them. The adapter keeps a
+second VMAS world built from the same scenario and options, the scratch. To reset the envs where a
+mask is true it resets the whole scratch, then copies the masked rows of every batched tensor (entity
+states and actions, joints, scenario buffers such as reward shaping) into the live world with
+`torch.where` (`envs.vmas_world`: the tensors are found once, at construction, by walking the
+objects of the worlds side by side). When every env is to be reset it calls VMAS's own `reset()`,
+which also redraws what some scenarios keep for the whole batch (simple_speaker_listener's goal).
+`tests/envs/test_vmas_adapter.py` shows that the masked copy equals VMAS's own per-index `reset_at`.
+
+Host syncs. VMAS's own step and reset synchronise with the host (asserts on action values, branches
+on `tensor.any()`, rejection sampling), so calls into VMAS run under `allow_host_sync`. The adapter
+itself reads whether any env (and then whether every env) is to be reset: steps where no env
+finished skip the reset, which costs about a third of a step.
+
+Randomness. VMAS draws from torch's, numpy's and Python's global generators, swapped in from one list
+shared by every VMAS env. Each adapter keeps its own copy of that list and swaps it in around its
+calls into VMAS, so adapters never share a random stream. Seeding follows VMAS: `make(..., seed=s)`
+and `reset(seed=s)` start where VMAS's `make_env(..., seed=s)` and `reset(seed=s)` do (for
+`s < 2**32`; VMAS also seeds numpy, so larger seeds are taken modulo 2**32).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from envs import options as _options
+from envs.agent_groups import group_by_type
+from envs.base import EnvConfig, MultiAgentEnv
+from envs.registry import register_prefix
+from envs.spaces import action_spec, observation_spec
+from envs.specs import Discrete
+from envs.sync import allow_host_sync
+from envs.vmas_world import PrivateRandomState, batched_slots, copy_rows, rows
+
+INSTALL = 'pip install "vecmarl[vmas]"'
+OWN_OPTIONS = ("max_steps", "continuous_actions", "multidiscrete_actions")
+# vmas.make_env's own arguments, which the adapter sets: passed on, they would not reach the scenario.
+VMAS_ENV_ARGUMENTS = {
+    "dict_spaces",
+    "clamp_actions",
+    "grad_enabled",
+    "terminated_truncated",
+    "wrapper",
+    "wrapper_kwargs",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class VmasConfig(EnvConfig):
+    scenario: str = "navigation"
+    """The VMAS scenario (names in vmas.scenarios, vmas.mpe_scenarios, vmas.debug_scenarios)."""
+    continuous_actions: bool = True
+    """Box actions in VMAS's ranges; False gives Discrete actions."""
+    multidiscrete_actions: bool = False
+    """With continuous_actions=False: one choice per action dimension (MultiDiscrete)."""
+    scenario_kwargs: dict = dataclasses.field(default_factory=dict)
+    """Keyword arguments of the scenario (e.g. n_agents)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.multidiscrete_actions and self.continuous_actions:
+            raise ValueError("multidiscrete_actions=True needs continuous_actions=False")
+
+
+class VmasEnv(MultiAgentEnv):
+    """A VMAS scenario as a vecmarl env; `vmas_env` is the live VMAS `Environment` (e.g. to render)."""
+
+    Config = VmasConfig
+    config: VmasConfig
+    name = "vmas"
+
+    # ---- the contract's hooks ----------------------------------------------------------------------
+
+    def _make_groups(self):
+        # The simulator is built here, the first hook the base class calls (after checking num_envs,
+        # device and seed), because its agents define the groups.
+        self.name = f"vmas/{self.config.scenario}"
+        vmas = import_vmas()
+        known = [*vmas.scenarios, *vmas.mpe_scenarios, *vmas.debug_scenarios]
+        if self.config.scenario not in known:
+            raise KeyError(
+                f"unknown VMAS scenario {self.config.scenario!r}; the valid names are those in "
+                f"vmas.scenarios, vmas.mpe_scenarios and vmas.debug_scenarios: {', '.join(known)}"
+            )
+        self._random = PrivateRandomState(vmas.simulator.environment.Environment.vmas_random_state, self.device)
+        self.vmas_env = self._build(vmas, self.num_envs, seed=self.seed % 2**32, check_kwargs=True)
+        self._scratch = self._build(vmas, self.num_envs)
+        probe = self._build(vmas, 2 if self.num_envs == 1 else 1)
+        self._slots = batched_slots(self.vmas_env.scenario, self._scratch.scenario, probe.scenario)
+        self._seed_vmas(self.seed)  # so that the base class's first reset starts where make_env(seed) does
+
+        agents = self.vmas_env.agents
+        spaces = self.vmas_env.observation_space.spaces
+        observations = [observation_spec(space, f"{self.name}: agent {a.name!r}") for a, space in zip(agents, spaces)]
+        actions = [
+            action_spec(self.vmas_env.get_agent_action_space(a), f"{self.name}: agent {a.name!r}") for a in agents
+        ]
+        groups, self._members = group_by_type([agent.name for agent in agents], observations, actions)
+        return groups
+
+    def _init_state(self) -> None:
+        B = self.num_envs
+        self._obs = {  # [B, n, obs_dim] per group: what `_observe` returns
+            g: torch.zeros(B, spec.n_agents, *spec.observation.shape, device=self.device)
+            for g, spec in self.groups.items()
+        }
+        self._info: dict[str, dict[str, torch.Tensor]] = {}  # group -> key -> [B, n, ...]
+        self._info_keys: dict[str, list[str]] | None = None
+
+    def _reset(self, mask: torch.Tensor) -> None:
+        # The adapter's own reads of device values (VMAS itself makes many): no env to reset, no reset;
+        # every env to reset, VMAS's own full reset, which also redraws what scenarios keep for the
+        # whole batch (e.g. simple_speaker_listener's goal); else the scratch reset and masked copy.
+        with allow_host_sync():
+            if not bool(mask.any()):
+                return
+            every = bool(mask.all())
+        with self._random, allow_host_sync():
+            (self._scratch if not every else self.vmas_env).reset(return_observations=False)
+        if not every:
+            copy_rows(self._slots, self.vmas_env.scenario, self._scratch.scenario, mask)
+        with self._random, allow_host_sync():
+            (observations,) = self.vmas_env.get_from_scenario(
+                get_observations=True, get_rewards=False, get_infos=False, get_dones=False
+            )
+        fresh = self._by_group(observations)
+        # Where no env was reset, keep the step's observation: recomputing may draw new noise.
+        self._obs = {g: torch.where(rows(mask, fresh[g]), fresh[g], self._obs[g]) for g in self.groups}
+
+    def _step(self, action: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        per_agent: list[torch.Tensor] = [None] * len(self.vmas_env.agents)
+        for group, indices in self._members.items():
+            value = action[group]
+            if isinstance(self.groups[group].action, Discrete):
+                value = value.unsqueeze(-1)  # VMAS takes Discrete actions as [B, 1]
+            for j, i in enumerate(indices):
+                per_agent[i] = value[:, j]
+        with self._random, allow_host_sync():
+            observations, rewards, terminated, infos = self.vmas_env.step(per_agent)
+        self._obs = self._by_group(observations)
+        self._info = self._info_by_group(infos)
+        reward = self._by_group([r.reshape(self.num_envs) for r in rewards])
+        return reward, terminated.bool()
+
+    def _observe(self) -> dict[str, torch.Tensor]:
+        return self._obs
+
+    def reset(self, seed: int | None = None, *, mask: torch.Tensor | None = None) -> TensorDictBase:
+        if seed is not None:
+            self._seed_vmas(int(seed))
+        return super().reset(seed, mask=mask)
+
+    def step(self, action: Mapping[str, torch.Tensor] | TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
+        """As `MultiAgentEnv.step`, with VMAS's info in `next` as `(group, "info", key)`."""
+        next_td, obs = super().step(action)
+        for group, info in self._info.items():
+            if info:
+                next_td[group].set("info", TensorDict(info, batch_size=[self.num_envs], device=self.device))
+        return next_td, obs
+
+    # ---- internals ---------------------------------------------------------------------------------
+
+    def _build(self, vmas, num_envs: int, seed: int | None = None, check_kwargs: bool = False):
+        c = self.config
+        with self._random, allow_host_sync(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            env = vmas.make_env(
+                c.scenario,
+                num_envs=num_envs,
+                device=self.device,
+                continuous_actions=c.continuous_actions,
+                multidiscrete_actions=c.multidiscrete_actions,
+                seed=seed,
+                max_steps=None,
+                **c.scenario_kwargs,
+            )
+        for warning in caught if check_kwargs else ():
+            if "passed but not used by the scenario" in str(warning.message):
+                raise TypeError(f"{self.name}: {str(warning.message).split(' This will')[0]}")
+            warnings.warn(warning.message, warning.category, stacklevel=4)
+        return env
+
+    def _seed_vmas(self, seed: int) -> None:
+        with self._random:
+            self.vmas_env.seed(seed % 2**32)  # VMAS also seeds numpy, which takes 32-bit seeds
+
+    def _by_group(self, per_agent: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """VMAS's per-agent list of `[B, ...]` -> `{group: [B, n, ...]}`."""
+        return {g: torch.stack([per_agent[i] for i in indices], 1) for g, indices in self._members.items()}
+
+    def _info_by_group(self, infos: list[dict]) -> dict[str, dict[str, torch.Tensor]]:
+        """Keys that every agent of a group reports as a tensor of one shape, stacked to `[B, n, *shape]`
+        (`[B, n, 1]` for a scalar per env). The keys are chosen at the first step and kept."""
+        if self._info_keys is None:
+            self._info_keys = {
+                group: [
+                    key
+                    for key, value in infos[indices[0]].items()
+                    if all(
+                        isinstance(infos[i].get(key), torch.Tensor) and infos[i][key].shape == value.shape
+                        for i in indices
+                    )
+                ]
+                for group, indices in self._members.items()
+            }
+        grouped = {}
+        for group, indices in self._members.items():
+            grouped[group] = {}
+            for key in self._info_keys[group]:
+                value = torch.stack([infos[i][key] for i in indices], 1)  # [B, n, *shape]
+                grouped[group][key] = value.unsqueeze(-1) if value.dim() == 2 else value
+        return grouped
+
+
+# ---- construction ----------------------------------------------------------------------------------
+
+
+def import_vmas():
+    try:
+        import vmas
+    except ImportError as error:
+        raise ImportError(f"the VMAS adapter needs vmas ({error}); install it with: {INSTALL}") from error
+    return vmas
+
+
+def make_vmas(
+    scenario: str,
+    *,
+    num_envs: int,
+    device: torch.device | str = "cpu",
+    seed: int | None = None,
+    check_values: bool = False,
+    compile: bool = False,
+    **options: Any,
+) -> VmasEnv:
+    """`envs.make("vmas/<scenario>", ...)`: the adapter's own options, the rest for the scenario."""
+    if compile:
+        raise ValueError(
+            f"vmas/{scenario}: compile=True is not supported: VMAS's physics is Python that branches on data"
+        )
+    taken = sorted(VMAS_ENV_ARGUMENTS.intersection(options))
+    if taken:
+        raise TypeError(
+            f"vmas/{scenario}: {taken} are arguments of vmas.make_env that the adapter sets itself; its options "
+            f"are {list(OWN_OPTIONS)}, and every other keyword goes to the scenario"
+        )
+    own = {k: options.pop(k) for k in OWN_OPTIONS if k in options}
+    config = _options.build(
+        VmasConfig, {**own, "scenario": scenario, "scenario_kwargs": options}, what=f"env 'vmas/{scenario}'"
+    )
+    return VmasEnv(config, num_envs=num_envs, device=device, seed=seed, check_values=check_values)
+
+
+register_prefix("vmas", make_vmas, "scenario")

@@ -1,0 +1,103 @@
+"""`envs.to_pettingzoo`: vecmarl envs pass PettingZoo's own API and seed tests, and a round trip
+through both adapters gives back the wrapped env."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import envs
+from tests.envs.broken_envs import Counter
+
+pytest.importorskip("pettingzoo")
+with warnings.catch_warnings():  # PettingZoo's test module imports its deprecated env modules
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from pettingzoo.test import parallel_api_test, parallel_seed_test
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+
+MAKERS = {
+    "navigation": lambda: envs.make("navigation", num_envs=1, seed=0, max_steps=30),
+    "counter": lambda: Counter(num_envs=2, seed=0),  # Box and masked Discrete groups; num_envs > 1
+    "runners": lambda: envs.make("pettingzoo/tests.envs.pz_toy", num_envs=1, seed=0, lifetimes=(5, 2, 3)),
+}
+
+
+@pytest.mark.parametrize("name", MAKERS)
+def test_passes_parallel_api_test(name):
+    parallel_api_test(envs.to_pettingzoo(MAKERS[name]()), num_cycles=60)
+
+
+@pytest.mark.parametrize("name", MAKERS)
+def test_passes_parallel_seed_test(name):
+    parallel_seed_test(lambda: envs.to_pettingzoo(MAKERS[name]()), num_cycles=60)
+
+
+@pytest.mark.parametrize("name", MAKERS)
+def test_same_seed_same_episodes(name):
+    """PettingZoo's seed test stops after one step; this one runs 40 (episodes end and restart)."""
+    runs = []
+    for _ in range(2):
+        par_env = envs.to_pettingzoo(MAKERS[name]())
+        spaces = {agent: par_env.action_space(agent) for agent in par_env.possible_agents}
+        for i, space in enumerate(spaces.values()):
+            space.seed(i)
+        trajectory = [par_env.reset(seed=4)[0]]
+        for _ in range(40):
+            if not par_env.agents:
+                trajectory.append(par_env.reset()[0])
+            trajectory.append(par_env.step({agent: spaces[agent].sample() for agent in par_env.agents})[:4])
+        runs.append(trajectory)
+    first, second = _leaves(runs[0]), _leaves(runs[1])
+    assert len(first) == len(second)
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a, b)
+
+
+def _leaves(data):
+    if isinstance(data, dict):
+        return [leaf for key in sorted(data) for leaf in _leaves(data[key])]
+    if isinstance(data, (tuple, list)):
+        return [leaf for item in data for leaf in _leaves(item)]
+    return [data]
+
+
+def test_agents_leave_and_the_episode_ends():
+    par_env = envs.to_pettingzoo(MAKERS["runners"]())
+    par_env.reset(seed=0)
+    alive = []
+    while par_env.agents:
+        _, _, terminations, _, _ = par_env.step({agent: 1 for agent in par_env.agents})
+        alive.append(list(par_env.agents))
+        assert set(terminations) >= set(par_env.agents)
+    assert alive == [["runner_0", "runner_1", "runner_2"], ["runner_0", "runner_2"], ["runner_0"], ["runner_0"], []]
+    with pytest.raises(RuntimeError, match="call reset"):
+        par_env.step({})
+
+
+def test_masked_agents_observe_dicts():
+    par_env = envs.to_pettingzoo(Counter(num_envs=1, seed=0))
+    observations, _ = par_env.reset(seed=0)
+    assert set(observations["picker_0"]) == {"observation", "action_mask"}
+    assert observations["picker_0"]["action_mask"].tolist() == [1, 1, 0]
+    assert par_env.observation_space("picker_0").contains(observations["picker_0"])
+    assert par_env.observation_space("mover_0").contains(observations["mover_0"])
+
+
+def test_round_trip_gives_back_the_wrapped_env():
+    mpe2 = pytest.importorskip("mpe2.simple_spread_v3")
+    par_env = envs.to_pettingzoo(envs.make("pettingzoo/mpe2.simple_spread_v3", num_envs=1, seed=0))
+    raw = mpe2.parallel_env()
+    observations, _ = par_env.reset(seed=3)
+    raw_observations, _ = raw.reset(seed=3)
+    for _ in range(30):
+        for agent in raw.agents:
+            np.testing.assert_array_equal(observations[agent], raw_observations[agent])
+        actions = {agent: (i + len(observations)) % 5 for i, agent in enumerate(par_env.agents)}
+        observations, rewards, terminations, truncations, _ = par_env.step(actions)
+        raw_observations, raw_rewards, raw_terminations, raw_truncations, _ = raw.step(actions)
+        assert rewards == pytest.approx(raw_rewards) and terminations == raw_terminations
+        assert truncations == raw_truncations
+        if not raw.agents:
+            assert not par_env.agents
+            break

@@ -1,0 +1,191 @@
+"""The VMAS adapter: conformance, parity with raw VMAS (resets included), the batched masked reset
+against VMAS's own `reset_at`, and its errors."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import envs
+from tests.envs.row_invariant_random import RowInvariantRandom
+
+vmas = pytest.importorskip("vmas")
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """VMAS steps are many tiny ops: a second intra-op thread only adds synchronisation, and stalls
+    when the cores are shared (the module runs 2-3x faster on one thread on a busy 2-core machine)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize(
+    "scenario, options",
+    [
+        ("navigation", {"n_agents": 3}),
+        ("balance", {}),
+        ("simple_tag", {"continuous_actions": False}),  # discrete; two agent types, different observations
+        ("simple_spread", {"continuous_actions": False, "multidiscrete_actions": True}),
+    ],
+    ids=["navigation", "balance", "simple_tag-discrete", "simple_spread-multidiscrete"],
+)
+def test_passes_check_env(scenario, options):
+    envs.check_env(envs.make(f"vmas/{scenario}", num_envs=4, seed=0, max_steps=8, **options))
+
+
+def test_groups_by_type_and_maps_action_spaces():
+    env = envs.make("vmas/simple_tag", num_envs=2, seed=0, continuous_actions=False)
+    assert {g: s.agents for g, s in env.groups.items()} == {
+        "adversary": ("adversary_0", "adversary_1", "adversary_2"),
+        "agent": ("agent_0",),
+    }
+    assert env.groups["adversary"].observation.shape == (16,) and env.groups["agent"].observation.shape == (14,)
+    assert env.groups["agent"].action == envs.Discrete(9)  # VMAS: 3 choices per axis
+    continuous = envs.make("vmas/simple_speaker_listener", num_envs=2, seed=0)
+    # VMAS's speaker: 2 force dims in [-1, 1] (it cannot move, but has them) and 3 communication dims in [0, 1]
+    assert continuous.groups["speaker"].action == envs.Box((5,), (-1.0, -1.0, 0.0, 0.0, 0.0), 1.0)
+    assert continuous.groups["listener"].action == envs.Box((2,), -1.0, 1.0)
+
+
+def raw_actions(actions: dict, env) -> list[torch.Tensor]:
+    """`{group: [B, n, ...]}` -> VMAS's per-agent list, in VMAS's agent order."""
+    by_name = {a: actions[g][:, j] for g, s in env.groups.items() for j, a in enumerate(s.agents)}
+    return [by_name[agent.name] for agent in env.vmas_env.agents]
+
+
+def stacked(per_agent: list, env, group: str) -> torch.Tensor:
+    names = [agent.name for agent in env.vmas_env.agents]
+    return torch.stack([per_agent[names.index(a)] for a in env.groups[group].agents], 1)
+
+
+@pytest.mark.parametrize(
+    "scenario, options",
+    [("navigation", {"n_agents": 3}), ("simple_tag", {"continuous_actions": False})],
+    ids=["navigation", "simple_tag-discrete"],
+)
+def test_equals_raw_vmas_over_episodes(scenario, options):
+    """Same seed, same actions: 120 steps, four episodes of 30, reset by VMAS's `reset()` on the raw side."""
+    B, max_steps = 6, 30
+    env = envs.make(f"vmas/{scenario}", num_envs=B, seed=3, max_steps=max_steps, **options)
+    raw = vmas.make_env(scenario, num_envs=B, seed=3, **options)
+    obs = env.reset(seed=5)
+    raw_obs = raw.reset(seed=5)
+    generator = torch.Generator().manual_seed(0)
+    t = 0
+    for _ in range(120):
+        for g in env.groups:
+            torch.testing.assert_close(obs[g, "observation"], stacked(raw_obs, env, g), rtol=0, atol=0)
+        action = env.sample_actions(generator)
+        next_td, obs = env.step(action)
+        raw_obs, raw_reward, raw_done, raw_info = raw.step(raw_actions(action, env))
+        t += 1
+        for g in env.groups:
+            torch.testing.assert_close(next_td[g, "observation"], stacked(raw_obs, env, g), rtol=0, atol=0)
+            torch.testing.assert_close(next_td[g, "reward"][..., 0], stacked(raw_reward, env, g), rtol=0, atol=0)
+            info = next_td[g]["info"] if "info" in next_td[g].keys() else {}
+            for key, value in info.items():
+                expected = stacked([info[key] for info in raw_info], env, g)
+                torch.testing.assert_close(value, expected.reshape(value.shape), rtol=0, atol=0)
+        assert torch.equal(next_td["terminated"][:, 0], raw_done)
+        assert torch.equal(next_td["truncated"][:, 0], ~raw_done & (t >= max_steps))
+        finished = raw_done | (t >= max_steps)
+        if bool(finished.any()):
+            assert bool(finished.all()), "random actions should not end an episode early"
+            raw_obs, t = raw.reset(), 0
+
+
+@pytest.mark.parametrize(
+    "scenario, options",
+    [("navigation", {"n_agents": 3}), ("transport", {}), ("balance", {})],
+    ids=["navigation", "transport", "balance"],
+)
+def test_masked_reset_equals_vmas_reset_at(scenario, options):
+    """Envs 1, 3, 4 reset by the adapter's batched copy and by VMAS's `reset_at(i)`, with random draws
+    that give every env the same numbers: then the two worlds must match, now and for 20 steps on
+    (which would show any state the copy missed, e.g. reward shaping buffers)."""
+    B, mask = 5, torch.tensor([False, True, False, True, True])
+    env = envs.make(f"vmas/{scenario}", num_envs=B, seed=0, max_steps=1000, **options)
+    raw = vmas.make_env(scenario, num_envs=B, seed=0, **options)
+    generator = torch.Generator().manual_seed(1)
+    actions = [env.sample_actions(generator) for _ in range(25)]
+    for action in actions[:5]:
+        env.step(action)
+        raw.step(raw_actions(action, env))
+
+    with RowInvariantRandom(B, seed=7):
+        obs = env.reset(mask=mask)
+    for index in mask.nonzero()[:, 0].tolist():
+        with RowInvariantRandom(B, seed=7):
+            raw.reset_at(index)
+    (raw_obs,) = raw.get_from_scenario(get_observations=True, get_rewards=False, get_infos=False, get_dones=False)
+    for g in env.groups:
+        torch.testing.assert_close(obs[g, "observation"], stacked(raw_obs, env, g), rtol=0, atol=0)
+    for action in actions[5:]:
+        next_td, _ = env.step(action)
+        raw_obs, raw_reward, raw_done, _ = raw.step(raw_actions(action, env))
+        for g in env.groups:
+            torch.testing.assert_close(next_td[g, "observation"], stacked(raw_obs, env, g), rtol=0, atol=0)
+            torch.testing.assert_close(next_td[g, "reward"][..., 0], stacked(raw_reward, env, g), rtol=0, atol=0)
+        assert torch.equal(next_td["terminated"][:, 0], raw_done)
+
+
+def test_adapters_keep_their_own_random_streams():
+    """Two adapters with one seed, stepped in turn with torch's global generator used in between,
+    give the trajectory of one adapter alone."""
+
+    def starts(interleave: bool) -> list[torch.Tensor]:
+        a = envs.make("vmas/navigation", num_envs=3, seed=0, max_steps=2)
+        b = envs.make("vmas/navigation", num_envs=3, seed=0, max_steps=2) if interleave else None
+        action = {"agent": torch.zeros(3, 4, 2)}
+        out = []
+        for _ in range(4):
+            out.append(a.step(action)[1]["agent", "observation"])
+            if b is not None:
+                b.step(action)
+                torch.rand(5)
+        return out
+
+    for alone, interleaved in zip(starts(False), starts(True)):
+        assert torch.equal(alone, interleaved)
+
+
+def test_unknown_scenario_lists_where_names_are():
+    with pytest.raises(KeyError, match=r"unknown VMAS scenario 'navigatoin'.*vmas\.scenarios.*navigation"):
+        envs.make("vmas/navigatoin", num_envs=2)
+
+
+def test_unused_scenario_option_is_an_error():
+    with pytest.raises(TypeError, match=r"vmas/navigation: Scenario kwargs: \{'n_agnts': 3\} passed but not used"):
+        envs.make("vmas/navigation", num_envs=2, n_agnts=3)
+
+
+def test_vmas_environment_arguments_are_refused():
+    with pytest.raises(TypeError, match=r"\['dict_spaces'\] are arguments of vmas.make_env that the adapter sets"):
+        envs.make("vmas/navigation", num_envs=2, dict_spaces=True)
+
+
+def test_missing_vmas_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vmas", None)
+    with pytest.raises(ImportError, match=r'pip install "vecmarl\[vmas\]"'):
+        envs.make("vmas/navigation", num_envs=2)
+
+
+def test_compile_is_refused():
+    with pytest.raises(ValueError, match="compile=True is not supported"):
+        envs.make("vmas/navigation", num_envs=2, compile=True)
+
+
+def test_importing_envs_imports_no_simulator():
+    code = "import sys, envs; print(sorted(m for m in ('vmas', 'pettingzoo', 'gymnasium') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.gpu
+def test_passes_check_env_on_cuda():
+    envs.check_env(envs.make("vmas/navigation", num_envs=8, device="cuda", seed=0, max_steps=8))
