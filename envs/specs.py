@@ -15,6 +15,10 @@ import torch
 Bound = float | tuple[float, ...]
 
 
+def _flat(bound: Bound) -> tuple[float, ...]:
+    return bound if isinstance(bound, tuple) else (bound,)
+
+
 @dataclass(frozen=True)
 class Box:
     """A float box for one agent's observation or continuous action.
@@ -59,8 +63,8 @@ class Box:
 
     @property
     def bounded(self) -> bool:
-        low, high = self.bounds("cpu")
-        return bool(torch.isfinite(low).all() and torch.isfinite(high).all())
+        values = [*_flat(self.low), *_flat(self.high)]
+        return all(math.isfinite(v) for v in values)
 
     def sample(
         self, batch_shape: tuple[int, ...], device: torch.device | str, generator: torch.Generator

@@ -118,6 +118,9 @@ class RunConfig:
     """Name of the run's folder; default <env>-<algo>-<seed>-<time>."""
     checkpoint_every: int = 10
     """Write a checkpoint every this many iterations (and at the end)."""
+    compile: bool = False
+    """torch.compile the rollout step (policy, and the physics of native envs) and the PPO update; CUDA
+    graphs on a GPU. The first iteration then spends a while compiling."""
     progress: bool = True
     """Show a progress bar."""
     tensorboard: bool = True

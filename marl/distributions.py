@@ -11,8 +11,10 @@ action (what the env receives):
   zero; raw and env actions are the same int64 index.
 - `MultiCategorical` for `MultiDiscrete` actions: independent categoricals, log-probs summed.
 
-Shapes: parameters `[*B, n, ...]`; `log_prob`, `entropy` -> `[*B, n]`. Sampling draws from a given
-`torch.Generator` so a seed reproduces a run.
+Shapes: parameters `[*B, n, ...]`; `log_prob`, `entropy` -> `[*B, n]`. Sampling is a deterministic
+function of noise drawn beforehand (`draw_noise`): the rollout draws a whole iteration's noise in one
+call from its own generator, so a seed reproduces a run and the compiled rollout step (which cannot
+hold a generator) computes exactly what the eager one does.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ class TanhNormal:
         self.mean, self.log_std = mean, log_std.expand_as(mean)  # [*B, n, A]
         self.low, self.half_range = low, (high - low) / 2  # [A]
 
-    def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
-        noise = torch.randn(self.mean.shape, generator=generator, device=self.mean.device, dtype=self.mean.dtype)
+    def sample(self, noise: torch.Tensor) -> torch.Tensor:
+        """`noise`: standard normal, shaped like the mean."""
         return self.mean + self.log_std.exp() * noise
 
     def mode(self) -> torch.Tensor:
@@ -60,10 +62,9 @@ class MaskedCategorical:
         self.log_probs = logits.log_softmax(-1)  # [*B, n, K]
         self.mask = mask
 
-    def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
-        # Gumbel-max: argmax(log p + Gumbel noise) is a draw from p, with our own generator.
-        u = torch.rand(self.log_probs.shape, generator=generator, device=self.log_probs.device)
-        gumbel = -torch.log(-torch.log(u.clamp(1e-20, 1.0)))
+    def sample(self, noise: torch.Tensor) -> torch.Tensor:
+        """`noise`: uniform in [0, 1), shaped like the logits. Gumbel-max: argmax(log p + Gumbel) ~ p."""
+        gumbel = -torch.log(-torch.log(noise.clamp(1e-20, 1.0 - 1e-7)))
         return (self.log_probs + gumbel).argmax(-1)
 
     def mode(self) -> torch.Tensor:
@@ -84,10 +85,12 @@ class MaskedCategorical:
 
 class MultiCategorical:
     def __init__(self, logits: torch.Tensor, nvec: tuple[int, ...]) -> None:
-        self.parts = [MaskedCategorical(part) for part in logits.split(list(nvec), -1)]
+        self.nvec = list(nvec)
+        self.parts = [MaskedCategorical(part) for part in logits.split(self.nvec, -1)]
 
-    def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
-        return torch.stack([p.sample(generator) for p in self.parts], -1)
+    def sample(self, noise: torch.Tensor) -> torch.Tensor:
+        """`noise`: uniform in [0, 1), shaped like the (concatenated) logits."""
+        return torch.stack([p.sample(u) for p, u in zip(self.parts, noise.split(self.nvec, -1))], -1)
 
     def mode(self) -> torch.Tensor:
         return torch.stack([p.mode() for p in self.parts], -1)
@@ -116,6 +119,17 @@ def head_size(spec: ActionSpec) -> int:
     if isinstance(spec, MultiDiscrete):
         return sum(spec.nvec)
     raise TypeError(f"unsupported action spec {spec!r}")
+
+
+def draw_noise(
+    spec: ActionSpec, batch_shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device | str
+) -> torch.Tensor:
+    """The noise `sample` turns into actions, for `batch_shape` agents: `[*batch_shape, head_size(spec)]`
+    standard normal for continuous actions, uniform for discrete ones."""
+    shape = (*batch_shape, head_size(spec))
+    if isinstance(spec, Box):
+        return torch.randn(shape, generator=generator, device=device)
+    return torch.rand(shape, generator=generator, device=device)
 
 
 def raw_action_dtype(spec: ActionSpec) -> torch.dtype:

@@ -8,6 +8,7 @@ import torch
 
 from marl.checkpoint import load_checkpoint
 from marl.config import TrainConfig
+from marl.distributions import draw_noise
 from marl.trainer import build_policies, make_env, resolve_device
 
 
@@ -55,7 +56,11 @@ def evaluate(
             actions = {}
             for g, policy in policies.items():
                 dist = policy(obs[g, "observation"], obs.get((g, "action_mask"), None))
-                actions[g] = dist.env_action(dist.mode() if deterministic else dist.sample(generator))
+                if deterministic:
+                    raw = dist.mode()
+                else:
+                    raw = dist.sample(draw_noise(env.groups[g].action, (k, env.groups[g].n_agents), generator, device))
+                actions[g] = dist.env_action(raw)
             next_td, obs = env.step(actions)
             done = next_td["done"][:, 0] & ~finished
             for g in env.groups:

@@ -17,7 +17,8 @@ from collections.abc import Mapping
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from marl.distributions import raw_action_dtype
+from marl.compile import maybe_compile
+from marl.distributions import draw_noise, raw_action_dtype
 from marl.models import Policy
 
 
@@ -65,12 +66,29 @@ class Collector:
         rollout_length: int,
         generator: torch.Generator,
         seed: int,
+        compile: bool = False,
     ) -> None:
         self.env, self.policies, self.T, self.generator = env, dict(policies), rollout_length, generator
         self.device = env.device
         self.buffer = self._allocate()
         self.obs = env.reset(seed=seed)
         self.stats = EpisodeStats(env.groups, env.num_envs, env.device)
+        self._act = maybe_compile(self._act_eager, compile, self.device)
+
+    def _act_eager(
+        self,
+        observations: dict[str, torch.Tensor],
+        masks: dict[str, torch.Tensor],
+        noise: dict[str, torch.Tensor],
+    ) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Every group's `(raw action, log-prob, env action)` for one step: pure tensor code, so it
+        compiles into one graph."""
+        out = {}
+        for g, policy in self.policies.items():
+            dist = policy(observations[g], masks.get(g))
+            raw = dist.sample(noise[g])
+            out[g] = (raw, dist.log_prob(raw), dist.env_action(raw))
+        return out
 
     def _allocate(self) -> TensorDict:
         env, T, B = self.env, self.T, self.env.num_envs
@@ -101,21 +119,26 @@ class Collector:
         # Leaf tensors looked up once: writing `leaf[t].copy_(x)` avoids TensorDict overhead per step.
         leaves = {g: {k: buffer[g, k] for k in buffer[g].keys()} for g in env.groups}
         has_state = env.state_spec is not None
+        B = env.num_envs
+        # The whole iteration's sampling noise in one draw per group: [T, B, n, head].
+        noise = {
+            g: draw_noise(env.groups[g].action, (self.T, B, env.groups[g].n_agents), self.generator, self.device)
+            for g in self.policies
+        }
         for t in range(self.T):
             obs = self.obs
+            observations = {g: obs[g, "observation"] for g in self.policies}
+            masks = {g: obs[g, "action_mask"] for g in self.policies if "action_mask" in leaves[g]}
+            acted = self._act(observations, masks, {g: noise[g][t] for g in self.policies})
             actions = {}
-            for g, policy in self.policies.items():
-                observation = obs[g, "observation"]
-                mask = obs.get((g, "action_mask"), None)
-                dist = policy(observation, mask)
-                raw = dist.sample(self.generator)
+            for g, (raw, log_prob, env_action) in acted.items():
                 leaf = leaves[g]
-                leaf["observation"][t].copy_(observation)
+                leaf["observation"][t].copy_(observations[g])
                 leaf["action"][t].copy_(raw)
-                leaf["log_prob"][t].copy_(dist.log_prob(raw))
-                if mask is not None:
-                    leaf["action_mask"][t].copy_(mask)
-                actions[g] = dist.env_action(raw)
+                leaf["log_prob"][t].copy_(log_prob)
+                if g in masks:
+                    leaf["action_mask"][t].copy_(masks[g])
+                actions[g] = env_action
             if has_state:
                 buffer["state"][t].copy_(obs["state"])
             next_td, self.obs = env.step(actions)

@@ -26,6 +26,7 @@ import envs
 import kernels
 from marl import distributed
 from marl.checkpoint import load_checkpoint, save_checkpoint
+from marl.compile import maybe_compile
 from marl.config import AlgoConfig, ModelConfig, TrainConfig
 from marl.groups import GroupedEnv
 from marl.logger import NoLogger, RunLogger
@@ -57,6 +58,8 @@ def make_env(config: TrainConfig, device: torch.device, num_envs: int | None = N
         num_envs=num_envs or settings.num_envs,
         device=device,
         seed=config.run.seed if seed is None else seed,
+        # Native envs compile their physics; adapters wrap simulators that torch.compile cannot trace.
+        compile=config.run.compile and "/" not in settings.env,
         **settings.env_options,
     )
     return GroupedEnv(env, settings.group_map, pad=settings.pad)
@@ -145,7 +148,9 @@ class Trainer:
             config.run.rollout_length,
             self.generator,
             seed=seed,
+            compile=config.run.compile,
         )
+        self._minibatch_loss = maybe_compile(self._minibatch_loss_eager, config.run.compile, self.device)
         self.frames_per_iteration = self.world.size * config.env.num_envs * config.run.rollout_length
         self.iteration, self.frames, self.elapsed = 0, 0, 0.0
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
@@ -177,54 +182,66 @@ class Trainer:
             explained[g] = explained_variance(value, target)
         return explained
 
+    # What the update reads from the rollout, per group and at the root.
+    UPDATE_KEYS = ("observation", "action_mask", "action", "log_prob", "advantage", "value", "value_target")
+
     def update(self, buffer: TensorDict) -> dict[str, dict[str, torch.Tensor]]:
         """PPO epochs over minibatches; returns each group's loss terms averaged over the updates."""
         algo = self.config.algo
-        flat = buffer.reshape(-1)  # [T * B]
-        frames = flat.batch_size[0]
+        frames = buffer.batch_size.numel()
+        # Plain tensors [T * B, ...]: the minibatch gather and the loss then compile into one graph.
+        flat = {g: {k: v.flatten(0, 1) for k, v in buffer[g].items() if k in self.UPDATE_KEYS} for g in self.learners}
+        state = buffer["state"].flatten(0, 1) if "state" in buffer.keys() else None
         size = algo.minibatch_size
         count = frames // size
-        groups = list(self.env.groups)
-        sums = {g: {k: torch.zeros((), device=self.device) for k in (*LOSS_TERMS, "grad_norm")} for g in groups}
+        sums = {g: {k: torch.zeros((), device=self.device) for k in (*LOSS_TERMS, "grad_norm")} for g in flat}
+        parameters = [p for lr in self.learners.values() for p in lr.parameters()]
         for _ in range(algo.epochs):
             order = torch.randperm(frames, generator=self.generator, device=self.device)
             for k in range(count):
-                batch = flat[order[k * size : (k + 1) * size]]
-                obs, state = observations(batch, groups)
-                total = torch.zeros((), device=self.device)
-                for g, learner in self.learners.items():
-                    data = batch[g]
-                    dist = learner.policy(data["observation"], data.get("action_mask", None))
-                    value = learner.critic(learner.critic_input(obs, state))
-                    a = learner.algo
-                    terms = ppo_loss(
-                        dist.log_prob(data["action"]),
-                        data["log_prob"],
-                        data["advantage"],
-                        value,
-                        data["value"],
-                        data["value_target"],
-                        dist.entropy(),
-                        clip_eps=a.clip_eps,
-                        clip_value=a.clip_value,
-                        entropy_coef=a.entropy_coef,
-                        value_coef=a.value_coef,
-                        normalize_advantage=a.normalize_advantage,
-                    )
-                    total = total + terms["loss"]
-                    for name in LOSS_TERMS:
-                        sums[g][name] += terms[name].detach()
+                total, terms = self._minibatch_loss(flat, state, order[k * size : (k + 1) * size])
                 for learner in self.learners.values():
                     learner.optimizer.zero_grad(set_to_none=True)
                 total.backward()
-                self.world.average_gradients(p for lr in self.learners.values() for p in lr.parameters())
+                self.world.average_gradients(parameters)
                 for g, learner in self.learners.items():
+                    for name in LOSS_TERMS:
+                        sums[g][name] += terms[g][name].detach()
                     if learner.algo.max_grad_norm > 0:
                         norm = torch.nn.utils.clip_grad_norm_(learner.parameters(), learner.algo.max_grad_norm)
                         sums[g]["grad_norm"] += norm.detach()
                     learner.optimizer.step()
         updates = algo.epochs * count
         return {g: {k: v / updates for k, v in terms.items()} for g, terms in sums.items()}
+
+    def _minibatch_loss_eager(
+        self, flat: dict[str, dict[str, torch.Tensor]], state: torch.Tensor | None, index: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, dict[str, torch.Tensor]]]:
+        """Every group's PPO loss on the frames `index` of the flattened rollout, and their sum."""
+        batch = {g: {k: v[index] for k, v in data.items()} for g, data in flat.items()}
+        obs = {g: data["observation"] for g, data in batch.items()}
+        state = state[index] if state is not None else None
+        total, terms = 0.0, {}
+        for g, learner in self.learners.items():
+            data, a = batch[g], learner.algo
+            dist = learner.policy(data["observation"], data.get("action_mask"))
+            value = learner.critic(learner.critic_input(obs, state))
+            terms[g] = ppo_loss(
+                dist.log_prob(data["action"]),
+                data["log_prob"],
+                data["advantage"],
+                value,
+                data["value"],
+                data["value_target"],
+                dist.entropy(),
+                clip_eps=a.clip_eps,
+                clip_value=a.clip_value,
+                entropy_coef=a.entropy_coef,
+                value_coef=a.value_coef,
+                normalize_advantage=a.normalize_advantage,
+            )
+            total = total + terms[g]["loss"]
+        return total, terms
 
     def train_iteration(self) -> dict[str, float]:
         """Collect, advantages, update; returns the iteration's metrics (one host sync)."""

@@ -18,9 +18,7 @@ def rollout(
     shape = (num_steps, *batch)
     done = torch.rand(shape, generator=generator) < density
     terminated = done & (torch.rand(shape, generator=generator) < 0.5)
-    values = {
-        name: torch.randn(shape, generator=generator).to(dtype) for name in ("reward", "value", "next_value")
-    }
+    values = {name: torch.randn(shape, generator=generator).to(dtype) for name in ("reward", "value", "next_value")}
     return {**values, "done": done, "terminated": terminated}
 
 

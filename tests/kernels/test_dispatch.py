@@ -143,9 +143,7 @@ def without_interpreter():
 @pytest.mark.skipif(not PTXAS.exists(), reason="Triton's bundled ptxas is missing")
 def test_without_interpreter_cpu_tensors_take_the_torch_path(without_interpreter):
     assert without_interpreter["auto_matches_reference"]
-    assert without_interpreter["triton_error"].startswith(
-        "backend='triton' cannot run here: Triton needs a CUDA"
-    )
+    assert without_interpreter["triton_error"].startswith("backend='triton' cannot run here: Triton needs a CUDA")
 
 
 @pytest.mark.skipif(not PTXAS.exists(), reason="Triton's bundled ptxas is missing")
@@ -168,9 +166,7 @@ def test_kernels_compile_for_sm90_without_spills(without_interpreter):
 )
 def test_compiled_kernels_match_reference_on_cuda(shape, dtype):
     data = {name: x.cuda() for name, x in rollout(shape[0], shape[1:], dtype=dtype).items()}
-    env_flags = {
-        name: data[name][..., :1, :] if len(shape) == 4 else data[name] for name in ("done", "terminated")
-    }
+    env_flags = {name: data[name][..., :1, :] if len(shape) == 4 else data[name] for name in ("done", "terminated")}
     for flags in (data, env_flags):
         args = (data["reward"], data["value"], data["next_value"], flags["done"], flags["terminated"])
         for got, want in zip(

@@ -117,13 +117,9 @@ def test_td_lambda_returns_errors_name_next_value_as_the_shape_owner():
     data = inputs(reward=torch.zeros(T, B, 2))
     with pytest.raises(
         ValueError,
-        match=re.escape(
-            "td_lambda_returns: reward has shape (4, 5, 2); expected next_value's shape (4, 5, 3)"
-        ),
+        match=re.escape("td_lambda_returns: reward has shape (4, 5, 2); expected next_value's shape (4, 5, 3)"),
     ):
-        td_lambda_returns(
-            data["reward"], data["next_value"], data["done"], data["terminated"], gamma=0.9, lmbda=0.9
-        )
+        td_lambda_returns(data["reward"], data["next_value"], data["done"], data["terminated"], gamma=0.9, lmbda=0.9)
     with pytest.raises(ValueError, match=re.escape("td_lambda_returns: lmbda = -1.0 is outside [0, 1]")):
         td_lambda_returns(
             data["next_value"], data["next_value"], data["done"], data["terminated"], gamma=0.9, lmbda=-1.0

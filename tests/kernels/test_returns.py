@@ -90,9 +90,7 @@ def test_hand_computed_four_steps_with_one_truncation_and_one_termination():
     # G = [1 + 0.5 * 2, 2, 3, 4].
     cases = {
         "td_lambda": (
-            lambda b: td_lambda_returns(
-                reward, next_value, done, terminated, gamma=0.5, lmbda=0.5, backend=b
-            ),
+            lambda b: td_lambda_returns(reward, next_value, done, terminated, gamma=0.5, lmbda=0.5, backend=b),
             [18.875, 51.5, 3.0, 29.0],
         ),
         "bootstrapped": (

@@ -23,9 +23,29 @@ def test_train_help_explains_every_option(capsys):
 
 def test_options_reach_the_config():
     args = build_parser().parse_args(
-        ["train", "--env", "navigation", "--algo", "ippo", "--num-envs", "8", "--hidden", "32", "16",
-         "--env-option", "n_agents=5", "--env-option", "shared_reward=False", "--group", "agent.lr=0.001",
-         "--no-clip-value", "--total-frames", "1000", "--minibatch-size", "256"]
+        [
+            "train",
+            "--env",
+            "navigation",
+            "--algo",
+            "ippo",
+            "--num-envs",
+            "8",
+            "--hidden",
+            "32",
+            "16",
+            "--env-option",
+            "n_agents=5",
+            "--env-option",
+            "shared_reward=False",
+            "--group",
+            "agent.lr=0.001",
+            "--no-clip-value",
+            "--total-frames",
+            "1000",
+            "--minibatch-size",
+            "256",
+        ]
     )
     config = config_from_args(args)
     assert config.algo.algo == "ippo" and config.env.num_envs == 8 and config.model.hidden == (32, 16)
@@ -40,7 +60,10 @@ def test_options_reach_the_config():
         (["train", "--env", "navigaton"], "unknown env 'navigaton'"),
         (["train", "--env-option", "n_agent=3"], "unknown option(s) ['n_agent'] for env 'navigation'"),
         (["train", "--gamma", "1.5"], "gamma must be in [0, 1], got 1.5"),
-        (["train", "--num-envs", "4", "--rollout-length", "8", "--minibatch-size", "64"], "minibatch_size=64 is larger"),
+        (
+            ["train", "--num-envs", "4", "--rollout-length", "8", "--minibatch-size", "64"],
+            "minibatch_size=64 is larger",
+        ),
         (["train", "--group", "agent.lrr=1"], "unknown field(s) ['lrr'] in the overrides for group 'agent'"),
         (["eval", "--checkpoint", "/nonexistent/checkpoint.pt"], "no checkpoint at /nonexistent/checkpoint.pt"),
         (["plot", "/nonexistent"], "no metrics.csv in /nonexistent"),
@@ -62,9 +85,24 @@ def test_train_eval_plot_end_to_end(tmp_path):
     run = [sys.executable, "-m", "marl"]
     common = ["--log-dir", str(tmp_path), "--run-name", "cli", "--no-progress"]
     train = subprocess.run(
-        [*run, "train", "--num-envs", "16", "--rollout-length", "8", "--minibatch-size", "64",
-         "--total-frames", "256", "--env-option", "max_steps=10", *common],
-        capture_output=True, text=True, timeout=300,
+        [
+            *run,
+            "train",
+            "--num-envs",
+            "16",
+            "--rollout-length",
+            "8",
+            "--minibatch-size",
+            "64",
+            "--total-frames",
+            "256",
+            "--env-option",
+            "max_steps=10",
+            *common,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert train.returncode == 0, train.stderr
     assert "mean episode return" in train.stdout and "marl eval --checkpoint" in train.stdout
@@ -72,7 +110,9 @@ def test_train_eval_plot_end_to_end(tmp_path):
     gif = tmp_path / "team.gif"
     evaluate = subprocess.run(
         [*run, "eval", "--checkpoint", str(checkpoint), "--episodes", "4", "--render", str(gif)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert evaluate.returncode == 0, evaluate.stderr
     assert "agent: mean episode return" in evaluate.stdout and gif.stat().st_size > 1000
@@ -81,10 +121,14 @@ def test_train_eval_plot_end_to_end(tmp_path):
     assert (tmp_path / "cli" / "learning_curve.png").stat().st_size > 1000
     resume = subprocess.run(
         [*run, "train", "--resume", str(checkpoint), "--total-frames", "384", "--no-progress"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert resume.returncode == 0, resume.stderr
     assert "resuming" in resume.stdout
     assert len((tmp_path / "cli" / "metrics.csv").read_text().splitlines()) == 1 + 3
-    refused = subprocess.run([*run, "train", "--resume", str(checkpoint), "--lr", "0.1"], capture_output=True, text=True)
+    refused = subprocess.run(
+        [*run, "train", "--resume", str(checkpoint), "--lr", "0.1"], capture_output=True, text=True
+    )
     assert refused.returncode == 2 and "only" in refused.stderr and "['lr']" in refused.stderr

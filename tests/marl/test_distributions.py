@@ -3,7 +3,7 @@ import torch
 from torch import distributions as D
 
 from envs.specs import Box, Discrete, GroupSpec, MultiDiscrete
-from marl.distributions import MaskedCategorical, MultiCategorical, TanhNormal
+from marl.distributions import MaskedCategorical, MultiCategorical, TanhNormal, draw_noise
 from marl.models import Policy
 
 
@@ -12,7 +12,7 @@ def test_tanh_normal_log_prob_matches_torch_on_env_actions():
     mean, log_std = torch.randn(64, 3, 2), torch.randn(1, 2) * 0.3
     low, high = torch.tensor([-1.0, 0.0]), torch.tensor([1.0, 4.0])
     dist = TanhNormal(mean, log_std, low, high)
-    raw = dist.sample(torch.Generator().manual_seed(1))
+    raw = dist.sample(torch.randn(64, 3, 2, generator=torch.Generator().manual_seed(1)))
     env_action = dist.env_action(raw)
     assert ((env_action >= low) & (env_action <= high)).all()
     reference = D.TransformedDistribution(
@@ -36,7 +36,7 @@ def test_masked_categorical_matches_torch_and_never_samples_masked():
     mask[..., 0] = True
     dist = MaskedCategorical(logits, mask)
     reference = D.Categorical(logits=logits.masked_fill(~mask, -1e9))
-    action = dist.sample(torch.Generator().manual_seed(0))
+    action = dist.sample(torch.rand(500, 2, 4, generator=torch.Generator().manual_seed(0)))
     assert mask.gather(-1, action.unsqueeze(-1)).all()
     torch.testing.assert_close(dist.log_prob(action), reference.log_prob(action))
     torch.testing.assert_close(dist.entropy(), reference.entropy(), atol=1e-5, rtol=1e-5)
@@ -45,7 +45,7 @@ def test_masked_categorical_matches_torch_and_never_samples_masked():
 
 def test_categorical_sampling_follows_the_probabilities():
     logits = torch.log(torch.tensor([0.1, 0.6, 0.3])).expand(20000, 1, 3)
-    action = MaskedCategorical(logits).sample(torch.Generator().manual_seed(0))
+    action = MaskedCategorical(logits).sample(torch.rand(20000, 1, 3, generator=torch.Generator().manual_seed(0)))
     frequencies = torch.bincount(action.flatten(), minlength=3).float() / 20000
     torch.testing.assert_close(frequencies, torch.tensor([0.1, 0.6, 0.3]), atol=0.015, rtol=0)
 
@@ -53,7 +53,7 @@ def test_categorical_sampling_follows_the_probabilities():
 def test_multi_categorical_sums_parts():
     logits = torch.randn(8, 2, 5)
     dist = MultiCategorical(logits, (2, 3))
-    action = dist.sample(torch.Generator().manual_seed(0))
+    action = dist.sample(torch.rand(8, 2, 5, generator=torch.Generator().manual_seed(0)))
     assert action.shape == (8, 2, 2) and action[..., 0].max() <= 1 and action[..., 1].max() <= 2
     expected = D.Categorical(logits=logits[..., :2]).log_prob(action[..., 0]) + D.Categorical(
         logits=logits[..., 2:]
@@ -72,7 +72,7 @@ def test_policy_heads_for_every_spec(action, raw_shape, share_params):
     policy = Policy(spec, hidden=(8,), activation="tanh", share_params=share_params)
     mask = torch.ones(4, 3, 5, dtype=torch.bool) if isinstance(action, Discrete) else None
     dist = policy(torch.randn(4, 3, 6), mask)
-    raw = dist.sample(torch.Generator().manual_seed(0))
+    raw = dist.sample(draw_noise(action, (4, 3), torch.Generator().manual_seed(0), "cpu"))
     assert raw.shape == raw_shape
     assert dist.log_prob(raw).shape == (4, 3) and dist.entropy().shape == (4, 3)
 

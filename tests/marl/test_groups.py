@@ -31,8 +31,10 @@ def test_by_type_is_the_env_itself_without_copies():
     [
         ("all_in_one", {"agents": ["red_0", "red_1", "blue_0", "blue_1", "blue_2"]}),
         ("per_agent", {a: [a] for a in ["red_0", "red_1", "blue_0", "blue_1", "blue_2"]}),
-        ({"mixed": ["blue_1", "red_0"], "rest": ["blue_2", "red_1", "blue_0"]},
-         {"mixed": ["blue_1", "red_0"], "rest": ["blue_2", "red_1", "blue_0"]}),
+        (
+            {"mixed": ["blue_1", "red_0"], "rest": ["blue_2", "red_1", "blue_0"]},
+            {"mixed": ["blue_1", "red_0"], "rest": ["blue_2", "red_1", "blue_0"]},
+        ),
     ],
     ids=["all_in_one", "per_agent", "explicit"],
 )
@@ -45,17 +47,24 @@ def test_round_trip_of_observations_actions_and_rewards(group_map, expected):
     for g, agents in expected.items():
         assert uids(obs, g) == [uid[a] for a in agents]
     # Give each agent an action equal to a code of its uid, then read back what the env received.
-    action = {g: torch.tensor([[uid[a] / 10, -uid[a] / 10] for a in agents]).expand(B, -1, -1) for g, agents in expected.items()}
+    action = {
+        g: torch.tensor([[uid[a] / 10, -uid[a] / 10] for a in agents]).expand(B, -1, -1)
+        for g, agents in expected.items()
+    }
     next_td, obs = grouped.step(action)
     for g, agents in expected.items():
         received = next_td[g, "observation"][..., 2:4]
         torch.testing.assert_close(received, action[g])
-        torch.testing.assert_close(next_td[g, "reward"][..., 0], torch.tensor([uid[a] * 1.1 for a in agents]).expand(B, -1))
+        torch.testing.assert_close(
+            next_td[g, "reward"][..., 0], torch.tensor([uid[a] * 1.1 for a in agents]).expand(B, -1)
+        )
         assert next_td[g, "done"].shape == (B, len(agents), 1)
     assert torch.equal(next_td["done"], env.step(env.sample_actions())[0]["done"])
 
 
-@pytest.mark.parametrize("group_map", ["by_type", "all_in_one", "per_agent", {"x": ["blue_2"], "y": ["red_0", "red_1", "blue_0", "blue_1"]}])
+@pytest.mark.parametrize(
+    "group_map", ["by_type", "all_in_one", "per_agent", {"x": ["blue_2"], "y": ["red_0", "red_1", "blue_0", "blue_1"]}]
+)
 def test_grouped_env_passes_check_env(group_map):
     envs.check_env(GroupedEnv(echo(), group_map))
 

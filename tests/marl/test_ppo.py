@@ -6,10 +6,17 @@ import torch
 from marl.ppo import explained_variance, ppo_loss
 
 
-def reference_ppo(log_prob, old_log_prob, advantage, value, old_value, target, entropy, clip, clip_value, ent, vc, norm):
+def reference_ppo(
+    log_prob, old_log_prob, advantage, value, old_value, target, entropy, clip, clip_value, ent, vc, norm
+):
     """PPO written out element by element in plain Python."""
     lp, olp, adv = log_prob.flatten().tolist(), old_log_prob.flatten().tolist(), advantage.flatten().tolist()
-    v, ov, tg, en = value.flatten().tolist(), old_value.flatten().tolist(), target.flatten().tolist(), entropy.flatten().tolist()
+    v, ov, tg, en = (
+        value.flatten().tolist(),
+        old_value.flatten().tolist(),
+        target.flatten().tolist(),
+        entropy.flatten().tolist(),
+    )
     n = len(lp)
     if norm:
         mean = sum(adv) / n
@@ -28,8 +35,15 @@ def reference_ppo(log_prob, old_log_prob, advantage, value, old_value, target, e
         clipped += abs(r - 1) > clip
     policy_loss, value_loss = -surrogate / n, 0.5 * value_terms / n
     entropy_loss = -ent * sum(en) / n
-    return {"loss": policy_loss + vc * value_loss + entropy_loss, "policy_loss": policy_loss, "value_loss": value_loss,
-            "entropy_loss": entropy_loss, "approx_kl": kl / n, "clip_fraction": clipped / n, "entropy": sum(en) / n}
+    return {
+        "loss": policy_loss + vc * value_loss + entropy_loss,
+        "policy_loss": policy_loss,
+        "value_loss": value_loss,
+        "entropy_loss": entropy_loss,
+        "approx_kl": kl / n,
+        "clip_fraction": clipped / n,
+        "entropy": sum(en) / n,
+    }
 
 
 @pytest.mark.parametrize("clip_value", [True, False])
@@ -52,9 +66,20 @@ def test_gradient_flows_only_through_new_log_prob_and_value():
     log_prob = torch.zeros(4, 2, requires_grad=True)
     value = torch.zeros(4, 2, requires_grad=True)
     advantage = torch.tensor([[1.0, -1.0]] * 4)
-    terms = ppo_loss(log_prob, torch.zeros(4, 2), advantage, value, torch.zeros(4, 2), torch.ones(4, 2),
-                     torch.zeros(4, 2), clip_eps=0.2, clip_value=False, entropy_coef=0.0, value_coef=1.0,
-                     normalize_advantage=False)
+    terms = ppo_loss(
+        log_prob,
+        torch.zeros(4, 2),
+        advantage,
+        value,
+        torch.zeros(4, 2),
+        torch.ones(4, 2),
+        torch.zeros(4, 2),
+        clip_eps=0.2,
+        clip_value=False,
+        entropy_coef=0.0,
+        value_coef=1.0,
+        normalize_advantage=False,
+    )
     terms["loss"].backward()
     # d(-mean(r * A))/d log_prob = -A / N at r = 1; d(0.5 mean((V - 1)^2))/dV = (V - 1) / N.
     torch.testing.assert_close(log_prob.grad, -advantage / 8)

@@ -17,8 +17,16 @@ def small_config(tmp_path, **run) -> TrainConfig:
         env=EnvSettings(env="navigation", num_envs=32, env_options={"max_steps": 25}),
         algo=AlgoConfig(minibatch_size=256, epochs=2),
         model=ModelConfig(hidden=(32, 32)),
-        run=RunConfig(total_frames=32 * 16 * 3, rollout_length=16, log_dir=str(tmp_path), run_name="run",
-                      progress=False, tensorboard=False, checkpoint_every=1, **run),
+        run=RunConfig(
+            total_frames=32 * 16 * 3,
+            rollout_length=16,
+            log_dir=str(tmp_path),
+            run_name="run",
+            progress=False,
+            tensorboard=False,
+            checkpoint_every=1,
+            **run,
+        ),
     )
 
 
@@ -61,9 +69,7 @@ class NanAfterAWhile(Counter):
 
 def test_nan_loss_stops_the_run_naming_group_and_term(tmp_path, monkeypatch):
     monkeypatch.setitem(envs.registry._ENVS, "nan_counter", NanAfterAWhile)
-    config = dataclasses.replace(
-        small_config(tmp_path), env=EnvSettings(env="nan_counter", num_envs=32)
-    )
+    config = dataclasses.replace(small_config(tmp_path), env=EnvSettings(env="nan_counter", num_envs=32))
     trainer = Trainer(config)
     with pytest.raises(NonFiniteLossError, match="of group 'mover' became nan at iteration 1"):
         trainer.train()
@@ -96,8 +102,15 @@ def test_short_training_clearly_beats_a_random_policy(tmp_path, algo):
         env=EnvSettings(env="navigation", num_envs=64, env_options={"max_steps": 25}),
         algo=AlgoConfig(algo=algo, minibatch_size=1024, epochs=4, lr=1e-3),
         model=ModelConfig(hidden=(64, 64)),
-        run=RunConfig(total_frames=64 * 32 * 40, rollout_length=32, log_dir=str(tmp_path), run_name=algo,
-                      progress=False, tensorboard=False, checkpoint_every=100),
+        run=RunConfig(
+            total_frames=64 * 32 * 40,
+            rollout_length=32,
+            log_dir=str(tmp_path),
+            run_name=algo,
+            progress=False,
+            tensorboard=False,
+            checkpoint_every=100,
+        ),
     )
     trainer = Trainer(config)
     rows = trainer.train()
