@@ -1,8 +1,10 @@
 """A tiny rasteriser for 2-D particle envs (discs and rings on a white canvas, no display needed), and
-`play`, the loop that runs a scripted policy, scores it and records it as a GIF."""
+`play` with `demo_parser`, the loop and command line of the envs' demos: run a scripted policy, score
+it, record it as a GIF."""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -78,6 +80,15 @@ def save_gif(frames: list[np.ndarray], path: str, fps: int = 10) -> None:
 
     images = [Image.fromarray(frame) for frame in frames]
     images[0].save(path, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
+
+
+def demo_parser(description: str) -> argparse.ArgumentParser:
+    """The command line of an env's `__main__` demo: `--num-envs`, `--steps`, `--gif`; add the env's own."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--num-envs", type=int, default=256, help="envs stepped as one batch")
+    parser.add_argument("--steps", type=int, default=100, help="steps to run")
+    parser.add_argument("--gif", default=None, help="write env 0 as an animated GIF to this path")
+    return parser
 
 
 def play(
