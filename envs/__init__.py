@@ -6,7 +6,7 @@ obs = env.reset()
 next, obs = env.step(env.sample_actions())
 """
 
-from envs import navigation, spread, tag  # noqa: F401  (registers the native envs)
+from envs import navigation, speaker_listener, spread, tag  # noqa: F401  (registers the native envs)
 from envs.base import EnvConfig, MultiAgentEnv
 from envs.check import CheckError, check_env
 from envs.registry import describe, make, names, register, register_prefix
