@@ -25,7 +25,7 @@ def test_check_env_continuous():
     envs.check_env(envs.make("spread", num_envs=4, seed=0, continuous_actions=True))
 
 
-@pytest.mark.parametrize("n_agents, continuous", [(3, False), (3, True), (5, False)])
+@pytest.mark.parametrize("n_agents, continuous", [(3, False), (3, True), (6, False)])  # 6: the gather path
 def test_matches_mpe2(n_agents, continuous):
     simple_spread = pytest.importorskip("mpe2.simple_spread_v3")
     reference = simple_spread.parallel_env(N=n_agents, continuous_actions=continuous)
@@ -35,7 +35,8 @@ def test_matches_mpe2(n_agents, continuous):
     for agent in world.agents:  # crowd the agents so that contacts and collision penalties happen
         agent.state.p_pos = rng.uniform(-0.3, 0.3, 2)
     env = envs.make("spread", num_envs=1, seed=0, n_agents=n_agents, continuous_actions=continuous)
-    env.pos, env.landmark = positions(world.agents), positions(world.landmarks)
+    at_rest = torch.zeros(1, n_agents + 1, 2)  # velocities and the origin
+    env.world = torch.cat([positions(world.agents), positions(world.landmarks), at_rest], 1)
     collided = False
     for _ in range(20):
         if continuous:
@@ -57,9 +58,8 @@ def test_matches_mpe2(n_agents, continuous):
 @pytest.mark.parametrize("local_ratio", [0.0, 0.5, 1.0])
 def test_observation_layout_and_reward_by_hand(local_ratio):
     env = envs.make("spread", num_envs=1, seed=0, n_agents=2, local_ratio=local_ratio)
-    env.pos = torch.tensor([[[0.0, 0.0], [0.2, 0.0]]])  # 0.2 apart: closer than two radii (0.3)
-    env.landmark = torch.tensor([[[0.0, 0.5], [1.0, 0.0]]])
-    env.vel = torch.zeros(1, 2, 2)
+    # Agents 0.2 apart (closer than two radii, 0.3), the landmarks, the velocities (at rest), the origin.
+    env.world = torch.tensor([[[0.0, 0.0], [0.2, 0.0], [0.0, 0.5], [1.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]]])
     next_td, _ = env.step({"agent": torch.zeros(1, 2, dtype=torch.long)})
     # MPE's integrator moves positions with the old velocity (zero), so they stay put this step.
     coverage = -(0.5 + 0.8)  # landmark 0: agent 0 at 0.5; landmark 1: agent 1 at 0.8
