@@ -10,6 +10,10 @@ import math
 
 import torch
 
+# MPE's world (mpe2's `core.World`, shared by its scenarios): time step, velocity damping per step,
+# contact stiffness and margin, and the force of a full action for agents without an accel of their own.
+MPE_DT, MPE_DRAG, MPE_CONTACT_STIFFNESS, MPE_CONTACT_MARGIN, MPE_ACCEL = 0.1, 0.25, 100.0, 1e-3, 5.0
+
 
 def pairwise_offsets(pos: torch.Tensor) -> torch.Tensor:
     """`offsets[b, i, j] = pos[b, j] - pos[b, i]`: where `j` is seen from `i`; `[B, m, m, 2]`."""

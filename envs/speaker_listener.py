@@ -44,9 +44,7 @@ class SpeakerListenerConfig(EnvConfig):
             raise ValueError(f"n_landmarks must be in [2, 16], got {self.n_landmarks}")
 
 
-# MPE's world constants.
-DT, DRAG, ACCEL = 0.1, 0.25, 5.0
-LISTENER_RADIUS, LANDMARK_RADIUS = 0.075, 0.04
+LISTENER_RADIUS, LANDMARK_RADIUS = 0.075, 0.04  # MPE's sizes
 
 
 @register("speaker_listener")
@@ -83,8 +81,10 @@ class SpeakerListener(MultiAgentEnv):
 
     def _step(self, action):
         self.heard = (action["speaker"] == self.symbols).float()  # [B, 1] -> [B, L]
-        force = action["listener"][:, 0] * ACCEL
-        self.pos, self.vel = physics.integrate_explicit(self.pos, self.vel, force, dt=DT, drag=DRAG)
+        force = action["listener"][:, 0] * physics.MPE_ACCEL
+        self.pos, self.vel = physics.integrate_explicit(
+            self.pos, self.vel, force, dt=physics.MPE_DT, drag=physics.MPE_DRAG
+        )
         goal = self.landmark.gather(1, self.target[:, None, None].expand(-1, 1, 2)).squeeze(1)  # [B, 2]
         reward = -(goal - self.pos).square().sum(-1, keepdim=True)  # [B, 1]
         return {"speaker": reward, "listener": reward}, torch.zeros_like(self.target, dtype=torch.bool)

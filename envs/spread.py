@@ -53,9 +53,7 @@ class SpreadConfig(EnvConfig):
             raise ValueError(f"local_ratio must be in [0, 1], got {self.local_ratio}")
 
 
-# MPE's world constants.
-DT, DRAG, ACCEL, CONTACT_STIFFNESS, CONTACT_MARGIN = 0.1, 0.25, 5.0, 100.0, 1e-3
-AGENT_RADIUS, LANDMARK_RADIUS = 0.15, 0.05
+AGENT_RADIUS, LANDMARK_RADIUS = 0.15, 0.05  # MPE's sizes
 # Force of each discrete move: no-op, left, right, down, up.
 MOVES = ((0.0, 0.0), (-1.0, 0.0), (1.0, 0.0), (0.0, -1.0), (0.0, 1.0))
 
@@ -108,7 +106,7 @@ class Spread(MultiAgentEnv):
         # [B, 3n + 1, 2]: agent positions, landmarks, agent velocities, the origin (always zero).
         self.world = torch.zeros(B, 3 * n + 1, 2, device=self.device)
         self.tables = offset_tables(n, self.device)
-        self.moves = torch.tensor(MOVES, device=self.device) * ACCEL  # [5, 2]
+        self.moves = torch.tensor(MOVES, device=self.device) * physics.MPE_ACCEL  # [5, 2]
 
     @property
     def pos(self) -> torch.Tensor:
@@ -131,15 +129,21 @@ class Spread(MultiAgentEnv):
     def _step(self, action):
         c, B, n = self.config, self.num_envs, self.config.n_agents
         m = n * (n - 1)
-        force = action["agent"] * ACCEL if c.continuous_actions else F.embedding(action["agent"], self.moves)
+        force = (
+            action["agent"] * physics.MPE_ACCEL if c.continuous_actions else F.embedding(action["agent"], self.moves)
+        )
 
         # MPE's soft contacts between every two agents (no cutoff: the push fades like exp(-gap / margin)).
         offsets = self.tables["pairs"](self.world.flatten(1))  # [B, 2m]: x then y of pos_j - pos_i, (i, j) pairs
         distance = _planar_square_norm(offsets).sqrt().clamp_min(1e-6)  # [B, m]
-        push = F.softplus((2 * AGENT_RADIUS - distance) / CONTACT_MARGIN) / distance  # [B, m]
-        pushes = offsets.view(B, 2, n, n - 1) * (push * -CONTACT_STIFFNESS * CONTACT_MARGIN).view(B, 1, n, n - 1)
+        push = F.softplus((2 * AGENT_RADIUS - distance) / physics.MPE_CONTACT_MARGIN) / distance  # [B, m]
+        pushes = offsets.view(B, 2, n, n - 1) * (
+            push * -physics.MPE_CONTACT_STIFFNESS * physics.MPE_CONTACT_MARGIN
+        ).view(B, 1, n, n - 1)
         contact = pushes.sum(-1).transpose(1, 2)  # [B, n, 2]: each agent pushed away from the others it touches
-        pos, vel = physics.integrate_explicit(self.pos, self.vel, force + contact, dt=DT, drag=DRAG)
+        pos, vel = physics.integrate_explicit(
+            self.pos, self.vel, force + contact, dt=physics.MPE_DT, drag=physics.MPE_DRAG
+        )
         self.world = torch.cat([pos, self.world[:, n : 2 * n], vel, self.world[:, 3 * n :]], 1)
 
         square_distance = _planar_square_norm(self.tables["sight"](self.world.flatten(1)))  # [B, m + n^2]

@@ -66,9 +66,7 @@ class TagConfig(EnvConfig):
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 
 
-# MPE's world constants.
-DT, DRAG, CONTACT_STIFFNESS, CONTACT_MARGIN = 0.1, 0.25, 100.0, 1e-3
-PREDATOR_RADIUS, PREY_RADIUS, OBSTACLE_RADIUS = 0.075, 0.05, 0.2
+PREDATOR_RADIUS, PREY_RADIUS, OBSTACLE_RADIUS = 0.075, 0.05, 0.2  # MPE's sizes
 
 
 def bound_penalty(position: torch.Tensor) -> torch.Tensor:
@@ -87,14 +85,11 @@ class Tag(MultiAgentEnv):
         c = self.config
         n_agents = c.n_predators + c.n_prey
         seen = 4 + 2 * c.n_obstacles + 2 * (n_agents - 1)  # own velocity and position, obstacles, other agents
-        groups = {
-            "predator": GroupSpec(
-                [f"predator_{i}" for i in range(c.n_predators)], Box((seen + 2 * c.n_prey,)), Box((2,), -1.0, 1.0)
-            )
-        }
+        force = Box((2,), -1.0, 1.0)
+        # Predators see every prey's velocity, prey the other prey's.
+        groups = {"predator": GroupSpec(_names("predator", c.n_predators), Box((seen + 2 * c.n_prey,)), force)}
         if not c.scripted_prey:
-            prey = GroupSpec([f"prey_{i}" for i in range(c.n_prey)], Box((seen + 2 * c.n_prey - 2,)), Box((2,), -1, 1))
-            groups["prey"] = prey
+            groups["prey"] = GroupSpec(_names("prey", c.n_prey), Box((seen + 2 * c.n_prey - 2,)), force)
         return groups
 
     def _init_state(self) -> None:
@@ -124,10 +119,19 @@ class Tag(MultiAgentEnv):
         prey_action = scripted_prey_action(self._observe_all()[1], c) if c.scripted_prey else action["prey"]
         force = torch.cat([action["predator"], prey_action], 1) * self.accel  # [B, P+Q, 2]
         contact = physics.contact_forces(
-            torch.cat([self.pos, self.obstacle], 1), self.radius, CONTACT_STIFFNESS, CONTACT_MARGIN, cutoff=False
+            torch.cat([self.pos, self.obstacle], 1),
+            self.radius,
+            physics.MPE_CONTACT_STIFFNESS,
+            physics.MPE_CONTACT_MARGIN,
+            cutoff=False,
         )  # [B, P+Q+L, 2]; obstacles do not move
         self.pos, self.vel = physics.integrate_explicit(
-            self.pos, self.vel, force + contact[:, : P + c.n_prey], dt=DT, drag=DRAG, max_speed=self.max_speed
+            self.pos,
+            self.vel,
+            force + contact[:, : P + c.n_prey],
+            dt=physics.MPE_DT,
+            drag=physics.MPE_DRAG,
+            max_speed=self.max_speed,
         )
 
         gap = (self.pos[:, None, P:] - self.pos[:, :P, None]).norm(dim=-1)  # [B, predator, prey]
@@ -163,6 +167,10 @@ class Tag(MultiAgentEnv):
         for i, point in enumerate(self.pos[index].cpu().numpy()):
             canvas.disc(point, PREDATOR_RADIUS if i < P else PREY_RADIUS, (217, 89, 89) if i < P else (89, 217, 89))
         return canvas.image
+
+
+def _names(kind: str, n: int) -> list[str]:
+    return [f"{kind}_{i}" for i in range(n)]
 
 
 def _split(observation: torch.Tensor, config: TagConfig):
