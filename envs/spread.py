@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from envs import physics
 from envs.base import EnvConfig, MultiAgentEnv
+from envs.physics import MPE_ACCEL, MPE_CONTACT_MARGIN, MPE_CONTACT_STIFFNESS, MPE_DRAG, MPE_DT
 from envs.registry import register
 from envs.render import Canvas, colour
 from envs.specs import Box, Discrete, GroupSpec
@@ -106,7 +107,7 @@ class Spread(MultiAgentEnv):
         # [B, 3n + 1, 2]: agent positions, landmarks, agent velocities, the origin (always zero).
         self.world = torch.zeros(B, 3 * n + 1, 2, device=self.device)
         self.tables = offset_tables(n, self.device)
-        self.moves = torch.tensor(MOVES, device=self.device) * physics.MPE_ACCEL  # [5, 2]
+        self.moves = torch.tensor(MOVES, device=self.device) * MPE_ACCEL  # [5, 2]
 
     @property
     def pos(self) -> torch.Tensor:
@@ -129,21 +130,15 @@ class Spread(MultiAgentEnv):
     def _step(self, action):
         c, B, n = self.config, self.num_envs, self.config.n_agents
         m = n * (n - 1)
-        force = (
-            action["agent"] * physics.MPE_ACCEL if c.continuous_actions else F.embedding(action["agent"], self.moves)
-        )
+        force = action["agent"] * MPE_ACCEL if c.continuous_actions else F.embedding(action["agent"], self.moves)
 
         # MPE's soft contacts between every two agents (no cutoff: the push fades like exp(-gap / margin)).
         offsets = self.tables["pairs"](self.world.flatten(1))  # [B, 2m]: x then y of pos_j - pos_i, (i, j) pairs
         distance = _planar_square_norm(offsets).sqrt().clamp_min(1e-6)  # [B, m]
-        push = F.softplus((2 * AGENT_RADIUS - distance) / physics.MPE_CONTACT_MARGIN) / distance  # [B, m]
-        pushes = offsets.view(B, 2, n, n - 1) * (
-            push * -physics.MPE_CONTACT_STIFFNESS * physics.MPE_CONTACT_MARGIN
-        ).view(B, 1, n, n - 1)
-        contact = pushes.sum(-1).transpose(1, 2)  # [B, n, 2]: each agent pushed away from the others it touches
-        pos, vel = physics.integrate_explicit(
-            self.pos, self.vel, force + contact, dt=physics.MPE_DT, drag=physics.MPE_DRAG
-        )
+        penetration = F.softplus((2 * AGENT_RADIUS - distance) / MPE_CONTACT_MARGIN)  # in units of the margin
+        push = penetration * (-MPE_CONTACT_STIFFNESS * MPE_CONTACT_MARGIN) / distance  # [B, m], away from j
+        contact = (offsets.view(B, 2, n, n - 1) * push.view(B, 1, n, n - 1)).sum(-1).transpose(1, 2)  # [B, n, 2]
+        pos, vel = physics.integrate_explicit(self.pos, self.vel, force + contact, dt=MPE_DT, drag=MPE_DRAG)
         self.world = torch.cat([pos, self.world[:, n : 2 * n], vel, self.world[:, 3 * n :]], 1)
 
         square_distance = _planar_square_norm(self.tables["sight"](self.world.flatten(1)))  # [B, m + n^2]
