@@ -155,8 +155,8 @@ def integrate_explicit(
     """One step of MPE's integrator (unit mass): the position moves with the old velocity, then the
     velocity is damped, pushed by `force` and capped at `max_speed` (one float, or `[m]` per entity);
     returns the new `(pos, vel)`."""
-    pos = pos + vel * dt
-    vel = vel * (1 - drag) + force * dt
+    pos = torch.add(pos, vel, alpha=dt)
+    vel = torch.add(vel * (1 - drag), force, alpha=dt)
     if max_speed is not None:
         if isinstance(max_speed, torch.Tensor):
             max_speed = max_speed.unsqueeze(-1)  # [m, 1]

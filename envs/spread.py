@@ -144,8 +144,8 @@ class Spread(MultiAgentEnv):
         square_distance = _planar_square_norm(self.tables["sight"](self.world.flatten(1)))  # [B, m + n^2]
         collisions = (square_distance[:, :m] < (2 * AGENT_RADIUS) ** 2).view(B, n, n - 1).sum(-1)  # [B, n]
         closest = square_distance[:, m:].view(B, n, n).amin(-1)  # [B, landmark]: squared distance to its closest agent
-        coverage = -closest.sqrt().sum(-1, keepdim=True)  # [B, 1]
-        reward = torch.add((1 - c.local_ratio) * coverage, collisions, alpha=-c.local_ratio)  # [B, n]
+        shared = closest.sqrt().sum(-1, keepdim=True) * (c.local_ratio - 1)  # [B, 1]: -coverage, weighted
+        reward = torch.add(shared, collisions, alpha=-c.local_ratio)  # [B, n]
         return {"agent": reward}, torch.zeros(B, dtype=torch.bool, device=self.device)
 
     def _observe(self):
