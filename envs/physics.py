@@ -33,32 +33,6 @@ def drop_self(pairwise: torch.Tensor) -> torch.Tensor:
     return off_diagonal.reshape(B, m, m - 1, *rest)
 
 
-class RowDifferences:
-    """`row[:, plus] - row[:, minus]` for fixed index tables `plus`, `minus` `[k]` into rows `[B, width]`.
-
-    Relative positions (what one entity sees of another) are such differences of a flattened world row.
-    When the `[width, k]` matrix of +-1s is small (a few agents), they are one matrix product, the
-    fastest form on a CPU; otherwise two gathers and a subtraction, whose cost grows only with `k`.
-    """
-
-    dense_limit = 5000  # matrix entries up to which the product is used
-
-    def __init__(self, plus: torch.Tensor, minus: torch.Tensor, width: int, device: torch.device) -> None:
-        self.plus, self.minus = plus.to(device), minus.to(device)
-        self.matrix = None
-        if width * len(plus) <= self.dense_limit:
-            columns = torch.arange(len(plus))
-            matrix = torch.zeros(width, len(plus))
-            matrix.index_put_((plus, columns), torch.ones(len(plus)), accumulate=True)
-            matrix.index_put_((minus, columns), -torch.ones(len(plus)), accumulate=True)
-            self.matrix = matrix.to(device)
-
-    def __call__(self, row: torch.Tensor) -> torch.Tensor:
-        if self.matrix is not None:
-            return row @ self.matrix
-        return row.index_select(1, self.plus).sub_(row.index_select(1, self.minus))
-
-
 def spawn_uniform(
     num_envs: int, n_entities: int, half_width: float, generator: torch.Generator, device: torch.device
 ) -> torch.Tensor:

@@ -62,15 +62,3 @@ def test_spawn_uniform_covers_the_square():
     points = physics.spawn_uniform(256, 4, 0.9, torch.Generator().manual_seed(0), torch.device("cpu"))
     assert points.shape == (256, 4, 2)
     assert points.abs().max() <= 0.9 and points.abs().max() > 0.85
-
-
-@pytest.mark.parametrize("dense_limit", [0, 10**9], ids=["gathers", "product"])
-def test_row_differences_both_ways(dense_limit, monkeypatch):
-    monkeypatch.setattr(physics.RowDifferences, "dense_limit", dense_limit)
-    g = torch.Generator().manual_seed(0)
-    rows = torch.randn(5, 8, generator=g)
-    plus, minus = torch.randint(8, (11,), generator=g), torch.randint(8, (11,), generator=g)
-    differences = physics.RowDifferences(plus, minus, 8, torch.device("cpu"))
-    assert (differences.matrix is None) == (dense_limit == 0)
-    expected = torch.stack([rows[:, p] - rows[:, q] for p, q in zip(plus.tolist(), minus.tolist())], 1)
-    torch.testing.assert_close(differences(rows), expected)
