@@ -85,6 +85,22 @@ def test_scripted_team_beats_random_actions(continuous):
     assert scripted["agent"] > random["agent"] + 8, (scripted, random)
 
 
+@pytest.mark.parametrize("n_agents", [1, 2, 3, 6])
+def test_broadcast_form_matches_the_tables(n_agents, monkeypatch):
+    """The form compiled code uses (broadcasting), run eagerly, against the eager form (index tables)."""
+    tables = envs.make("spread", num_envs=8, seed=0, n_agents=n_agents)
+    broadcast = envs.make("spread", num_envs=8, seed=0, n_agents=n_agents)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(30):
+        action = tables.sample_actions(generator)
+        next_a, obs_a = tables.step(action)
+        with monkeypatch.context() as patch:
+            patch.setattr(torch.compiler, "is_compiling", lambda: True)
+            next_b, obs_b = broadcast.step(action)
+        torch.testing.assert_close(next_a.to_dict(), next_b.to_dict(), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(obs_a.to_dict(), obs_b.to_dict(), atol=1e-5, rtol=1e-5)
+
+
 def test_compiled_physics_matches_eager():
     eager = envs.make("spread", num_envs=8, seed=0)
     compiled = envs.make("spread", num_envs=8, seed=0, compile=True)
