@@ -9,7 +9,8 @@ Adapters: `envs.make("vmas/<scenario>", ...)` and `envs.make("pettingzoo/<module
 simulators are imported only when such an env is made); `envs.to_pettingzoo(env)` exports any env.
 """
 
-from envs import navigation, pettingzoo_adapter, vmas_adapter  # noqa: F401  (register native envs and adapters)
+# Importing registers the native envs and the adapters' prefixes.
+from envs import navigation, pettingzoo_adapter, speaker_listener, spread, tag, vmas_adapter  # noqa: F401
 from envs.base import EnvConfig, MultiAgentEnv
 from envs.check import CheckError, check_env
 from envs.registry import describe, make, names, register, register_prefix

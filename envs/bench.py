@@ -1,10 +1,12 @@
-"""Env throughput: env-steps/s of vecmarl's `navigation` and, when vmas is installed, VMAS's
-`navigation` with the same settings, measured in the same run.
+"""Env throughput: env-steps/s of vecmarl's `navigation` and `spread` and, when vmas is installed, of
+VMAS's `navigation` and `simple_spread` with the same settings, measured in the same run.
 
-    python -m envs.bench                                  # the default table
+    python -m envs.bench                                  # the default table (navigation)
     python -m envs.bench --num-envs 4096 --n-agents 3 24  # a subset
+    python -m envs.bench --env spread --n-agents 3        # MPE's simple_spread, 25-step episodes
 
-Both sides step the same pre-sampled random actions and reset finished envs the way their users do:
+Both sides step the same pre-sampled random actions (discrete moves on both sides for `spread`, as
+JaxMARL's figures are measured) and reset finished envs the way their users do:
 vecmarl auto-resets inside `step`; VMAS is reset with `reset()` when every env is done and with
 `reset_at(i)` per finished env otherwise (what TorchRL's VMAS wrapper does). An env-step is one
 step of one env (all of its agents). Each figure is the median of `--repeats` timed runs.
@@ -23,42 +25,46 @@ import torch
 import envs
 from envs.navigation import NavigationConfig
 
+SPREAD_STEPS = 25  # MPE's episode length
 
-def time_vecmarl(num_envs: int, n_agents: int, steps: int, repeats: int, device: str, compile: bool) -> float:
-    env = envs.make("navigation", num_envs=num_envs, device=device, seed=0, n_agents=n_agents, compile=compile)
+
+def vmas_peer(env: str, n_agents: int) -> tuple[str, dict]:
+    """VMAS's scenario doing the same work as vecmarl's `env`, and its options."""
+    if env == "navigation":
+        arena = NavigationConfig(n_agents=n_agents).arena
+        options = dict(continuous_actions=True, max_steps=100, world_spawning_x=arena, world_spawning_y=arena)
+        return "navigation", options
+    return "simple_spread", dict(continuous_actions=False, max_steps=SPREAD_STEPS)
+
+
+def time_vecmarl(
+    env_name: str, num_envs: int, n_agents: int, steps: int, repeats: int, device: str, compile: bool
+) -> float:
+    env = envs.make(env_name, num_envs=num_envs, device=device, seed=0, n_agents=n_agents, compile=compile)
     generator = torch.Generator(device).manual_seed(1)
-    actions = [env.sample_actions(generator)["agent"] for _ in range(8)]
+    actions = [env.sample_actions(generator) for _ in range(8)]
     env.reset()
     for i in range(5):  # warm-up
-        env.step({"agent": actions[i % 8]})
+        env.step(actions[i % 8])
 
     def run() -> None:
         for i in range(steps):
-            env.step({"agent": actions[i % 8]})
+            env.step(actions[i % 8])
 
     return _median_rate(run, num_envs * steps, repeats, device)
 
 
-def time_vmas(num_envs: int, n_agents: int, steps: int, repeats: int, device: str) -> float:
+def time_vmas(env_name: str, num_envs: int, n_agents: int, steps: int, repeats: int, device: str) -> float:
     import vmas
 
-    arena = NavigationConfig(n_agents=n_agents).arena
-    env = vmas.make_env(
-        "navigation",
-        num_envs=num_envs,
-        device=device,
-        continuous_actions=True,
-        seed=0,
-        max_steps=100,
-        n_agents=n_agents,
-        world_spawning_x=arena,
-        world_spawning_y=arena,
-    )
+    scenario, options = vmas_peer(env_name, n_agents)
+    env = vmas.make_env(scenario, num_envs=num_envs, device=device, seed=0, n_agents=n_agents, **options)
     generator = torch.Generator(device).manual_seed(1)
-    actions = [
-        list((torch.rand(n_agents, num_envs, 2, generator=generator, device=device) * 2 - 1).unbind(0))
-        for _ in range(8)
-    ]
+    if options["continuous_actions"]:
+        draws = torch.rand(8, n_agents, num_envs, 2, generator=generator, device=device) * 2 - 1
+    else:
+        draws = torch.randint(5, (8, n_agents, num_envs), generator=generator, device=device)
+    actions = [list(draw.unbind(0)) for draw in draws]
     env.reset()
 
     def step(i: int) -> None:
@@ -99,6 +105,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(
         prog="python -m envs.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--env", choices=["navigation", "spread"], default="navigation", help="which env to time")
     parser.add_argument("--num-envs", type=int, nargs="+", default=[32, 256, 1024, 4096], help="batch sizes")
     parser.add_argument("--n-agents", type=int, nargs="+", default=[3, 24], help="agents per env")
     parser.add_argument("--steps", type=int, default=100, help="steps per timed run (one full episode by default)")
@@ -134,17 +141,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for n_agents in args.n_agents:
         for num_envs in args.num_envs:
             ours = {
-                c: time_vecmarl(num_envs, n_agents, args.steps, args.repeats, args.device, c == "compiled")
+                c: time_vecmarl(args.env, num_envs, n_agents, args.steps, args.repeats, args.device, c == "compiled")
                 for c in columns
             }
-            theirs = time_vmas(num_envs, n_agents, args.steps, args.repeats, args.device) if with_vmas else None
-            line = f"{'navigation':<11}{num_envs:>9}{n_agents:>9}" + "".join(f"{ours[c]:>18,.0f}" for c in columns)
+            theirs = (
+                time_vmas(args.env, num_envs, n_agents, args.steps, args.repeats, args.device) if with_vmas else None
+            )
+            line = f"{args.env:<11}{num_envs:>9}{n_agents:>9}" + "".join(f"{ours[c]:>18,.0f}" for c in columns)
             line += f"{theirs:>12,.0f}" if theirs else f"{'-':>12}"
             line += "".join(f"{ours[c] / theirs:>15.2f}x" if theirs else f"{'-':>16}" for c in columns)
             print(line, flush=True)
             rows.append(
                 {
-                    "env": "navigation",
+                    "env": args.env,
                     "num_envs": num_envs,
                     "n_agents": n_agents,
                     "device": args.device,

@@ -10,10 +10,34 @@ import math
 
 import torch
 
+# MPE's world (mpe2's `core.World`, shared by its scenarios): time step, velocity damping per step,
+# contact stiffness and margin, and the force of a full action for agents without an accel of their own.
+MPE_DT, MPE_DRAG, MPE_CONTACT_STIFFNESS, MPE_CONTACT_MARGIN, MPE_ACCEL = 0.1, 0.25, 100.0, 1e-3, 5.0
+
 
 def pairwise_offsets(pos: torch.Tensor) -> torch.Tensor:
     """`offsets[b, i, j] = pos[b, j] - pos[b, i]`: where `j` is seen from `i`; `[B, m, m, 2]`."""
     return pos.unsqueeze(1) - pos.unsqueeze(2)
+
+
+def drop_self(pairwise: torch.Tensor) -> torch.Tensor:
+    """Remove the diagonal of a pairwise tensor: `[B, m, m, ...] -> [B, m, m - 1, ...]`, row `i` holding
+    every `j != i` in order (MPE's "other agents" order).
+
+    Views and one copy, no index tensor: the `m * m - 1` entries after the first, cut into rows of
+    `m + 1`, hold each diagonal entry in their last column.
+    """
+    B, m = pairwise.shape[:2]
+    rest = pairwise.shape[3:]
+    off_diagonal = pairwise.flatten(1, 2)[:, 1:].unflatten(1, (m - 1, m + 1))[:, :, :m]  # [B, m-1, m, ...]
+    return off_diagonal.reshape(B, m, m - 1, *rest)
+
+
+def spawn_uniform(
+    num_envs: int, n_entities: int, half_width: float, generator: torch.Generator, device: torch.device
+) -> torch.Tensor:
+    """Positions drawn uniformly from `[-half_width, half_width]^2` (MPE's spawn); `[num_envs, n_entities, 2]`."""
+    return (torch.rand(num_envs, n_entities, 2, generator=generator, device=device) * 2 - 1) * half_width
 
 
 def spawn_separated(
@@ -52,18 +76,30 @@ def spawn_separated(
     return torch.remainder(corner + min_distance / 2 + jitter + shift, width) - half_width
 
 
-def contact_forces(pos: torch.Tensor, radius: float, stiffness: float = 100.0, margin: float = 1e-3) -> torch.Tensor:
-    """Soft repulsion between overlapping discs of equal `radius`; `[B, m, 2]` force on each.
+def contact_forces(
+    pos: torch.Tensor,
+    radius: float | torch.Tensor,
+    stiffness: float = 100.0,
+    margin: float = 1e-3,
+    *,
+    cutoff: bool = True,
+) -> torch.Tensor:
+    """Soft repulsion between overlapping discs; `[B, m, 2]` force on each.
 
-    The push grows like a softplus of the penetration depth (smooth, so the integrator stays stable),
-    and is zero for discs that do not touch, like VMAS's contact model.
+    `radius` is one float for discs of equal size, or a `[m]` tensor of per-disc radii. The push grows
+    like a softplus of the penetration depth (smooth, so the integrator stays stable). With `cutoff`
+    (VMAS's contact model) discs that do not touch do not push; without it (MPE's) the push fades
+    outside contact like `exp(-gap / margin)`.
     """
     offsets = pairwise_offsets(pos)  # [B, m, m, 2], j seen from i
     distance = offsets.norm(dim=-1)  # [B, m, m]
-    penetration = torch.nn.functional.softplus((2 * radius - distance) / margin) * margin
-    touching = (distance < 2 * radius) & (distance > 1e-6)
-    magnitude = torch.where(touching, stiffness * penetration / distance.clamp_min(1e-6), 0.0)
-    # Force on i points away from every j it touches.
+    reach = 2 * radius if isinstance(radius, (int, float)) else radius[:, None] + radius[None, :]  # [] or [m, m]
+    penetration = torch.nn.functional.softplus((reach - distance) / margin) * margin
+    pushing = distance > 1e-6  # a disc never pushes itself
+    if cutoff:
+        pushing = pushing & (distance < reach)
+    magnitude = torch.where(pushing, stiffness * penetration / distance.clamp_min(1e-6), 0.0)
+    # Force on i points away from every j that pushes it.
     return -(magnitude.unsqueeze(-1) * offsets).sum(2)
 
 
@@ -79,6 +115,27 @@ def integrate(
     """One semi-implicit Euler step of a damped double integrator; returns the new `(pos, vel)`."""
     vel = vel * (1 - drag) + force / mass * dt
     return pos + vel * dt, vel
+
+
+def integrate_explicit(
+    pos: torch.Tensor,
+    vel: torch.Tensor,
+    force: torch.Tensor,
+    *,
+    dt: float,
+    drag: float,
+    max_speed: float | torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of MPE's integrator (unit mass): the position moves with the old velocity, then the
+    velocity is damped, pushed by `force` and capped at `max_speed` (one float, or `[m]` per entity);
+    returns the new `(pos, vel)`."""
+    pos = torch.add(pos, vel, alpha=dt)
+    vel = torch.add(vel * (1 - drag), force, alpha=dt)
+    if max_speed is not None:
+        if isinstance(max_speed, torch.Tensor):
+            max_speed = max_speed.unsqueeze(-1)  # [m, 1]
+        vel = vel * (max_speed / vel.norm(dim=-1, keepdim=True).clamp_min(1e-12)).clamp_max(1.0)
+    return pos, vel
 
 
 def lidar(pos: torch.Tensor, radius: float, n_rays: int, max_range: float) -> torch.Tensor:

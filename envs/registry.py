@@ -6,6 +6,7 @@ with a factory that receives the rest of the name.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,9 @@ def register(name: str) -> Callable[[type[MultiAgentEnv]], type[MultiAgentEnv]]:
     """Class decorator: make a `MultiAgentEnv` subclass available as `make(name, ...)`."""
 
     def decorate(cls: type[MultiAgentEnv]) -> type[MultiAgentEnv]:
+        if name in _ENVS and _rerun_as_main(_ENVS[name], cls):
+            cls.name = name  # `python -m envs.<module>`: the package import registered the class already
+            return cls
         if name in _ENVS and _ENVS[name] is not cls:
             raise ValueError(f"an env named {name!r} is already registered ({_ENVS[name].__qualname__})")
         if "/" in name:
@@ -31,6 +35,17 @@ def register(name: str) -> Callable[[type[MultiAgentEnv]], type[MultiAgentEnv]]:
         return cls
 
     return decorate
+
+
+def _rerun_as_main(registered: type, cls: type) -> bool:
+    """Whether `cls` is `registered` defined a second time by running its module as `__main__`."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return (
+        cls.__module__ == "__main__"
+        and spec is not None
+        and spec.name == registered.__module__
+        and cls.__qualname__ == registered.__qualname__
+    )
 
 
 def register_prefix(prefix: str, factory: Callable[..., MultiAgentEnv], help: str) -> None:

@@ -1,8 +1,14 @@
-"""A tiny rasteriser for 2-D particle envs: discs and rings on a white canvas, no display needed."""
+"""A tiny rasteriser for 2-D particle envs (discs and rings on a white canvas, no display needed), and
+`play` with `demo_parser`, the loop and command line of the envs' demos: run a scripted policy, score
+it, record it as a GIF."""
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Callable, Mapping
+
 import numpy as np
+import torch
 
 PALETTE = np.array(
     [
@@ -74,3 +80,45 @@ def save_gif(frames: list[np.ndarray], path: str, fps: int = 10) -> None:
 
     images = [Image.fromarray(frame) for frame in frames]
     images[0].save(path, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
+
+
+def demo_parser(description: str) -> argparse.ArgumentParser:
+    """The command line of an env's `__main__` demo: `--num-envs`, `--steps`, `--gif`; add the env's own."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--num-envs", type=int, default=256, help="envs stepped as one batch")
+    parser.add_argument("--steps", type=int, default=100, help="steps to run")
+    parser.add_argument("--gif", default=None, help="write env 0 as an animated GIF to this path")
+    return parser
+
+
+def play(
+    env,
+    policy: Callable[[object], Mapping[str, torch.Tensor]],
+    steps: int,
+    *,
+    gif: str | None = None,
+    fps: int = 10,
+) -> dict[str, float]:
+    """Run `policy` (obs TensorDict -> `{group: action}`) on `env` for `steps` steps from a reset.
+
+    Returns each group's mean episode return per agent over the episodes that finished (NaN when none
+    did), read back once at the end. With `gif`, env 0's frames are written there.
+    """
+    obs = env.reset()
+    running = {g: torch.zeros(env.num_envs, device=env.device) for g in env.groups}  # [B] return so far
+    total = {g: torch.zeros((), device=env.device) for g in env.groups}
+    finished = torch.zeros((), device=env.device)
+    frames = []
+    for _ in range(steps):
+        if gif:
+            frames.append(env.render(0))
+        next_td, obs = env.step(policy(obs))
+        done = next_td["done"][:, 0]
+        finished += done.sum()
+        for g in env.groups:
+            running[g] += next_td[g, "reward"][..., 0].mean(-1)
+            total[g] += torch.where(done, running[g], 0.0).sum()
+            running[g] = torch.where(done, 0.0, running[g])
+    if gif:
+        save_gif(frames, gif, fps)
+    return {g: (total[g] / finished).item() if finished > 0 else float("nan") for g in env.groups}
