@@ -7,7 +7,6 @@ import torch
 import envs
 from envs.speaker_listener import scripted_actions
 from marl.config import AlgoConfig, EnvSettings, ModelConfig, RunConfig, TrainConfig
-from marl.groups import GroupedEnv
 from marl.models import CriticInput
 from marl.trainer import Trainer, make_env
 
