@@ -182,23 +182,40 @@ def launch_columns(
     kernel[(triton.cdiv(num_columns, block),)](*args, **constexprs, BLOCK=block, CHUNK=CPU_CHUNK)
 
 
-def decay(flag: torch.Tensor, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
-    """`scale * (1 - flag)` in float32, of the flag's shape, in one vectorised op (into `out` if given).
+# torch runs an elementwise op on several threads from this many elements on (at::internal::GRAIN_SIZE).
+# When another process holds the second core, such an op waits for it, up to a scheduler time slice
+# (measured on the 2-core dev box under load: 16 ms instead of 40 us for 300k elements).
+PARALLEL_GRAIN = 32768
 
-    A bool flag is read as uint8: bool -> float casts and `torch.where(flag, 0.0, scale)` are not
-    vectorised on CPU. The scale is a CPU scalar tensor, which CUDA ops accept without a copy.
+
+def row_blocks(x: torch.Tensor) -> list[slice]:
+    """Slices of `x`'s rows (dim 0), each under `PARALLEL_GRAIN` elements where a row is.
+
+    The torch paths run their vectorised passes block by block: each op stays on one thread, so it
+    never waits on a busy core, at a few microseconds of overhead per block.
     """
-    flag = flag.view(torch.uint8) if flag.dtype == torch.bool else flag.float()
-    if out is None:
-        out = torch.empty(flag.shape, dtype=torch.float32, device=flag.device)
-    return torch.sub(torch.tensor(scale), flag, alpha=scale, out=out)
+    rows_per_block = max(1, (PARALLEL_GRAIN - 1) // max(1, x[0].numel()))
+    return [slice(start, start + rows_per_block) for start in range(0, x.shape[0], rows_per_block)]
+
+
+def flag_as_number(flag: torch.Tensor) -> torch.Tensor:
+    """A bool flag viewed as uint8 (0/1) without a copy: bool -> float casts are not vectorised on CPU."""
+    return flag.view(torch.uint8) if flag.dtype == torch.bool else flag
+
+
+def decay(flag: torch.Tensor, scale: float, out: torch.Tensor) -> torch.Tensor:
+    """`out = scale * (1 - flag)`, in one vectorised op; `out` is float32, of the flag's shape or broadcast.
+
+    The scale is a CPU scalar tensor, which CUDA ops also accept without a copy.
+    """
+    return torch.sub(torch.tensor(scale), flag_as_number(flag).expand(out.shape), alpha=scale, out=out)
 
 
 def scratch(buffer: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     """A contiguous view of `shape` on the memory of a contiguous float32 `buffer` at least as large.
 
-    The torch paths keep their temporaries in an output buffer that is written last: a fresh large
-    allocation costs page faults (about a millisecond per megabyte on a small VM) on every call.
+    The torch paths keep temporaries in an output buffer that is written last: a fresh large allocation
+    costs page faults (about a millisecond per megabyte on the dev box) on many calls.
     """
     return buffer.view(-1)[: shape.numel()].view(shape)
 

@@ -33,9 +33,11 @@ from ._common import (
     check_unit_interval,
     column_offsets,
     decay,
+    flag_as_number,
     launch_columns,
     resolve_backend,
     reverse_recurrence_,
+    row_blocks,
     scratch,
     tl,
     triton_jit,
@@ -101,11 +103,18 @@ def _gae_triton(reward, value, next_value, done, terminated, *, gamma, lmbda):
 
 def _gae_torch(reward, value, next_value, done, terminated, *, gamma, lmbda):
     advantage = torch.empty(value.shape, dtype=torch.float32, device=value.device)  # contiguous rows
-    value_target = torch.empty_like(advantage)  # holds the coefficients until it is written, last
-    bootstrap = decay(terminated, gamma, out=scratch(value_target, terminated.shape))
-    torch.addcmul(reward, next_value, bootstrap, out=advantage).sub_(value)  # delta
-    reverse_recurrence_(advantage, decay(done, gamma * lmbda, out=scratch(value_target, done.shape)))
-    return advantage, torch.add(advantage, value, out=value_target)
+    value_target = torch.empty_like(advantage)
+    trace = scratch(value_target, done.shape)  # gamma * lmbda * (1 - done), until value_target is written
+    for rows in row_blocks(advantage):
+        # delta = reward + gamma * next_value - value - gamma * next_value * terminated
+        delta = torch.add(reward[rows].float(), next_value[rows], alpha=gamma, out=advantage[rows])  # fp32
+        delta.sub_(value[rows])
+        delta.addcmul_(next_value[rows], flag_as_number(terminated[rows]), value=-gamma)
+        decay(done[rows], gamma * lmbda, out=trace[rows])
+    reverse_recurrence_(advantage, trace)
+    for rows in row_blocks(advantage):
+        torch.add(advantage[rows], value[rows], out=value_target[rows])
+    return advantage, value_target
 
 
 def gae_reference(

@@ -32,9 +32,11 @@ from ._common import (
     check_unit_interval,
     column_offsets,
     decay,
+    flag_as_number,
     launch_columns,
     resolve_backend,
     reverse_recurrence_,
+    row_blocks,
     tl,
     triton_jit,
 )
@@ -97,17 +99,24 @@ def _returns_triton(reward, next_value, done, terminated, *, gamma, lmbda, shape
 
 
 def _returns_torch(reward, next_value, done, terminated, *, gamma, lmbda, shape):
+    # G[t] = c[t] + trace[t] * G[t + 1], with trace = gamma * lmbda * (1 - terminated) * (1 - done) and
+    # c = reward + gamma * (1 - terminated) * next_value - next_value * trace; the last step bootstraps.
     returns = torch.empty(shape, dtype=torch.float32, device=reward.device)  # contiguous rows
-    if next_value is None:
-        returns.copy_(reward)
-        return reverse_recurrence_(returns, decay(done, gamma))
-    # G[t] = c[t] + a[t] * G[t + 1], with a = gamma * lmbda * (1 - terminated) * (1 - cut) and
-    # c = reward + gamma * (1 - terminated) * next_value * (1 - lmbda * (1 - cut)), cut = done or t == T - 1
-    trace = decay(done, lmbda)
-    trace[-1] = 0.0
-    bootstrap = decay(terminated, gamma)
-    trace = trace * bootstrap
-    torch.addcmul(reward, next_value, bootstrap - trace, out=returns)
+    flags = done.shape if next_value is None else torch.broadcast_shapes(done.shape, terminated.shape)
+    trace = torch.empty(flags, dtype=torch.float32, device=reward.device)
+    for rows in row_blocks(returns):
+        if next_value is None:
+            returns[rows].copy_(reward[rows])
+            decay(done[rows], gamma, out=trace[rows])
+            continue
+        decay(done[rows], gamma * lmbda, out=trace[rows])
+        trace[rows].addcmul_(trace[rows], flag_as_number(terminated[rows]), value=-1.0)
+        ret = torch.add(reward[rows].float(), next_value[rows], alpha=gamma, out=returns[rows])  # fp32
+        ret.addcmul_(next_value[rows], flag_as_number(terminated[rows]), value=-gamma)
+        ret.addcmul_(next_value[rows], trace[rows], value=-1.0)
+    if next_value is not None:  # G[T - 1] = reward + gamma * (1 - terminated) * next_value: no trace
+        last = torch.add(reward[-1].float(), next_value[-1], alpha=gamma, out=returns[-1])
+        last.addcmul_(next_value[-1], flag_as_number(terminated[-1]), value=-gamma)
     return reverse_recurrence_(returns, trace)
 
 
