@@ -39,9 +39,11 @@ def autotuned(kernel: Callable | None) -> Callable | None:
     """The kernel autotuned over block width, time chunk and warps, keyed on the problem size (GPU only)."""
     if kernel is None or isinstance(kernel, InterpretedFunction):
         return None
+    # Narrow blocks keep every SM busy at a few thousand columns; memory parallelism comes from the CHUNK
+    # time steps whose loads are in flight together.
     configs = [
         triton.Config({"BLOCK": block, "CHUNK": chunk}, num_warps=warps)
-        for block, warps in ((64, 1), (128, 1), (256, 2), (512, 4), (1024, 8))
+        for block, warps in ((32, 1), (64, 1), (128, 1), (256, 2), (512, 4))
         for chunk in (4, 8, 16)
     ]
     return triton.autotune(configs=configs, key=["T", "N"])(kernel)
