@@ -191,10 +191,10 @@ PARALLEL_GRAIN = 32768
 
 
 def row_blocks(x: torch.Tensor) -> list[slice]:
-    """Slices of `x`'s rows (dim 0), each under `PARALLEL_GRAIN` elements where a row is.
+    """Slices of `x`'s rows (dim 0) of under `PARALLEL_GRAIN` elements each (one row if a row is more).
 
     The torch paths run their vectorised passes block by block: each op stays on one thread, so it
-    never waits on a busy core, at a few microseconds of overhead per block.
+    never waits on a busy core, for a few microseconds of overhead per block.
     """
     rows_per_block = max(1, (PARALLEL_GRAIN - 1) // max(1, x[0].numel()))
     return [slice(start, start + rows_per_block) for start in range(0, x.shape[0], rows_per_block)]
@@ -227,24 +227,38 @@ def reverse_recurrence_(out: torch.Tensor, coefficient: torch.Tensor) -> torch.T
 
     `out` is `[T, *batch]` and contiguous; `coefficient` is `[T, *batch]` or broadcastable to it, and
     contiguous; it is scratch, and may be overwritten. Every op is a fused `addcmul_` or `mul_` over
-    contiguous rows.
+    rows, under `PARALLEL_GRAIN` elements.
 
-    With long rows, one op per step. With short rows that loop is bound by per-op overhead (a few
-    microseconds), so time is cut into `M` blocks of `k ~ sqrt(T)` rows: the recurrence runs inside all
-    blocks at once as if the row after each block were zero (`k` ops over `M` rows), the first row of
-    each block takes its carry block by block (`M` ops over one row), then the other rows get theirs
-    (`k` ops over `M` rows), using
+    With long rows, one op per step (per block of columns if a row is over the grain). With short rows
+    that loop is bound by per-op overhead (a few microseconds), so time is cut into `M` blocks of
+    `k ~ sqrt(T)` rows: the recurrence runs inside all blocks at once as if the row after each block
+    were zero (`k` ops over `M` rows), the first row of each block takes its carry block by block (`M`
+    ops over one row), then the other rows get theirs (`k` ops over `M` rows), using
     `y[t] = inside[t] + (coefficient[t] * ... * coefficient[last row of the block]) * y[row after the block]`.
     That reads the data about three times instead of once, so it pays only below ~4096 columns
     (measured on CPU: 5x faster at [1024, 256], even at [100, 3072], 1.4x slower at [1024, 8192]).
     """
-    num_steps = out.shape[0]
-    if num_steps < 48 or out[0].numel() >= 4096:
+    num_steps, row = out.shape[0], out[0].numel()
+    num_blocks = min(round(num_steps**0.5), (PARALLEL_GRAIN - 1) // max(1, row))
+    if num_steps >= 48 and row < 4096 and num_blocks >= 2:
+        return _blocked_recurrence_(out, coefficient, num_blocks)
+    if row < PARALLEL_GRAIN or out.dim() < 2:
+        pieces = [(out, coefficient)]
+    else:  # blocks of the first batch dim, each under the grain
+        width = max(1, (PARALLEL_GRAIN - 1) // (row // out.shape[1]))
+        outs = out.split(width, dim=1)
+        broadcast = coefficient.shape[1] == 1
+        coefficients = [coefficient] * len(outs) if broadcast else coefficient.split(width, dim=1)
+        pieces = zip(outs, coefficients, strict=True)
+    for out_piece, coefficient_piece in pieces:
         for t in range(num_steps - 2, -1, -1):
-            out[t].addcmul_(coefficient[t], out[t + 1])
-        return out
-    block = round(num_steps**0.5)
-    num_blocks, tail = divmod(num_steps, block)
+            out_piece[t].addcmul_(coefficient_piece[t], out_piece[t + 1])
+    return out
+
+
+def _blocked_recurrence_(out: torch.Tensor, coefficient: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    num_steps = out.shape[0]
+    block = num_steps // num_blocks
     end = num_blocks * block  # rows [end, T) are a tail shorter than a block, done one by one first
     for t in range(num_steps - 2, end - 1, -1):
         out[t].addcmul_(coefficient[t], out[t + 1])
@@ -254,7 +268,7 @@ def reverse_recurrence_(out: torch.Tensor, coefficient: torch.Tensor) -> torch.T
     for j in range(block - 2, -1, -1):
         y[j].addcmul_(a[j], y[j + 1])
         a[j].mul_(a[j + 1])
-    if tail:
+    if end < num_steps:
         for j in range(block):
             y[j][-1].addcmul_(a[j][-1], out[end])
     first, first_reach = y[0].unbind(0), a[0].unbind(0)
