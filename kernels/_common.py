@@ -191,12 +191,15 @@ PARALLEL_GRAIN = 32768
 
 
 def row_blocks(x: torch.Tensor) -> list[slice]:
-    """Slices of `x`'s rows (dim 0) of under `PARALLEL_GRAIN` elements each (one row if a row is more).
+    """Slices of `x`'s rows (dim 0) of under `PARALLEL_GRAIN` elements each, or all rows in one slice
+    when a row alone is over the grain.
 
     The torch paths run their vectorised passes block by block: each op stays on one thread, so it
-    never waits on a busy core, for a few microseconds of overhead per block.
+    never waits on a busy core, for a few microseconds of overhead per block. Rows over the grain go
+    in one multi-threaded op per pass: splitting them would only multiply the ops that can wait.
     """
-    rows_per_block = max(1, (PARALLEL_GRAIN - 1) // max(1, x[0].numel()))
+    row = max(1, x[0].numel())
+    rows_per_block = (PARALLEL_GRAIN - 1) // row if row < PARALLEL_GRAIN else x.shape[0]
     return [slice(start, start + rows_per_block) for start in range(0, x.shape[0], rows_per_block)]
 
 
