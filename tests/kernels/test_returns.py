@@ -123,3 +123,12 @@ def test_gae_value_target_equals_td_lambda_return(lmbda):
     names = ("reward", "value", "next_value", "done", "terminated")
     _, value_target = gae(*(data[name] for name in names), gamma=0.9, lmbda=lmbda, backend="reference")
     assert_close(td_lambda_by("reference", data, gamma=0.9, lmbda=lmbda), value_target)
+
+
+WIDE = {"T40xB1000xn3": (40, (1000, 3)), "T3xB33000": (3, (33000,))}  # several row blocks; one
+
+
+@pytest.mark.parametrize("num_steps, batch", WIDE.values(), ids=WIDE.keys())
+@pytest.mark.parametrize("op", OPS.values(), ids=OPS.keys())
+def test_matches_reference_across_row_blocks(op, num_steps, batch):
+    assert_matches_reference(op, rollout(num_steps, batch, density=0.05))
