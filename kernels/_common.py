@@ -190,17 +190,37 @@ def launch_columns(
 PARALLEL_GRAIN = 32768
 
 
-def row_blocks(x: torch.Tensor) -> list[slice]:
-    """Slices of `x`'s rows (dim 0) of under `PARALLEL_GRAIN` elements each, or all rows in one slice
-    when a row alone is over the grain.
+Block = tuple[slice, slice]
 
-    The torch paths run their vectorised passes block by block: each op stays on one thread, so it
-    never waits on a busy core, for a few microseconds of overhead per block. Rows over the grain go
-    in one multi-threaded op per pass: splitting them would only multiply the ops that can wait.
+
+def blocks(x: torch.Tensor) -> list[Block]:
+    """`(rows, columns)` index pairs (dim 0, dim 1) that cover `x` in pieces under `PARALLEL_GRAIN`
+    elements: blocks of whole rows, or of one row and some of dim 1 when a row is over the grain.
+
+    The torch paths run their vectorised passes piece by piece (`take`): each op stays on one thread,
+    so it never waits on a busy core, for a few microseconds of overhead per piece. With one torch
+    thread there is nothing to wait for, and one piece (the whole tensor) means the fewest ops.
     """
-    row = max(1, x[0].numel())
-    rows_per_block = (PARALLEL_GRAIN - 1) // row if row < PARALLEL_GRAIN else x.shape[0]
-    return [slice(start, start + rows_per_block) for start in range(0, x.shape[0], rows_per_block)]
+    num_steps, row = x.shape[0], x[0].numel()
+    everything = [(slice(None), slice(None))]
+    if torch.get_num_threads() == 1 or row == 0:
+        return everything
+    if row < PARALLEL_GRAIN:
+        per_block = (PARALLEL_GRAIN - 1) // row
+        return [(slice(t, t + per_block), slice(None)) for t in range(0, num_steps, per_block)]
+    if x.dim() < 2 or x.shape[1] == 1:
+        return everything
+    width = max(1, (PARALLEL_GRAIN - 1) // (row // x.shape[1]))
+    starts = range(0, x.shape[1], width)
+    return [(slice(t, t + 1), slice(b, b + width)) for t in range(num_steps) for b in starts]
+
+
+def take(x: torch.Tensor, block: Block) -> torch.Tensor:
+    """The view of `x` on `block`, where `x` may have size 1 in dim 1 (broadcast): then all of it."""
+    rows, columns = block
+    if x.dim() < 2 or x.shape[1] == 1:
+        return x[rows]
+    return x[rows, columns]
 
 
 def flag_as_number(flag: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,7 @@ import torch
 from ._common import (
     Backend,
     autotuned,
+    blocks,
     check_inputs,
     check_unit_interval,
     column_offsets,
@@ -37,8 +38,8 @@ from ._common import (
     launch_columns,
     resolve_backend,
     reverse_recurrence_,
-    row_blocks,
     scratch,
+    take,
     tl,
     triton_jit,
 )
@@ -105,15 +106,17 @@ def _gae_torch(reward, value, next_value, done, terminated, *, gamma, lmbda):
     advantage = torch.empty(value.shape, dtype=torch.float32, device=value.device)  # contiguous rows
     value_target = torch.empty_like(advantage)
     trace = scratch(value_target, done.shape)  # gamma * lmbda * (1 - done), until value_target is written
-    for rows in row_blocks(advantage):
-        # delta = reward + gamma * next_value - value - gamma * next_value * terminated
-        delta = torch.add(reward[rows].float(), next_value[rows], alpha=gamma, out=advantage[rows])  # fp32
-        delta.sub_(value[rows])
-        delta.addcmul_(next_value[rows], flag_as_number(terminated[rows]), value=-gamma)
-        decay(done[rows], gamma * lmbda, out=trace[rows])
+    pieces = blocks(advantage)
+    for piece in pieces:
+        # delta = reward + gamma * next_value - value - gamma * next_value * terminated, in fp32
+        next_value_piece, delta = take(next_value, piece), take(advantage, piece)
+        torch.add(take(reward, piece).float(), next_value_piece, alpha=gamma, out=delta)
+        delta.sub_(take(value, piece))
+        delta.addcmul_(next_value_piece, flag_as_number(take(terminated, piece)), value=-gamma)
+        decay(take(done, piece), gamma * lmbda, out=take(trace, piece))
     reverse_recurrence_(advantage, trace)
-    for rows in row_blocks(advantage):
-        torch.add(advantage[rows], value[rows], out=value_target[rows])
+    for piece in pieces:
+        torch.add(take(advantage, piece), take(value, piece), out=take(value_target, piece))
     return advantage, value_target
 
 

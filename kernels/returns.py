@@ -28,6 +28,7 @@ import torch
 from ._common import (
     Backend,
     autotuned,
+    blocks,
     check_inputs,
     check_unit_interval,
     column_offsets,
@@ -36,7 +37,7 @@ from ._common import (
     launch_columns,
     resolve_backend,
     reverse_recurrence_,
-    row_blocks,
+    take,
     tl,
     triton_jit,
 )
@@ -104,16 +105,19 @@ def _returns_torch(reward, next_value, done, terminated, *, gamma, lmbda, shape)
     returns = torch.empty(shape, dtype=torch.float32, device=reward.device)  # contiguous rows
     flags = done.shape if next_value is None else torch.broadcast_shapes(done.shape, terminated.shape)
     trace = torch.empty(flags, dtype=torch.float32, device=reward.device)
-    for rows in row_blocks(returns):
+    for piece in blocks(returns):
+        ret, trace_piece = take(returns, piece), take(trace, piece)
         if next_value is None:
-            returns[rows].copy_(reward[rows])
-            decay(done[rows], gamma, out=trace[rows])
+            ret.copy_(take(reward, piece))
+            decay(take(done, piece), gamma, out=trace_piece)
             continue
-        decay(done[rows], gamma * lmbda, out=trace[rows])
-        trace[rows].addcmul_(trace[rows], flag_as_number(terminated[rows]), value=-1.0)
-        ret = torch.add(reward[rows].float(), next_value[rows], alpha=gamma, out=returns[rows])  # fp32
-        ret.addcmul_(next_value[rows], flag_as_number(terminated[rows]), value=-gamma)
-        ret.addcmul_(next_value[rows], trace[rows], value=-1.0)
+        terminated_piece = flag_as_number(take(terminated, piece))
+        decay(take(done, piece), gamma * lmbda, out=trace_piece)
+        trace_piece.addcmul_(trace_piece, terminated_piece, value=-1.0)
+        next_value_piece = take(next_value, piece)
+        torch.add(take(reward, piece).float(), next_value_piece, alpha=gamma, out=ret)  # fp32
+        ret.addcmul_(next_value_piece, terminated_piece, value=-gamma)
+        ret.addcmul_(next_value_piece, trace_piece, value=-1.0)
     if next_value is not None:  # G[T - 1] = reward + gamma * (1 - terminated) * next_value: no trace
         last = torch.add(reward[-1].float(), next_value[-1], alpha=gamma, out=returns[-1])
         last.addcmul_(next_value[-1], flag_as_number(terminated[-1]), value=-gamma)

@@ -162,13 +162,21 @@ def test_outputs_carry_no_gradient():
         assert not advantage.requires_grad and not value_target.requires_grad
 
 
-# The torch path runs its vectorised passes in blocks of rows under torch's parallel grain (32768
-# elements): several blocks of 10 rows here, and one block when a row alone is over the grain.
+# With several torch threads the torch path runs its vectorised passes in pieces under torch's parallel
+# grain (32768 elements): blocks of 10 rows here, or pieces of a row when a row alone is over the grain.
 WIDE = {"T40xB1000xn3": (40, (1000, 3)), "T3xB33000": (3, (33000,))}
 
 
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def torch_threads(request):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("num_steps, batch", WIDE.values(), ids=WIDE.keys())
-def test_matches_reference_across_row_blocks(num_steps, batch):
+def test_matches_reference_across_row_blocks(num_steps, batch, torch_threads):
     data = rollout(num_steps, batch, density=0.05)
     flags = rollout(num_steps, (batch[0],) + (1,) * (len(batch) - 1), density=0.05, seed=1)
     assert_matches_reference(data)
