@@ -199,11 +199,12 @@ def blocks(x: torch.Tensor) -> list[Block]:
 
     The torch paths run their vectorised passes piece by piece (`take`): each op stays on one thread,
     so it never waits on a busy core, for a few microseconds of overhead per piece. With one torch
-    thread there is nothing to wait for, and one piece (the whole tensor) means the fewest ops.
+    thread there is nothing to wait for, and one piece (the whole tensor) means the fewest ops; so too
+    off the CPU.
     """
     num_steps, row = x.shape[0], x[0].numel()
     everything = [(slice(None), slice(None))]
-    if torch.get_num_threads() == 1 or row == 0:
+    if x.device.type != "cpu" or torch.get_num_threads() == 1 or row == 0:
         return everything
     if row < PARALLEL_GRAIN:
         per_block = (PARALLEL_GRAIN - 1) // row
