@@ -181,3 +181,15 @@ def test_matches_reference_across_row_blocks(num_steps, batch, torch_threads):
     flags = rollout(num_steps, (batch[0],) + (1,) * (len(batch) - 1), density=0.05, seed=1)
     assert_matches_reference(data)
     assert_matches_reference({**data, "done": flags["done"], "terminated": flags["terminated"]})
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 16], ids=lambda c: f"chunk{c}")
+def test_kernel_over_several_programs_and_chunk_sizes(chunk, monkeypatch):
+    # Blocks of 16 columns: 35 columns take three programs, the last one partly masked; the chunk
+    # sizes the GPU autotuner tries, against T = 37 (a partial earliest chunk for each).
+    monkeypatch.setattr("kernels._common.CPU_MAX_BLOCK", 16)
+    monkeypatch.setattr("kernels._common.CPU_CHUNK", chunk)
+    data = rollout(37, (5, 7), density=0.1)
+    env_flags = rollout(37, (5, 1), density=0.1, seed=1)
+    assert_matches_reference(data, backends=("triton",))
+    assert_matches_reference({**data, "done": env_flags["done"]}, backends=("triton",))

@@ -137,3 +137,13 @@ def test_matches_reference_across_row_blocks(op, num_steps, batch):
         assert_matches_reference(op, rollout(num_steps, batch, density=0.05))
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 16], ids=lambda c: f"chunk{c}")
+@pytest.mark.parametrize("op", OPS.values(), ids=OPS.keys())
+def test_kernel_over_several_programs_and_chunk_sizes(op, chunk, monkeypatch):
+    monkeypatch.setattr("kernels._common.CPU_MAX_BLOCK", 16)  # 35 columns: three programs
+    monkeypatch.setattr("kernels._common.CPU_CHUNK", chunk)
+    data = rollout(37, (5, 7), density=0.1)
+    expected = op("reference", data)
+    assert_close(op("triton", data), expected)
