@@ -39,9 +39,11 @@ def autotuned(kernel: Callable | None) -> Callable | None:
     """The kernel autotuned over block width, time chunk and warps, keyed on the problem size (GPU only)."""
     if kernel is None or isinstance(kernel, InterpretedFunction):
         return None
+    # Narrow blocks keep every SM busy at a few thousand columns; memory parallelism comes from the CHUNK
+    # time steps whose loads are in flight together.
     configs = [
         triton.Config({"BLOCK": block, "CHUNK": chunk}, num_warps=warps)
-        for block, warps in ((64, 1), (128, 1), (256, 2), (512, 4), (1024, 8))
+        for block, warps in ((32, 1), (64, 1), (128, 1), (256, 2), (512, 4))
         for chunk in (4, 8, 16)
     ]
     return triton.autotune(configs=configs, key=["T", "N"])(kernel)
@@ -182,23 +184,64 @@ def launch_columns(
     kernel[(triton.cdiv(num_columns, block),)](*args, **constexprs, BLOCK=block, CHUNK=CPU_CHUNK)
 
 
-def decay(flag: torch.Tensor, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
-    """`scale * (1 - flag)` in float32, of the flag's shape, in one vectorised op (into `out` if given).
+# torch runs an elementwise op on several threads from this many elements on (at::internal::GRAIN_SIZE).
+# When another process holds the second core, such an op waits for it, up to a scheduler time slice
+# (measured on the 2-core dev box under load: 16 ms instead of 40 us for 300k elements).
+PARALLEL_GRAIN = 32768
 
-    A bool flag is read as uint8: bool -> float casts and `torch.where(flag, 0.0, scale)` are not
-    vectorised on CPU. The scale is a CPU scalar tensor, which CUDA ops accept without a copy.
+
+Block = tuple[slice, slice]
+
+
+def blocks(x: torch.Tensor) -> list[Block]:
+    """`(rows, columns)` index pairs (dim 0, dim 1) that cover `x` in pieces under `PARALLEL_GRAIN`
+    elements: blocks of whole rows, or of one row and some of dim 1 when a row is over the grain.
+
+    The torch paths run their vectorised passes piece by piece (`take`): each op stays on one thread,
+    so it never waits on a busy core, for a few microseconds of overhead per piece. With one torch
+    thread there is nothing to wait for, and one piece (the whole tensor) means the fewest ops; so too
+    off the CPU.
     """
-    flag = flag.view(torch.uint8) if flag.dtype == torch.bool else flag.float()
-    if out is None:
-        out = torch.empty(flag.shape, dtype=torch.float32, device=flag.device)
-    return torch.sub(torch.tensor(scale), flag, alpha=scale, out=out)
+    num_steps, row = x.shape[0], x[0].numel()
+    everything = [(slice(None), slice(None))]
+    if x.device.type != "cpu" or torch.get_num_threads() == 1 or row == 0:
+        return everything
+    if row < PARALLEL_GRAIN:
+        per_block = (PARALLEL_GRAIN - 1) // row
+        return [(slice(t, t + per_block), slice(None)) for t in range(0, num_steps, per_block)]
+    if x.dim() < 2 or x.shape[1] == 1:
+        return everything
+    width = max(1, (PARALLEL_GRAIN - 1) // (row // x.shape[1]))
+    starts = range(0, x.shape[1], width)
+    return [(slice(t, t + 1), slice(b, b + width)) for t in range(num_steps) for b in starts]
+
+
+def take(x: torch.Tensor, block: Block) -> torch.Tensor:
+    """The view of `x` on `block`, where `x` may have size 1 in dim 1 (broadcast): then all of it."""
+    rows, columns = block
+    if x.dim() < 2 or x.shape[1] == 1:
+        return x[rows]
+    return x[rows, columns]
+
+
+def flag_as_number(flag: torch.Tensor) -> torch.Tensor:
+    """A bool flag viewed as uint8 (0/1) without a copy: bool -> float casts are not vectorised on CPU."""
+    return flag.view(torch.uint8) if flag.dtype == torch.bool else flag
+
+
+def decay(flag: torch.Tensor, scale: float, out: torch.Tensor) -> torch.Tensor:
+    """`out = scale * (1 - flag)`, in one vectorised op; `out` is float32, of the flag's shape or broadcast.
+
+    The scale is a CPU scalar tensor, which CUDA ops also accept without a copy.
+    """
+    return torch.sub(torch.tensor(scale), flag_as_number(flag).expand(out.shape), alpha=scale, out=out)
 
 
 def scratch(buffer: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     """A contiguous view of `shape` on the memory of a contiguous float32 `buffer` at least as large.
 
-    The torch paths keep their temporaries in an output buffer that is written last: a fresh large
-    allocation costs page faults (about a millisecond per megabyte on a small VM) on every call.
+    The torch paths keep temporaries in an output buffer that is written last: a fresh large allocation
+    costs page faults (about a millisecond per megabyte on the dev box) on many calls.
     """
     return buffer.view(-1)[: shape.numel()].view(shape)
 
@@ -208,24 +251,38 @@ def reverse_recurrence_(out: torch.Tensor, coefficient: torch.Tensor) -> torch.T
 
     `out` is `[T, *batch]` and contiguous; `coefficient` is `[T, *batch]` or broadcastable to it, and
     contiguous; it is scratch, and may be overwritten. Every op is a fused `addcmul_` or `mul_` over
-    contiguous rows.
+    rows, under `PARALLEL_GRAIN` elements.
 
-    With long rows, one op per step. With short rows that loop is bound by per-op overhead (a few
-    microseconds), so time is cut into `M` blocks of `k ~ sqrt(T)` rows: the recurrence runs inside all
-    blocks at once as if the row after each block were zero (`k` ops over `M` rows), the first row of
-    each block takes its carry block by block (`M` ops over one row), then the other rows get theirs
-    (`k` ops over `M` rows), using
+    With long rows, one op per step (per block of columns if a row is over the grain). With short rows
+    that loop is bound by per-op overhead (a few microseconds), so time is cut into `M` blocks of
+    `k ~ sqrt(T)` rows: the recurrence runs inside all blocks at once as if the row after each block
+    were zero (`k` ops over `M` rows), the first row of each block takes its carry block by block (`M`
+    ops over one row), then the other rows get theirs (`k` ops over `M` rows), using
     `y[t] = inside[t] + (coefficient[t] * ... * coefficient[last row of the block]) * y[row after the block]`.
     That reads the data about three times instead of once, so it pays only below ~4096 columns
     (measured on CPU: 5x faster at [1024, 256], even at [100, 3072], 1.4x slower at [1024, 8192]).
     """
-    num_steps = out.shape[0]
-    if num_steps < 48 or out[0].numel() >= 4096:
+    num_steps, row = out.shape[0], out[0].numel()
+    num_blocks = min(round(num_steps**0.5), (PARALLEL_GRAIN - 1) // max(1, row))
+    if num_steps >= 48 and row < 4096 and num_blocks >= 2:
+        return _blocked_recurrence_(out, coefficient, num_blocks)
+    if row < PARALLEL_GRAIN or out.dim() < 2:
+        pieces = [(out, coefficient)]
+    else:  # blocks of the first batch dim, each under the grain
+        width = max(1, (PARALLEL_GRAIN - 1) // (row // out.shape[1]))
+        outs = out.split(width, dim=1)
+        broadcast = coefficient.shape[1] == 1
+        coefficients = [coefficient] * len(outs) if broadcast else coefficient.split(width, dim=1)
+        pieces = zip(outs, coefficients, strict=True)
+    for out_piece, coefficient_piece in pieces:
         for t in range(num_steps - 2, -1, -1):
-            out[t].addcmul_(coefficient[t], out[t + 1])
-        return out
-    block = round(num_steps**0.5)
-    num_blocks, tail = divmod(num_steps, block)
+            out_piece[t].addcmul_(coefficient_piece[t], out_piece[t + 1])
+    return out
+
+
+def _blocked_recurrence_(out: torch.Tensor, coefficient: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    num_steps = out.shape[0]
+    block = num_steps // num_blocks
     end = num_blocks * block  # rows [end, T) are a tail shorter than a block, done one by one first
     for t in range(num_steps - 2, end - 1, -1):
         out[t].addcmul_(coefficient[t], out[t + 1])
@@ -235,7 +292,7 @@ def reverse_recurrence_(out: torch.Tensor, coefficient: torch.Tensor) -> torch.T
     for j in range(block - 2, -1, -1):
         y[j].addcmul_(a[j], y[j + 1])
         a[j].mul_(a[j + 1])
-    if tail:
+    if end < num_steps:
         for j in range(block):
             y[j][-1].addcmul_(a[j][-1], out[end])
     first, first_reach = y[0].unbind(0), a[0].unbind(0)

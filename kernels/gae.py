@@ -29,14 +29,17 @@ import torch
 from ._common import (
     Backend,
     autotuned,
+    blocks,
     check_inputs,
     check_unit_interval,
     column_offsets,
     decay,
+    flag_as_number,
     launch_columns,
     resolve_backend,
     reverse_recurrence_,
     scratch,
+    take,
     tl,
     triton_jit,
 )
@@ -101,11 +104,20 @@ def _gae_triton(reward, value, next_value, done, terminated, *, gamma, lmbda):
 
 def _gae_torch(reward, value, next_value, done, terminated, *, gamma, lmbda):
     advantage = torch.empty(value.shape, dtype=torch.float32, device=value.device)  # contiguous rows
-    value_target = torch.empty_like(advantage)  # holds the coefficients until it is written, last
-    bootstrap = decay(terminated, gamma, out=scratch(value_target, terminated.shape))
-    torch.addcmul(reward, next_value, bootstrap, out=advantage).sub_(value)  # delta
-    reverse_recurrence_(advantage, decay(done, gamma * lmbda, out=scratch(value_target, done.shape)))
-    return advantage, torch.add(advantage, value, out=value_target)
+    value_target = torch.empty_like(advantage)
+    trace = scratch(value_target, done.shape)  # gamma * lmbda * (1 - done), until value_target is written
+    pieces = blocks(advantage)
+    for piece in pieces:
+        # delta = reward + gamma * next_value - value - gamma * next_value * terminated, in fp32
+        next_value_piece, delta = take(next_value, piece), take(advantage, piece)
+        torch.add(take(reward, piece).float(), next_value_piece, alpha=gamma, out=delta)
+        delta.sub_(take(value, piece))
+        delta.addcmul_(next_value_piece, flag_as_number(take(terminated, piece)), value=-gamma)
+        decay(take(done, piece), gamma * lmbda, out=take(trace, piece))
+    reverse_recurrence_(advantage, trace)
+    for piece in pieces:
+        torch.add(take(advantage, piece), take(value, piece), out=take(value_target, piece))
+    return advantage, value_target
 
 
 def gae_reference(

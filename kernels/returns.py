@@ -28,13 +28,16 @@ import torch
 from ._common import (
     Backend,
     autotuned,
+    blocks,
     check_inputs,
     check_unit_interval,
     column_offsets,
     decay,
+    flag_as_number,
     launch_columns,
     resolve_backend,
     reverse_recurrence_,
+    take,
     tl,
     triton_jit,
 )
@@ -97,17 +100,27 @@ def _returns_triton(reward, next_value, done, terminated, *, gamma, lmbda, shape
 
 
 def _returns_torch(reward, next_value, done, terminated, *, gamma, lmbda, shape):
+    # G[t] = c[t] + trace[t] * G[t + 1], with trace = gamma * lmbda * (1 - terminated) * (1 - done) and
+    # c = reward + gamma * (1 - terminated) * next_value - next_value * trace; the last step bootstraps.
     returns = torch.empty(shape, dtype=torch.float32, device=reward.device)  # contiguous rows
-    if next_value is None:
-        returns.copy_(reward)
-        return reverse_recurrence_(returns, decay(done, gamma))
-    # G[t] = c[t] + a[t] * G[t + 1], with a = gamma * lmbda * (1 - terminated) * (1 - cut) and
-    # c = reward + gamma * (1 - terminated) * next_value * (1 - lmbda * (1 - cut)), cut = done or t == T - 1
-    trace = decay(done, lmbda)
-    trace[-1] = 0.0
-    bootstrap = decay(terminated, gamma)
-    trace = trace * bootstrap
-    torch.addcmul(reward, next_value, bootstrap - trace, out=returns)
+    flags = done.shape if next_value is None else torch.broadcast_shapes(done.shape, terminated.shape)
+    trace = torch.empty(flags, dtype=torch.float32, device=reward.device)
+    for piece in blocks(returns):
+        ret, trace_piece = take(returns, piece), take(trace, piece)
+        if next_value is None:
+            ret.copy_(take(reward, piece))
+            decay(take(done, piece), gamma, out=trace_piece)
+            continue
+        terminated_piece = flag_as_number(take(terminated, piece))
+        decay(take(done, piece), gamma * lmbda, out=trace_piece)
+        trace_piece.addcmul_(trace_piece, terminated_piece, value=-1.0)
+        next_value_piece = take(next_value, piece)
+        torch.add(take(reward, piece).float(), next_value_piece, alpha=gamma, out=ret)  # fp32
+        ret.addcmul_(next_value_piece, terminated_piece, value=-gamma)
+        ret.addcmul_(next_value_piece, trace_piece, value=-1.0)
+    if next_value is not None:  # G[T - 1] = reward + gamma * (1 - terminated) * next_value: no trace
+        last = torch.add(reward[-1].float(), next_value[-1], alpha=gamma, out=returns[-1])
+        last.addcmul_(next_value[-1], flag_as_number(terminated[-1]), value=-gamma)
     return reverse_recurrence_(returns, trace)
 
 

@@ -26,9 +26,20 @@ def test_blocked_recurrence_matches_one_step_at_a_time(coefficient_batch):
         torch.testing.assert_close(reverse_recurrence_(out, coefficient), expected, msg=f"T={num_steps}")
 
 
-def test_long_rows_take_one_op_per_step():
+ROWS = {
+    "long-rows": ((100, 4096), (100, 4096)),
+    "rows-over-the-parallel-grain": ((60, 700, 50), (60, 700, 50)),
+    "over-the-grain-with-flags-broadcast": ((60, 700, 50), (60, 1, 50)),
+}
+
+
+@pytest.mark.parametrize("shape, coefficient_shape", ROWS.values(), ids=ROWS.keys())
+def test_long_rows_take_one_op_per_step(shape, coefficient_shape):
     generator = torch.Generator().manual_seed(1)
-    out, coefficient = torch.randn(100, 4096, generator=generator), torch.rand(100, 4096, generator=generator)
+    out, coefficient = (
+        torch.randn(shape, generator=generator),
+        torch.rand(coefficient_shape, generator=generator),
+    )
     kept = coefficient.clone()
     expected = one_step_at_a_time(out, coefficient)
     torch.testing.assert_close(reverse_recurrence_(out, coefficient), expected)
@@ -55,3 +66,14 @@ def test_column_layout_reads_through_strides(tensors, grid, strides):
     assert (n1, n2) == grid
     assert all(a is b for a, b in zip(laid_out, tensors, strict=True))  # no copies
     assert [flat_strides[3 * i : 3 * i + 3] for i in range(len(tensors))] == strides
+
+
+def test_blocks_are_capped_so_that_every_op_stays_under_the_parallel_grain():
+    # [128, 1000, 3]: sqrt(128) ~ 11 blocks of 3000 columns would be 33000 elements per op; 10 are used.
+    generator = torch.Generator().manual_seed(2)
+    out, coefficient = (
+        torch.randn(128, 1000, 3, generator=generator),
+        torch.rand(128, 1000, 1, generator=generator),
+    )
+    expected = one_step_at_a_time(out, coefficient)
+    torch.testing.assert_close(reverse_recurrence_(out, coefficient), expected)

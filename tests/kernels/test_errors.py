@@ -79,16 +79,7 @@ GAE_ERRORS = {
         ValueError,
         "gae: done is on meta, expected cpu like value",
     ),
-}
-
-
-@pytest.mark.parametrize("changes, error, message", GAE_ERRORS.values(), ids=GAE_ERRORS.keys())
-def test_gae_input_errors(changes, error, message):
-    with pytest.raises(error, match=re.escape(message)):
-        call_gae(**changes)
-
-
-HYPER_ERRORS = {
+    # hyper-parameters and backend
     "gamma-above-one": (dict(gamma=1.5), ValueError, "gae: gamma = 1.5 is outside [0, 1]"),
     "gamma-negative": (dict(gamma=-0.1), ValueError, "gae: gamma = -0.1 is outside [0, 1]"),
     "gamma-nan": (dict(gamma=float("nan")), ValueError, "gae: gamma = nan is outside [0, 1]"),
@@ -107,8 +98,8 @@ HYPER_ERRORS = {
 }
 
 
-@pytest.mark.parametrize("changes, error, message", HYPER_ERRORS.values(), ids=HYPER_ERRORS.keys())
-def test_gae_hyper_parameter_and_backend_errors(changes, error, message):
+@pytest.mark.parametrize("changes, error, message", GAE_ERRORS.values(), ids=GAE_ERRORS.keys())
+def test_gae_errors(changes, error, message):
     with pytest.raises(error, match=re.escape(message)):
         call_gae(**changes)
 

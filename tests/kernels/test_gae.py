@@ -160,3 +160,36 @@ def test_outputs_carry_no_gradient():
     for backend in (*FAST, "reference"):
         advantage, value_target = gae_by(backend, data)
         assert not advantage.requires_grad and not value_target.requires_grad
+
+
+# With several torch threads the torch path runs its vectorised passes in pieces under torch's parallel
+# grain (32768 elements): blocks of 10 rows here, or pieces of a row when a row alone is over the grain.
+WIDE = {"T40xB1000xn3": (40, (1000, 3)), "T3xB33000": (3, (33000,))}
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def torch_threads(request):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("num_steps, batch", WIDE.values(), ids=WIDE.keys())
+def test_matches_reference_across_row_blocks(num_steps, batch, torch_threads):
+    data = rollout(num_steps, batch, density=0.05)
+    flags = rollout(num_steps, (batch[0],) + (1,) * (len(batch) - 1), density=0.05, seed=1)
+    assert_matches_reference(data)
+    assert_matches_reference({**data, "done": flags["done"], "terminated": flags["terminated"]})
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 16], ids=lambda c: f"chunk{c}")
+def test_kernel_over_several_programs_and_chunk_sizes(chunk, monkeypatch):
+    # Blocks of 16 columns: 35 columns take three programs, the last one partly masked; the chunk
+    # sizes the GPU autotuner tries, against T = 37 (a partial earliest chunk for each).
+    monkeypatch.setattr("kernels._common.CPU_MAX_BLOCK", 16)
+    monkeypatch.setattr("kernels._common.CPU_CHUNK", chunk)
+    data = rollout(37, (5, 7), density=0.1)
+    env_flags = rollout(37, (5, 1), density=0.1, seed=1)
+    assert_matches_reference(data, backends=("triton",))
+    assert_matches_reference({**data, "done": env_flags["done"]}, backends=("triton",))

@@ -121,3 +121,27 @@ def test_gae_value_target_equals_td_lambda_return(lmbda):
     names = ("reward", "value", "next_value", "done", "terminated")
     _, value_target = gae(*(data[name] for name in names), gamma=0.9, lmbda=lmbda, backend="reference")
     assert_close(td_lambda_by("reference", data, gamma=0.9, lmbda=lmbda), value_target)
+
+
+WIDE = {"T40xB1000xn3": (40, (1000, 3)), "T3xB33000": (3, (33000,))}  # blocks of rows; pieces of rows
+
+
+@pytest.mark.parametrize("num_steps, batch", WIDE.values(), ids=WIDE.keys())
+@pytest.mark.parametrize("op", OPS.values(), ids=OPS.keys())
+def test_matches_reference_across_row_blocks(op, num_steps, batch):
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # several threads: the torch path works in pieces under the parallel grain
+    try:
+        assert_matches_reference(op, rollout(num_steps, batch, density=0.05))
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 16], ids=lambda c: f"chunk{c}")
+@pytest.mark.parametrize("op", OPS.values(), ids=OPS.keys())
+def test_kernel_over_several_programs_and_chunk_sizes(op, chunk, monkeypatch):
+    monkeypatch.setattr("kernels._common.CPU_MAX_BLOCK", 16)  # 35 columns: three programs
+    monkeypatch.setattr("kernels._common.CPU_CHUNK", chunk)
+    data = rollout(37, (5, 7), density=0.1)
+    expected = op("reference", data)
+    assert_close(op("triton", data), expected)
