@@ -158,6 +158,15 @@ class MultiAgentEnv:
     def reset(self, seed: int | None = None, *, mask: torch.Tensor | None = None) -> TensorDictBase:
         """Reset every env (re-seeding first when `seed` is given), or only those where the bool `[B]`
         `mask` is true; returns the observations of all envs."""
+        return self._as_tensordict(self.reset_data(seed, mask=mask))
+
+    def step(self, action: Mapping[str, torch.Tensor] | TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
+        """Advance every env one step; returns `(next, obs)` (see the module docstring)."""
+        next_data, obs_data = self.step_data(action)
+        return self._as_tensordict(next_data), self._as_tensordict(obs_data)
+
+    def reset_data(self, seed: int | None = None, *, mask: torch.Tensor | None = None) -> dict:
+        """`reset` returning nested dicts of tensors instead of a TensorDict (same keys and shapes)."""
         if seed is not None:
             self.seed = int(seed)
             self.generator.manual_seed(self.seed)
@@ -166,23 +175,24 @@ class MultiAgentEnv:
         else:
             self._check_tensor("mask", mask, (self.num_envs,), torch.bool)
         self._reset_where(mask)
-        return self._observation_td()
+        return self._observation_data()
 
-    def step(self, action: Mapping[str, torch.Tensor] | TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
-        """Advance every env one step; returns `(next, obs)` (see the module docstring)."""
+    def step_data(self, action: Mapping[str, torch.Tensor] | TensorDictBase) -> tuple[dict, dict]:
+        """`step` returning nested dicts of tensors instead of TensorDicts (same keys and shapes): the
+        rollout's hot path, which skips building two TensorDicts per step."""
         action = self._check_action(action)
         reward, terminated = self._step(action)
         self.step_count += 1
         truncated = (self.step_count >= self.max_steps) & ~terminated  # [B]
         done = terminated | truncated
-        next_td = self._observation_td()
+        next_data = self._observation_data()
         agent_terminated = self._agent_terminated() or {}
         for group, spec in self.groups.items():
             n = spec.n_agents
             agent_term = agent_terminated.get(group)
             agent_term = terminated[:, None].expand(-1, n) if agent_term is None else agent_term | terminated[:, None]
             agent_trunc = truncated[:, None].expand(-1, n) & ~agent_term
-            next_td[group].update(
+            next_data[group].update(
                 {
                     "reward": reward[group].unsqueeze(-1),
                     "terminated": agent_term.unsqueeze(-1),
@@ -190,7 +200,7 @@ class MultiAgentEnv:
                     "done": (agent_term | agent_trunc).unsqueeze(-1),
                 }
             )
-        next_td.update(
+        next_data.update(
             {
                 "terminated": terminated.unsqueeze(-1),
                 "truncated": truncated.unsqueeze(-1),
@@ -198,7 +208,7 @@ class MultiAgentEnv:
             }
         )
         self._reset_where(done)
-        return next_td, self._observation_td()
+        return next_data, self._observation_data()
 
     def sample_actions(self, generator: torch.Generator | None = None, obs: TensorDictBase | None = None) -> TensorDict:
         """A random action for every agent, `{group: [B, n, *action_shape]}`, honouring the action
@@ -242,7 +252,7 @@ class MultiAgentEnv:
         self._reset(mask)
         self.step_count = torch.where(mask, 0, self.step_count)
 
-    def _observation_td(self) -> TensorDict:
+    def _observation_data(self) -> dict:
         observations = self._observe()
         masks = self._action_mask()
         data: dict = {}
@@ -253,6 +263,9 @@ class MultiAgentEnv:
         state = self._state()
         if state is not None:
             data["state"] = state
+        return data
+
+    def _as_tensordict(self, data: dict) -> TensorDict:
         return TensorDict(data, batch_size=[self.num_envs], device=self.device)
 
     def _check_tensor(self, what: str, value, shape: tuple[int, ...], dtype: torch.dtype | None) -> None:

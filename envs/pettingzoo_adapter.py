@@ -39,7 +39,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
 
 from envs import options as _options
 from envs.agent_groups import group_by_type
@@ -165,10 +164,10 @@ class PettingZooEnv(MultiAgentEnv):
             raise NotImplementedError(f"{self.name} renders when made with render_mode='rgb_array'")
         return np.asarray(self.copies[index].render(), dtype=np.uint8)
 
-    def reset(self, seed: int | None = None, *, mask: torch.Tensor | None = None) -> TensorDictBase:
+    def reset_data(self, seed: int | None = None, *, mask: torch.Tensor | None = None) -> dict:
         if seed is not None:
             self._pending_seeds = [int(seed) + i for i in range(self.num_envs)]
-        return super().reset(seed, mask=mask)
+        return super().reset_data(seed, mask=mask)
 
     # ---- internals ---------------------------------------------------------------------------------
 

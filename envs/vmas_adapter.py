@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
 from envs import options as _options
 from envs.agent_groups import group_by_type
@@ -166,18 +166,18 @@ class VmasEnv(MultiAgentEnv):
     def _observe(self) -> dict[str, torch.Tensor]:
         return self._obs
 
-    def reset(self, seed: int | None = None, *, mask: torch.Tensor | None = None) -> TensorDictBase:
+    def reset_data(self, seed: int | None = None, *, mask: torch.Tensor | None = None) -> dict:
         if seed is not None:
             self._seed_vmas(int(seed))
-        return super().reset(seed, mask=mask)
+        return super().reset_data(seed, mask=mask)
 
-    def step(self, action: Mapping[str, torch.Tensor] | TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
-        """As `MultiAgentEnv.step`, with VMAS's info in `next` as `(group, "info", key)`."""
-        next_td, obs = super().step(action)
+    def step_data(self, action: Mapping[str, torch.Tensor] | TensorDictBase) -> tuple[dict, dict]:
+        """As `MultiAgentEnv.step_data`, with VMAS's info in `next` as `(group, "info", key)`."""
+        next_data, obs = super().step_data(action)
         for group, info in self._info.items():
             if info:
-                next_td[group].set("info", TensorDict(info, batch_size=[self.num_envs], device=self.device))
-        return next_td, obs
+                next_data[group]["info"] = info
+        return next_data, obs
 
     # ---- internals ---------------------------------------------------------------------------------
 

@@ -162,11 +162,21 @@ class GroupedEnv:
         return [a for spec in self.groups.values() for a in spec.agents]
 
     def reset(self, seed: int | None = None, *, mask: torch.Tensor | None = None) -> TensorDictBase:
-        return self._regroup(self.env.reset(seed, mask=mask))
+        return self._as_tensordict(self.reset_data(seed, mask=mask))
 
     def step(self, action: Mapping[str, torch.Tensor] | TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
-        next_td, obs = self.env.step(self._split_action(action))
-        return self._regroup(next_td), self._regroup(obs)
+        next_data, obs = self.step_data(action)
+        return self._as_tensordict(next_data), self._as_tensordict(obs)
+
+    def reset_data(self, seed: int | None = None, *, mask: torch.Tensor | None = None) -> dict:
+        return self._regroup(self.env.reset_data(seed, mask=mask))
+
+    def step_data(self, action: Mapping[str, torch.Tensor] | TensorDictBase) -> tuple[dict, dict]:
+        next_data, obs = self.env.step_data(self._split_action(action))
+        return self._regroup(next_data), self._regroup(obs)
+
+    def _as_tensordict(self, data: dict) -> TensorDict:
+        return TensorDict(data, batch_size=[self.num_envs], device=self.device)
 
     def sample_actions(self, generator: torch.Generator | None = None, obs: TensorDictBase | None = None):
         return sample_actions(self.groups, self.num_envs, self.device, generator, obs)
@@ -204,21 +214,22 @@ class GroupedEnv:
             tensors[group] = value
         return {g: _gather(tensors, segments, self._sizes) for g, segments in self._backward.items()}
 
-    def _regroup(self, td: TensorDictBase) -> TensorDictBase:
+    def _regroup(self, data: dict) -> dict:
+        """An env step's nested dict, with its per-agent entries moved to the new groups."""
         if self.identity:
-            return td
-        out = td.exclude(*self.env.groups)
-        per_group: dict[str, dict[str, torch.Tensor]] = {g: {} for g in self.groups}
+            return data
+        source = self.env.groups
+        out = {k: v for k, v in data.items() if k not in source}  # root flags and state
+        for group in self.groups:
+            out[group] = {}
         for key in PER_AGENT_KEYS:
-            if not all(key in td[g].keys() for g in self.env.groups):
+            if not all(key in data[g] for g in source):
                 continue
-            tensors = {g: td[g, key] for g in self.env.groups}
+            tensors = {g: data[g][key] for g in source}
             if key == "observation" and self.pad:
                 tensors = self._padded(tensors)
             for group, segments in self._forward.items():
-                per_group[group][key] = _gather(tensors, segments, self._source_sizes)
-        for group, values in per_group.items():
-            out[group] = TensorDict(values, batch_size=td.batch_size, device=td.device)
+                out[group][key] = _gather(tensors, segments, self._source_sizes)
         return out
 
     def _padded(self, observations: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -71,7 +71,7 @@ class Collector:
         self.env, self.policies, self.T, self.generator = env, dict(policies), rollout_length, generator
         self.device = env.device
         self.buffer = self._allocate()
-        self.obs = env.reset(seed=seed)
+        self.obs = env.reset_data(seed=seed)  # nested dicts of tensors: the step's hot path skips TensorDict
         self.stats = EpisodeStats(env.groups, env.num_envs, env.device)
         self._act = maybe_compile(self._act_eager, compile, self.device)
 
@@ -127,8 +127,8 @@ class Collector:
         }
         for t in range(self.T):
             obs = self.obs
-            observations = {g: obs[g, "observation"] for g in self.policies}
-            masks = {g: obs[g, "action_mask"] for g in self.policies if "action_mask" in leaves[g]}
+            observations = {g: obs[g]["observation"] for g in self.policies}
+            masks = {g: obs[g]["action_mask"] for g in self.policies if "action_mask" in leaves[g]}
             acted = self._act(observations, masks, {g: noise[g][t] for g in self.policies})
             actions = {}
             for g, (raw, log_prob, env_action) in acted.items():
@@ -141,18 +141,18 @@ class Collector:
                 actions[g] = env_action
             if has_state:
                 buffer["state"][t].copy_(obs["state"])
-            next_td, self.obs = env.step(actions)
+            next_data, self.obs = env.step_data(actions)
             rewards = {}
             for g in env.groups:
-                leaf, transition = leaves[g], next_td[g]
+                leaf, transition = leaves[g], next_data[g]
                 rewards[g] = transition["reward"][..., 0]
                 leaf["reward"][t].copy_(rewards[g])
                 leaf["terminated"][t].copy_(transition["terminated"][..., 0])
                 leaf["done"][t].copy_(transition["done"][..., 0])
                 leaf["next_observation"][t].copy_(transition["observation"])
             if has_state:
-                buffer["next_state"][t].copy_(next_td["state"])
-            self.stats.update(rewards, next_td["done"][:, 0])
+                buffer["next_state"][t].copy_(next_data["state"])
+            self.stats.update(rewards, next_data["done"][:, 0])
         return buffer
 
 

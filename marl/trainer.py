@@ -349,7 +349,7 @@ class Trainer:
             },
             "generator": self.generator.get_state(),
             "env": env_state,
-            "obs": self.collector.obs.to_dict(),
+            "obs": self.collector.obs,
             "stats": self.collector.stats.state_dict(),
         }
 
@@ -369,7 +369,7 @@ class Trainer:
         self.generator.set_state(state["generator"])
         if state["env"] is not None:
             self.env.load_state_dict(state["env"])
-            self.collector.obs = TensorDict(state["obs"], batch_size=[self.env.num_envs], device=self.device)
+            self.collector.obs = _to_device(state["obs"], self.device)
             self.collector.stats.load_state_dict(state["stats"])
         else:
             print("this env cannot save its state: resumed training starts new episodes")
@@ -385,6 +385,13 @@ class Trainer:
         trainer = cls(config, run_dir=Path(path).parent)
         trainer.load_state_dict(state)
         return trainer
+
+
+def _to_device(data, device: torch.device):
+    """A nested dict of tensors moved to `device`."""
+    if isinstance(data, dict):
+        return {k: _to_device(v, device) for k, v in data.items()}
+    return data.to(device)
 
 
 def default_run_dir(config: TrainConfig) -> Path:

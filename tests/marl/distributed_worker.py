@@ -72,8 +72,8 @@ def match(out: Path) -> None:
     resumed = Trainer.resume(out / "after_1.pt")
     resumed.train_iteration()
     record["resumed"] = parameters(resumed)
-    record["straight_obs"] = trainer.collector.obs.to_dict()
-    record["resumed_obs"] = resumed.collector.obs.to_dict()
+    record["straight_obs"] = trainer.collector.obs
+    record["resumed_obs"] = resumed.collector.obs
     torch.save(record, out / f"rank{rank}.pt")
     trainer.world.close()
 

@@ -45,7 +45,7 @@ def test_resume_reproduces_the_next_iteration_exactly(tmp_path):
             assert torch.equal(a, b)
         for a, b in zip(straight.learners[group].critic.parameters(), resumed.learners[group].critic.parameters()):
             assert torch.equal(a, b)
-    assert torch.equal(straight.collector.obs["agent", "observation"], resumed.collector.obs["agent", "observation"])
+    assert torch.equal(straight.collector.obs["agent"]["observation"], resumed.collector.obs["agent"]["observation"])
 
 
 def test_train_writes_log_and_atomic_checkpoints(tmp_path):
