@@ -43,6 +43,8 @@ class AlgoConfig:
     """What the critic sees: agent (IPPO), group (MAPPO), global (every group, or the env's state)."""
     lr: float = 3e-4
     """Adam learning rate of the policy and the critic."""
+    lr_schedule: Literal["constant", "linear"] = "constant"
+    """constant, or linear: annealed from lr to 0 over total_frames (set at each iteration)."""
     gamma: float = 0.99
     """Discount factor."""
     lmbda: float = 0.95

@@ -57,7 +57,13 @@ class EpisodeStats:
 
 
 class Collector:
-    """Steps `env` with `policies` and fills the buffer; keeps the current observation between calls."""
+    """Steps `env` with `policies` and fills the buffer; keeps the current observation between calls.
+
+    One step (act, write the buffer, step the env, count episodes) is one function, `_step`, of
+    tensors only; with `compile=True` it goes through `torch.compile` as a whole. The env's resets
+    draw from its generator, which a graph cannot hold, so the compiler splits the step there and runs
+    the draw eagerly; everything else fuses.
+    """
 
     def __init__(
         self,
@@ -71,24 +77,12 @@ class Collector:
         self.env, self.policies, self.T, self.generator = env, dict(policies), rollout_length, generator
         self.device = env.device
         self.buffer = self._allocate()
-        self.obs = env.reset_data(seed=seed)  # nested dicts of tensors: the step's hot path skips TensorDict
+        # Leaf tensors looked up once: the step writes them in place, with no TensorDict in the loop.
+        self.leaves = {g: {k: self.buffer[g, k] for k in self.buffer[g].keys()} for g in env.groups}
+        self.state_leaves = {k: self.buffer[k] for k in ("state", "next_state") if k in self.buffer.keys()}
+        self.obs = env.reset_data(seed=seed)  # nested dicts of tensors
         self.stats = EpisodeStats(env.groups, env.num_envs, env.device)
-        self._act = maybe_compile(self._act_eager, compile, self.device)
-
-    def _act_eager(
-        self,
-        observations: dict[str, torch.Tensor],
-        masks: dict[str, torch.Tensor],
-        noise: dict[str, torch.Tensor],
-    ) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Every group's `(raw action, log-prob, env action)` for one step: pure tensor code, so it
-        compiles into one graph."""
-        out = {}
-        for g, policy in self.policies.items():
-            dist = policy(observations[g], masks.get(g))
-            raw = dist.sample(noise[g])
-            out[g] = (raw, dist.log_prob(raw), dist.env_action(raw))
-        return out
+        self._step = maybe_compile(self._step_eager, compile, self.device)
 
     def _allocate(self) -> TensorDict:
         env, T, B = self.env, self.T, self.env.num_envs
@@ -115,45 +109,52 @@ class Collector:
     @torch.no_grad()
     def collect(self) -> TensorDict:
         """Run `T` steps; returns the filled buffer (overwritten by the next call)."""
-        buffer, env = self.buffer, self.env
-        # Leaf tensors looked up once: writing `leaf[t].copy_(x)` avoids TensorDict overhead per step.
-        leaves = {g: {k: buffer[g, k] for k in buffer[g].keys()} for g in env.groups}
-        has_state = env.state_spec is not None
-        B = env.num_envs
+        env, B = self.env, self.env.num_envs
         # The whole iteration's sampling noise in one draw per group: [T, B, n, head].
         noise = {
             g: draw_noise(env.groups[g].action, (self.T, B, env.groups[g].n_agents), self.generator, self.device)
             for g in self.policies
         }
-        for t in range(self.T):
-            obs = self.obs
-            observations = {g: obs[g]["observation"] for g in self.policies}
-            masks = {g: obs[g]["action_mask"] for g in self.policies if "action_mask" in leaves[g]}
-            acted = self._act(observations, masks, {g: noise[g][t] for g in self.policies})
-            actions = {}
-            for g, (raw, log_prob, env_action) in acted.items():
-                leaf = leaves[g]
-                leaf["observation"][t].copy_(observations[g])
-                leaf["action"][t].copy_(raw)
-                leaf["log_prob"][t].copy_(log_prob)
-                if g in masks:
-                    leaf["action_mask"][t].copy_(masks[g])
-                actions[g] = env_action
-            if has_state:
-                buffer["state"][t].copy_(obs["state"])
-            next_data, self.obs = env.step_data(actions)
-            rewards = {}
-            for g in env.groups:
-                leaf, transition = leaves[g], next_data[g]
-                rewards[g] = transition["reward"][..., 0]
-                leaf["reward"][t].copy_(rewards[g])
-                leaf["terminated"][t].copy_(transition["terminated"][..., 0])
-                leaf["done"][t].copy_(transition["done"][..., 0])
-                leaf["next_observation"][t].copy_(transition["observation"])
-            if has_state:
-                buffer["next_state"][t].copy_(next_data["state"])
-            self.stats.update(rewards, next_data["done"][:, 0])
-        return buffer
+        # Steps are addressed by a tensor index, so the compiled step is one graph for every t.
+        for t in torch.arange(self.T, device=self.device).unsqueeze(1):  # [1] each
+            self.obs = self._step(t, self.obs, noise)
+        return self.buffer
+
+    def _step_eager(self, t: torch.Tensor, obs: dict, noise: dict[str, torch.Tensor]) -> dict:
+        """Act on `obs` with step `t`'s noise (`noise[g]` is `[T, B, n, head]`), write step `t` of the
+        buffer, step the env; returns the next `obs`."""
+        actions = {}
+        for g, policy in self.policies.items():
+            leaf, observation = self.leaves[g], obs[g]["observation"]
+            mask = obs[g].get("action_mask")
+            dist = policy(observation, mask)
+            raw = dist.sample(noise[g].index_select(0, t).squeeze(0))
+            _write(leaf["observation"], t, observation)
+            _write(leaf["action"], t, raw)
+            _write(leaf["log_prob"], t, dist.log_prob(raw))
+            if mask is not None:
+                _write(leaf["action_mask"], t, mask)
+            actions[g] = dist.env_action(raw)
+        if self.state_leaves:
+            _write(self.state_leaves["state"], t, obs["state"])
+        next_data, obs = self.env.step_data(actions)
+        rewards = {}
+        for g in self.env.groups:
+            leaf, transition = self.leaves[g], next_data[g]
+            rewards[g] = transition["reward"][..., 0]
+            _write(leaf["reward"], t, rewards[g])
+            _write(leaf["terminated"], t, transition["terminated"][..., 0])
+            _write(leaf["done"], t, transition["done"][..., 0])
+            _write(leaf["next_observation"], t, transition["observation"])
+        if self.state_leaves:
+            _write(self.state_leaves["next_state"], t, next_data["state"])
+        self.stats.update(rewards, next_data["done"][:, 0])
+        return obs
+
+
+def _write(buffer: torch.Tensor, t: torch.Tensor, value: torch.Tensor) -> None:
+    """`buffer[t] = value` for a one-element index tensor `t` (no host read of t)."""
+    buffer.index_copy_(0, t, value.unsqueeze(0))
 
 
 def observations(

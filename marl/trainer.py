@@ -58,8 +58,6 @@ def make_env(config: TrainConfig, device: torch.device, num_envs: int | None = N
         num_envs=num_envs or settings.num_envs,
         device=device,
         seed=config.run.seed if seed is None else seed,
-        # Native envs compile their physics; adapters wrap simulators that torch.compile cannot trace.
-        compile=config.run.compile and "/" not in settings.env,
         **settings.env_options,
     )
     return GroupedEnv(env, settings.group_map, pad=settings.pad)
@@ -243,9 +241,18 @@ class Trainer:
             total = total + terms[g]["loss"]
         return total, terms
 
+    def _set_learning_rates(self) -> None:
+        """Anneal each group with a linear schedule: lr * (1 - progress), progress by frames so far."""
+        progress = min(self.frames / self.config.run.total_frames, 1.0)
+        for learner in self.learners.values():
+            if learner.algo.lr_schedule == "linear":
+                for group in learner.optimizer.param_groups:
+                    group["lr"] = learner.algo.lr * (1.0 - progress)
+
     def train_iteration(self) -> dict[str, float]:
         """Collect, advantages, update; returns the iteration's metrics (one host sync)."""
         start = time.perf_counter()
+        self._set_learning_rates()
         self.timer.mark("start")
         buffer = self.collector.collect()
         self.timer.mark("collect_s")
