@@ -64,8 +64,14 @@ def config(algo: str) -> TrainConfig:
         env=EnvSettings(env="navigation", num_envs=256),
         algo=AlgoConfig(algo=algo),
         model=ModelConfig(hidden=(64, 64)),
-        run=RunConfig(total_frames=frames, device=device, log_dir=str(OUT / "runs"), run_name=f"navigation-{algo}",
-                      progress=not QUICK, tensorboard=False),
+        run=RunConfig(
+            total_frames=frames,
+            device=device,
+            log_dir=str(OUT / "runs"),
+            run_name=f"navigation-{algo}",
+            progress=not QUICK,
+            tensorboard=False,
+        ),
     )
 
 
