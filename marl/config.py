@@ -62,7 +62,7 @@ class AlgoConfig:
     value_coef: float = 0.5
     """Weight of the value loss."""
     max_grad_norm: float = 1.0
-    """Clip each group's gradient norm to this (0 disables)."""
+    """Clip the gradient norm of each group's policy, and of its critic, to this (0 disables)."""
     normalize_advantage: bool = True
     """Normalise each group's advantages per minibatch."""
 

@@ -192,7 +192,8 @@ class Trainer:
         state = buffer["state"].flatten(0, 1) if "state" in buffer.keys() else None
         size = algo.minibatch_size
         count = frames // size
-        sums = {g: {k: torch.zeros((), device=self.device) for k in (*LOSS_TERMS, "grad_norm")} for g in flat}
+        norms = ("policy_grad_norm", "critic_grad_norm")
+        sums = {g: {k: torch.zeros((), device=self.device) for k in (*LOSS_TERMS, *norms)} for g in flat}
         parameters = [p for lr in self.learners.values() for p in lr.parameters()]
         for _ in range(algo.epochs):
             order = torch.randperm(frames, generator=self.generator, device=self.device)
@@ -206,8 +207,11 @@ class Trainer:
                     for name in LOSS_TERMS:
                         sums[g][name] += terms[g][name].detach()
                     if learner.algo.max_grad_norm > 0:
-                        norm = torch.nn.utils.clip_grad_norm_(learner.parameters(), learner.algo.max_grad_norm)
-                        sums[g]["grad_norm"] += norm.detach()
+                        # Clipped apart: the critic's gradients (large while values are far off) must
+                        # not shrink the policy's through one shared norm.
+                        for name, net in zip(norms, (learner.policy, learner.critic)):
+                            norm = torch.nn.utils.clip_grad_norm_(net.parameters(), learner.algo.max_grad_norm)
+                            sums[g][name] += norm.detach()
                     learner.optimizer.step()
         updates = algo.epochs * count
         return {g: {k: v / updates for k, v in terms.items()} for g, terms in sums.items()}
