@@ -26,7 +26,7 @@ def register(name: str) -> Callable[[type[MultiAgentEnv]], type[MultiAgentEnv]]:
         if name in _ENVS and _rerun_as_main(_ENVS[name], cls):
             cls.name = name  # `python -m envs.<module>`: the package import registered the class already
             return cls
-        if name in _ENVS and _ENVS[name] is not cls:
+        if name in _ENVS and _ENVS[name] is not cls and not _redefined(_ENVS[name], cls):
             raise ValueError(f"an env named {name!r} is already registered ({_ENVS[name].__qualname__})")
         if "/" in name:
             raise ValueError(f"env names may not contain '/': {name!r} (it separates adapter prefixes)")
@@ -46,6 +46,12 @@ def _rerun_as_main(registered: type, cls: type) -> bool:
         and spec.name == registered.__module__
         and cls.__qualname__ == registered.__qualname__
     )
+
+
+def _redefined(registered: type, cls: type) -> bool:
+    """Whether `cls` is a new definition of `registered` in the same module: a notebook cell run again
+    after an edit, or `importlib.reload`. The new code replaces the old."""
+    return cls.__module__ == registered.__module__ and cls.__qualname__ == registered.__qualname__
 
 
 def register_prefix(prefix: str, factory: Callable[..., MultiAgentEnv], help: str) -> None:

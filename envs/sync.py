@@ -15,9 +15,12 @@ adapter's own code around such calls stays under the guard.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
+import traceback
 from collections.abc import Iterator
 
+import tensordict
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -57,6 +60,21 @@ _DATA_DEPENDENT_OPS = {
 }
 
 
+_LIBRARIES = (os.path.dirname(torch.__file__), os.path.dirname(tensordict.__file__), os.path.abspath(__file__))
+
+
+def _error(what: str) -> HostSyncError:
+    """The error for `what`, naming the line that asked for it: the innermost caller outside torch,
+    tensordict and this module (an env's `_reset`, say), which a traceback buries under torch's frames."""
+    callers = [f for f in traceback.extract_stack() if not os.path.abspath(f.filename).startswith(_LIBRARIES)]
+    if not callers:
+        return HostSyncError(f"host sync: {what} is not allowed here")
+    line = callers[-1]
+    return HostSyncError(
+        f"host sync: {what} is not allowed here (at {line.filename}:{line.lineno} in {line.name}: `{line.line}`)"
+    )
+
+
 def _is_bool_index(indices) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices if i is not None)
 
@@ -68,11 +86,11 @@ class _ForbidMethods(TorchFunctionMode):
             return func(*args, **kwargs)
         what = _SYNCING_METHODS.get(func)
         if what is not None:
-            raise HostSyncError(f"host sync: {what} is not allowed here")
+            raise _error(what)
         if func is torch.Tensor.to and args and isinstance(args[0], torch.Tensor):
             target = kwargs.get("device", next((a for a in args[1:] if isinstance(a, (str, torch.device))), None))
             if target is not None and torch.device(target).type == "cpu" and args[0].device.type != "cpu":
-                raise HostSyncError("host sync: copying a device tensor to the CPU is not allowed here")
+                raise _error("copying a device tensor to the CPU")
         return func(*args, **kwargs)
 
 
@@ -89,7 +107,7 @@ class _ForbidDataDependentOps(TorchDispatchMode):
         if name == "aten::repeat_interleave" and func._overloadname != "self_int" and kwargs.get("output_size") is None:
             what = "repeat_interleave by a tensor (output shape depends on data)"
         if what is not None:
-            raise HostSyncError(f"host sync: {what} is not allowed here")
+            raise _error(what)
         return func(*args, **kwargs)
 
 

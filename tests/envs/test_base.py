@@ -151,3 +151,29 @@ def test_registry_errors():
 
 def test_names_lists_navigation():
     assert "navigation" in envs.names()
+
+
+def define_toy(reward: float) -> type:
+    """A new definition of the same class on each call, as a notebook cell run again defines it."""
+
+    class Toy(Counter):
+        def _step(self, action):
+            rewards, terminated = super()._step(action)
+            return {g: torch.full_like(r, reward) for g, r in rewards.items()}, terminated
+
+    return Toy
+
+
+def test_register_again_replaces_a_redefinition_and_refuses_another_class():
+    from envs import registry
+
+    try:
+        envs.register("toy_redefined")(define_toy(1.0))
+        envs.register("toy_redefined")(define_toy(2.0))  # the cell is run again after an edit
+        env = envs.make("toy_redefined", num_envs=2)
+        next_td, _ = env.step(good_action(env))
+        assert torch.equal(next_td["mover", "reward"], torch.full((2, 2, 1), 2.0))
+        with pytest.raises(ValueError, match="an env named 'toy_redefined' is already registered"):
+            envs.register("toy_redefined")(type("Other", (Counter,), {}))
+    finally:
+        registry._ENVS.pop("toy_redefined", None)

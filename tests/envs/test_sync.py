@@ -58,3 +58,15 @@ def test_allow_host_sync_lifts_the_guard_for_its_block_only():
             assert x[x > 0].numel() == int((x > 0).sum())
         with pytest.raises(HostSyncError, match="host sync"):
             x.sum().item()
+
+
+def test_error_names_the_line_that_synced():
+    def reset(mask):
+        if mask.any():
+            pass
+
+    with pytest.raises(HostSyncError, match=r"test_sync\.py:\d+ in reset: `if mask\.any\(\):`"), forbid_host_sync():
+        reset(x > 0)
+    with pytest.raises(HostSyncError, match=r"in test_error_names_the_line_that_synced: `x\[x > 0\]`"):
+        with forbid_host_sync():
+            x[x > 0]
