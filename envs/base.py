@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from envs.compile import maybe_compile
 from envs.specs import Box, Discrete, GroupSpec, MultiDiscrete
 
 
@@ -104,9 +105,9 @@ class MultiAgentEnv:
         }
         self.compiled = compile
         if compile:
-            # Instance attributes shadow the methods; shapes never change, so no dynamic shapes.
-            self._step = torch.compile(self._step, dynamic=False)
-            self._observe = torch.compile(self._observe, dynamic=False)
+            # Instance attributes shadow the methods; a compiler failure falls back to eager, once.
+            self._step = maybe_compile(self._step, True, self.device)
+            self._observe = maybe_compile(self._observe, True, self.device)
         self._init_state()
         self._reset(torch.ones(num_envs, dtype=torch.bool, device=self.device))
 

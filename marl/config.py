@@ -37,8 +37,8 @@ class EnvSettings:
 @dataclass(frozen=True)
 class AlgoConfig:
     algo: Literal["mappo", "ippo"] = "mappo"
-    """mappo: centralised critic (critic_scope auto = group, or global with an env state); ippo: each
-    agent's own observation."""
+    """mappo: a centralised critic (critic_scope auto = global: every group's observations, or the env's
+    state); ippo: each agent's critic sees its own observation."""
     critic_scope: Literal["auto", "agent", "group", "global"] = "auto"
     """What the critic sees: agent (IPPO), group (MAPPO), global (every group, or the env's state)."""
     lr: float = 3e-4
@@ -65,6 +65,9 @@ class AlgoConfig:
     """Clip the gradient norm of each group's policy, and of its critic, to this (0 disables)."""
     normalize_advantage: bool = True
     """Normalise each group's advantages per minibatch."""
+    normalize_value: bool = True
+    """Train the critic on value targets normalised by their running mean and std (MAPPO's value
+    normalisation), so that rewards of any scale learn alike."""
 
     def __post_init__(self) -> None:
         for name in ("gamma", "lmbda"):
@@ -79,12 +82,10 @@ class AlgoConfig:
         if self.epochs < 1 or self.minibatch_size < 1:
             raise ValueError(f"epochs and minibatch_size must be >= 1, got {self.epochs}, {self.minibatch_size}")
 
-    def scope(self, has_state: bool) -> str:
+    def scope(self) -> str:
         if self.critic_scope != "auto":
             return self.critic_scope
-        if self.algo == "ippo":
-            return "agent"
-        return "global" if has_state else "group"
+        return "agent" if self.algo == "ippo" else "global"
 
 
 @dataclass(frozen=True)

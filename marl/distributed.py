@@ -68,6 +68,10 @@ class World:
         """An iteration's metrics over all ranks; `stats` is the collector's `EpisodeStats`."""
         return values
 
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` summed over the ranks (a new tensor)."""
+        return tensor
+
     def gather_checkpoint(self, state: dict) -> dict | None:
         """The checkpoint to write on rank 0 (None on the others)."""
         return state
@@ -133,6 +137,12 @@ class DistributedWorld(World):
             torch.distributed.all_reduce(flat)
         flat /= self.size
         _copy_back(flat, grads)
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        total = tensor.clone()
+        with self._collective("a sum over the ranks"):
+            torch.distributed.all_reduce(total)
+        return total
 
     def reduce_metrics(self, values: dict[str, torch.Tensor], stats) -> dict[str, torch.Tensor]:
         """Loss terms and diagnostics: the mean over the ranks (each rank's is a mean over equally many

@@ -105,11 +105,58 @@ class CriticInput:
 
 
 class Critic(nn.Module):
-    """`[*B, n, critic input]` -> values `[*B, n]`."""
+    """`[*B, n, critic input]` -> values `[*B, n]`, in *normalised* units.
 
-    def __init__(self, in_features: int, n_agents: int, hidden: Sequence[int], activation: str, share_params: bool):
+    With value normalisation the network learns `(V - mean) / std` of the value targets seen so far
+    (running moments over every target, as in MAPPO's value normalisation): the output layer then
+    never has to crawl, one Adam step at a time, to a return of -50 or +500. `value()` gives values in
+    reward units. Without it, mean 0 and std 1 are kept, so both are the identity.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        n_agents: int,
+        hidden: Sequence[int],
+        activation: str,
+        share_params: bool,
+        normalize: bool = True,
+    ) -> None:
         super().__init__()
         self.net = MultiAgentMLP(in_features, 1, n_agents, hidden, activation, share_params, output_gain=1.0)
+        self.normalize = normalize
+        self.register_buffer("target_mean", torch.zeros(()))
+        self.register_buffer("target_var", torch.ones(()))
+        self.register_buffer("target_count", torch.zeros((), dtype=torch.float64))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x).squeeze(-1)
+
+    def value(self, x: torch.Tensor) -> torch.Tensor:
+        """Values in reward units."""
+        return self.denormalize(self(x))
+
+    def normalize_values(self, value: torch.Tensor) -> torch.Tensor:
+        return (value - self.target_mean) / self.target_var.sqrt()
+
+    def denormalize(self, value: torch.Tensor) -> torch.Tensor:
+        return value * self.target_var.sqrt() + self.target_mean
+
+    @torch.no_grad()
+    def update_moments(self, count: torch.Tensor, total: torch.Tensor, total_sq: torch.Tensor) -> None:
+        """Fold a batch's `count`, sum and sum of squares of value targets into the running moments
+        (no host sync: every quantity stays a tensor)."""
+        if not self.normalize:
+            return
+        new_count = self.target_count + count
+        batch_mean = total / count
+        batch_var = (total_sq / count - batch_mean.square()).clamp_min(0)
+        weight = (count / new_count).float()
+        delta = batch_mean - self.target_mean
+        mean = self.target_mean + weight * delta
+        # Chan et al.'s parallel variance: both parts' spreads plus the spread of their means.
+        var = (1 - weight) * self.target_var + weight * batch_var
+        var = var + weight * (1 - weight) * delta.square()
+        self.target_mean.copy_(mean)
+        self.target_var.copy_(var.clamp_min(1e-4))
+        self.target_count.copy_(new_count)

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from marl.compile import maybe_compile
+from envs.compile import maybe_compile
 from marl.distributions import draw_noise, raw_action_dtype
 from marl.models import Policy
 

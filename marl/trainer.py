@@ -24,9 +24,9 @@ from tensordict import TensorDict
 
 import envs
 import kernels
+from envs.compile import maybe_compile
 from marl import distributed
 from marl.checkpoint import load_checkpoint, save_checkpoint
-from marl.compile import maybe_compile
 from marl.config import AlgoConfig, ModelConfig, TrainConfig
 from marl.groups import GroupedEnv
 from marl.logger import NoLogger, RunLogger
@@ -94,9 +94,11 @@ def build_learners(config: TrainConfig, env, device: torch.device) -> dict[str, 
         algo, model = config.for_group(group)
         policy = policies[group]
         critic_input = CriticInput(
-            algo.scope(env.state_spec is not None), group, env.groups, state_size, agent_id=model.share_params
+            algo.scope(), group, env.groups, state_size, agent_id=model.share_params
         )
-        critic = Critic(critic_input.size, spec.n_agents, model.hidden, model.activation, model.share_params)
+        critic = Critic(
+            critic_input.size, spec.n_agents, model.hidden, model.activation, model.share_params, algo.normalize_value
+        )
         critic = critic.to(device)
         optimizer = torch.optim.Adam([*policy.parameters(), *critic.parameters()], lr=algo.lr, eps=1e-5)
         learners[group] = Learner(algo, model, policy, critic, critic_input, optimizer)
@@ -164,8 +166,8 @@ class Trainer:
         next_obs, next_state = observations(buffer, groups, next=True)
         explained = {}
         for g, learner in self.learners.items():
-            value = learner.critic(learner.critic_input(obs, state))  # [T, B, n]
-            next_value = learner.critic(learner.critic_input(next_obs, next_state))
+            value = learner.critic.value(learner.critic_input(obs, state))  # [T, B, n], reward units
+            next_value = learner.critic.value(learner.critic_input(next_obs, next_state))
             data = buffer[g]
             advantage, target = kernels.gae(
                 data["reward"],
@@ -177,6 +179,15 @@ class Trainer:
                 lmbda=learner.algo.lmbda,
             )
             data.update({"value": value, "advantage": advantage, "value_target": target})
+            wide = target.double()
+            moments = torch.stack(
+                [
+                    torch.tensor(float(wide.numel()), dtype=torch.float64, device=self.device),
+                    wide.sum(),
+                    wide.square().sum(),
+                ]
+            )
+            learner.critic.update_moments(*self.world.sum(moments))
             explained[g] = explained_variance(value, target)
         return explained
 
@@ -227,14 +238,14 @@ class Trainer:
         for g, learner in self.learners.items():
             data, a = batch[g], learner.algo
             dist = learner.policy(data["observation"], data.get("action_mask"))
-            value = learner.critic(learner.critic_input(obs, state))
+            critic = learner.critic
             terms[g] = ppo_loss(
                 dist.log_prob(data["action"]),
                 data["log_prob"],
                 data["advantage"],
-                value,
-                data["value"],
-                data["value_target"],
+                critic(learner.critic_input(obs, state)),  # normalised units, like the next two
+                critic.normalize_values(data["value"]),
+                critic.normalize_values(data["value_target"]),
                 dist.entropy(),
                 clip_eps=a.clip_eps,
                 clip_value=a.clip_value,
