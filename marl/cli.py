@@ -53,7 +53,8 @@ def _add_field(group: argparse._ArgumentGroup, cls: type, field: dataclasses.Fie
     elif typing.get_origin(tp) is typing.Literal:
         group.add_argument(flag, choices=typing.get_args(tp), **kwargs)
     elif typing.get_origin(tp) is tuple:
-        group.add_argument(flag, type=int, nargs="+", metavar="N", **kwargs)
+        item = typing.get_args(tp)[0]
+        group.add_argument(flag, type=item, nargs="+", metavar=item.__name__.upper(), **kwargs)
     else:
         group.add_argument(flag, type=tp, metavar=tp.__name__.upper(), **kwargs)
 
@@ -121,10 +122,10 @@ class UsageError(Exception):
 @contextlib.contextmanager
 def usage_errors():
     """Turn the errors that bad options raise while setting up (unknown env, option or value, missing
-    file) into a `UsageError`; errors during training itself keep their traceback."""
+    file or module) into a `UsageError`; errors during training itself keep their traceback."""
     try:
         yield
-    except (ValueError, TypeError, KeyError, FileNotFoundError) as error:
+    except (ValueError, TypeError, KeyError, FileNotFoundError, ImportError) as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         raise UsageError(str(message)) from error
 
@@ -201,8 +202,13 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_envs(args: argparse.Namespace) -> int:
+    import importlib
+
     import envs
 
+    with usage_errors():
+        for module in args.imports:
+            importlib.import_module(module)
     for name in envs.names():
         print(name)
         if "/" not in name:
@@ -237,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot.set_defaults(func=cmd_plot)
 
     listing = subparsers.add_parser("envs", help="list the envs and their options")
+    listing.add_argument("--imports", nargs="+", default=[], metavar="MODULE", help="modules that register more envs")
     listing.set_defaults(func=cmd_envs)
     return parser
 

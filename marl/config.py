@@ -28,6 +28,8 @@ class EnvSettings:
     """Which agents train together: by_type, all_in_one or per_agent."""
     pad: bool = False
     """With group_map=all_in_one, zero-pad observations of different sizes and tag each agent's type."""
+    imports: tuple[str, ...] = ()
+    """Python modules to import first, e.g. your own module that registers an env (`--imports my_envs`)."""
 
     def __post_init__(self) -> None:
         if self.num_envs < 1:
@@ -175,7 +177,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         return cls(
-            env=_options.build(EnvSettings, data["env"], "env settings"),
+            env=_options.build(EnvSettings, {**data["env"], "imports": tuple(data["env"].get("imports", ()))}, "env"),
             algo=_options.build(AlgoConfig, data["algo"], "algo config"),
             model=_options.build(ModelConfig, {**data["model"], "hidden": tuple(data["model"]["hidden"])}, "model"),
             run=_options.build(RunConfig, data["run"], "run config"),

@@ -14,6 +14,7 @@ the envs. One iteration:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import time
 from dataclasses import dataclass
@@ -53,6 +54,8 @@ def resolve_device(device: str) -> torch.device:
 def make_env(config: TrainConfig, device: torch.device, num_envs: int | None = None, seed: int | None = None):
     """The configured env, regrouped by the configured group map."""
     settings = config.env
+    for module in settings.imports:
+        importlib.import_module(module)
     env = envs.make(
         settings.env,
         num_envs=num_envs or settings.num_envs,
@@ -93,9 +96,7 @@ def build_learners(config: TrainConfig, env, device: torch.device) -> dict[str, 
     for group, spec in env.groups.items():
         algo, model = config.for_group(group)
         policy = policies[group]
-        critic_input = CriticInput(
-            algo.scope(), group, env.groups, state_size, agent_id=model.share_params
-        )
+        critic_input = CriticInput(algo.scope(), group, env.groups, state_size, agent_id=model.share_params)
         critic = Critic(
             critic_input.size, spec.n_agents, model.hidden, model.activation, model.share_params, algo.normalize_value
         )

@@ -132,3 +132,18 @@ def test_train_eval_plot_end_to_end(tmp_path):
         [*run, "train", "--resume", str(checkpoint), "--lr", "0.1"], capture_output=True, text=True
     )
     assert refused.returncode == 2 and "only" in refused.stderr and "['lr']" in refused.stderr
+
+
+def test_train_an_env_registered_by_the_users_own_module(tmp_path, monkeypatch, capsys):
+    (tmp_path / "my_envs.py").write_text(
+        "import envs\nfrom tests.envs.broken_envs import Counter\n\n"
+        "@envs.register('my_counter')\nclass MyCounter(Counter):\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    argv = ["train", "--imports", "my_envs", "--env", "my_counter", "--num-envs", "8", "--rollout-length", "8",
+            "--minibatch-size", "32", "--total-frames", "64", "--log-dir", str(tmp_path), "--run-name", "mine",
+            "--no-progress", "--no-tensorboard"]
+    assert main(argv) == 0
+    assert "mover" in capsys.readouterr().out
+    assert main(["train", "--imports", "no_such_module", "--env", "my_counter"]) == 2
+    assert "No module named 'no_such_module'" in capsys.readouterr().err
