@@ -17,7 +17,8 @@ An env author subclasses `MultiAgentEnv` and writes only the physics:
 - `_make_groups()`: the group specs;
 - `_init_state()`: allocate the state tensors;
 - `_reset(mask)`: re-initialise the state where the bool `[B]` mask is true (draw random numbers for
-  the whole batch from `self.generator` and select with `torch.where`, so no shape depends on data);
+  the whole batch from `self.rng`, the env's counter-based stream (`envs.random`), and select with
+  `torch.where`, so no shape depends on data and the step compiles into one graph);
 - `_step(action) -> (reward, terminated)`: advance every env and agent at once; `reward` is
   `{group: [B, n]}`, `terminated` a bool `[B]`;
 - `_observe() -> {group: [B, n, *obs_shape]}`; optionally `_action_mask()`, `_state()`,
@@ -39,6 +40,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from envs.compile import maybe_compile
+from envs.random import CounterRandom
 from envs.specs import Box, Discrete, GroupSpec, MultiDiscrete
 
 
@@ -77,12 +79,12 @@ class MultiAgentEnv:
             config: the env's options (`type(self).Config`); defaults when None.
             num_envs: number of envs stepped as one batch (B), >= 1.
             device: where the state and every tensor live.
-            seed: seeds the env's own `torch.Generator`; a random seed when None.
+            seed: seeds the env's own random stream (`self.rng`); a random seed when None.
             check_values: also check action values (NaN/inf, bounds, masks) on every step. This
                 synchronises with the host, so it is meant for tests and debugging.
-            compile: run the physics (`_step`, `_observe`) through `torch.compile`, which fuses its
-                many small ops into a few kernels (the first step then takes seconds to compile).
-                Resets stay eager: they draw from the env's generator, which graphs cannot hold.
+            compile: run the physics (`_step`, `_observe`, `_reset`) through `torch.compile`, which
+                fuses its many small ops into a few kernels (the first step then takes seconds to
+                compile). A compiler failure falls back to eager with one warning.
         """
         if config is None:
             config = self.Config()
@@ -94,9 +96,8 @@ class MultiAgentEnv:
         self.num_envs = num_envs
         self.device = torch.device(device)
         self.check_values = check_values
-        self.generator = torch.Generator(device=self.device)
         self.seed = int(seed) if seed is not None else int(torch.randint(2**62, (1,)).item())
-        self.generator.manual_seed(self.seed)
+        self.rng = CounterRandom(self.seed, self.device)
         self.groups: dict[str, GroupSpec] = dict(self._make_groups())
         self.state_spec: Box | None = self._state_spec()
         self.step_count = torch.zeros(num_envs, dtype=torch.long, device=self.device)  # [B]
@@ -108,6 +109,7 @@ class MultiAgentEnv:
             # Instance attributes shadow the methods; a compiler failure falls back to eager, once.
             self._step = maybe_compile(self._step, True, self.device)
             self._observe = maybe_compile(self._observe, True, self.device)
+            self._reset = maybe_compile(self._reset, True, self.device)
         self._init_state()
         self._reset(torch.ones(num_envs, dtype=torch.bool, device=self.device))
 
@@ -170,7 +172,7 @@ class MultiAgentEnv:
         """`reset` returning nested dicts of tensors instead of a TensorDict (same keys and shapes)."""
         if seed is not None:
             self.seed = int(seed)
-            self.generator.manual_seed(self.seed)
+            self.rng.seed(self.seed)
         if mask is None:
             mask = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
         else:
@@ -218,14 +220,14 @@ class MultiAgentEnv:
 
     def state_dict(self) -> dict:
         """Everything needed to continue exactly where the env is: its tensors (attributes holding a
-        tensor or a dict of tensors), step counters and generator state."""
+        tensor or a dict of tensors), step counters and random stream."""
         state = {
             name: value
             for name, value in vars(self).items()
             if isinstance(value, torch.Tensor)
             or (isinstance(value, dict) and value and all(isinstance(v, torch.Tensor) for v in value.values()))
         }
-        return {"tensors": state, "generator": self.generator.get_state(), "seed": self.seed}
+        return {"tensors": state, "rng": self.rng.state_dict(), "seed": self.seed}
 
     def load_state_dict(self, state: dict) -> None:
         for name, value in state["tensors"].items():
@@ -234,7 +236,7 @@ class MultiAgentEnv:
             else:
                 value = value.to(self.device)
             setattr(self, name, value)
-        self.generator.set_state(state["generator"])
+        self.rng.load_state_dict(state["rng"])
         self.seed = state["seed"]
 
     def render(self, index: int = 0) -> np.ndarray:

@@ -89,7 +89,7 @@ class Navigation(MultiAgentEnv):
     def _reset(self, mask: torch.Tensor) -> None:
         c, B, n = self.config, self.num_envs, self.config.n_agents
         spawn = physics.spawn_separated(
-            B, 2 * n, c.arena, 2 * c.agent_radius + 0.05, self.generator, self.device
+            B, 2 * n, c.arena, 2 * c.agent_radius + 0.05, self.rng
         )  # [B, 2n, 2]: agents then goals
         m = mask[:, None, None]
         self.pos = torch.where(m, spawn[:, :n], self.pos)

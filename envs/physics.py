@@ -10,6 +10,8 @@ import math
 
 import torch
 
+from envs.random import CounterRandom
+
 # MPE's world (mpe2's `core.World`, shared by its scenarios): time step, velocity damping per step,
 # contact stiffness and margin, and the force of a full action for agents without an accel of their own.
 MPE_DT, MPE_DRAG, MPE_CONTACT_STIFFNESS, MPE_CONTACT_MARGIN, MPE_ACCEL = 0.1, 0.25, 100.0, 1e-3, 5.0
@@ -33,11 +35,9 @@ def drop_self(pairwise: torch.Tensor) -> torch.Tensor:
     return off_diagonal.reshape(B, m, m - 1, *rest)
 
 
-def spawn_uniform(
-    num_envs: int, n_entities: int, half_width: float, generator: torch.Generator, device: torch.device
-) -> torch.Tensor:
+def spawn_uniform(num_envs: int, n_entities: int, half_width: float, rng: CounterRandom) -> torch.Tensor:
     """Positions drawn uniformly from `[-half_width, half_width]^2` (MPE's spawn); `[num_envs, n_entities, 2]`."""
-    return (torch.rand(num_envs, n_entities, 2, generator=generator, device=device) * 2 - 1) * half_width
+    return (rng.rand(num_envs, n_entities, 2) * 2 - 1) * half_width
 
 
 def spawn_separated(
@@ -45,8 +45,7 @@ def spawn_separated(
     n_entities: int,
     half_width: float,
     min_distance: float,
-    generator: torch.Generator,
-    device: torch.device,
+    rng: CounterRandom,
 ) -> torch.Tensor:
     """Random positions in `[-half_width, half_width]^2`, pairwise at least `min_distance` apart.
 
@@ -69,10 +68,10 @@ def spawn_separated(
             f"make the arena larger"
         )
     cell = width / cells_per_side
-    cells = torch.rand(num_envs, cells_per_side**2, generator=generator, device=device).argsort(-1)[:, :n_entities]
+    cells = rng.rand(num_envs, cells_per_side**2).argsort(-1)[:, :n_entities]
     corner = torch.stack([cells % cells_per_side, cells // cells_per_side], -1).float() * cell  # [B, m, 2]
-    jitter = torch.rand(num_envs, n_entities, 2, generator=generator, device=device) * (cell - min_distance)
-    shift = torch.rand(num_envs, 1, 2, generator=generator, device=device) * width
+    jitter = rng.rand(num_envs, n_entities, 2) * (cell - min_distance)
+    shift = rng.rand(num_envs, 1, 2) * width
     return torch.remainder(corner + min_distance / 2 + jitter + shift, width) - half_width
 
 

@@ -70,8 +70,8 @@ class SpeakerListener(MultiAgentEnv):
 
     def _reset(self, mask: torch.Tensor) -> None:
         B, L = self.num_envs, self.config.n_landmarks
-        spawn = physics.spawn_uniform(B, 1 + L, 1.0, self.generator, self.device)  # [B, 1+L, 2]: listener, landmarks
-        target = torch.randint(L, (B,), generator=self.generator, device=self.device)
+        spawn = physics.spawn_uniform(B, 1 + L, 1.0, self.rng)  # [B, 1+L, 2]: listener, landmarks
+        target = self.rng.randint(L, B)
         m = mask[:, None]
         self.pos = torch.where(m, spawn[:, 0], self.pos)
         self.vel = torch.where(m, 0.0, self.vel)

@@ -126,7 +126,7 @@ class Spread(MultiAgentEnv):
 
     def _reset(self, mask: torch.Tensor) -> None:
         B, n = self.num_envs, self.config.n_agents
-        spawn = physics.spawn_uniform(B, 2 * n, 1.0, self.generator, self.device)  # [B, 2n, 2]: agents, landmarks
+        spawn = physics.spawn_uniform(B, 2 * n, 1.0, self.rng)  # [B, 2n, 2]: agents, landmarks
         at_rest = torch.zeros(B, n + 1, 2, device=self.device)  # velocities and the origin
         self.world = torch.where(mask[:, None, None], torch.cat([spawn, at_rest], 1), self.world)
 

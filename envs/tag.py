@@ -108,8 +108,8 @@ class Tag(MultiAgentEnv):
     def _reset(self, mask: torch.Tensor) -> None:
         c, B = self.config, self.num_envs
         m = mask[:, None, None]
-        agents = physics.spawn_uniform(B, c.n_predators + c.n_prey, 1.0, self.generator, self.device)
-        obstacles = physics.spawn_uniform(B, c.n_obstacles, 0.9, self.generator, self.device)
+        agents = physics.spawn_uniform(B, c.n_predators + c.n_prey, 1.0, self.rng)
+        obstacles = physics.spawn_uniform(B, c.n_obstacles, 0.9, self.rng)
         self.pos = torch.where(m, agents, self.pos)
         self.vel = torch.where(m, 0.0, self.vel)
         self.obstacle = torch.where(m, obstacles, self.obstacle)

@@ -4,6 +4,7 @@
     marl train --env navigation --algo ippo --num-envs 512 --env-option n_agents=5
     marl eval --checkpoint runs/RUN/checkpoint.pt --episodes 100 --render team.gif
     marl plot runs/RUN
+    marl bench --quick
     marl envs
 
 The train options are generated from the config dataclasses in `marl.config`; their docstrings are
@@ -201,6 +202,13 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from marl.bench import run
+
+    run(args, sys.argv[2:])
+    return 0
+
+
 def cmd_envs(args: argparse.Namespace) -> int:
     import importlib
 
@@ -241,6 +249,18 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("run_dir", help="the run's folder (holding metrics.csv)")
     plot.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/learning_curve.png)")
     plot.set_defaults(func=cmd_plot)
+
+    from marl.bench import __doc__ as bench_doc
+    from marl.bench import add_arguments as bench_arguments
+
+    bench = subparsers.add_parser(
+        "bench",
+        help="run the env, kernel and training benchmarks in one table",
+        description=bench_doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    bench_arguments(bench)
+    bench.set_defaults(func=cmd_bench)
 
     listing = subparsers.add_parser("envs", help="list the envs and their options")
     listing.add_argument("--imports", nargs="+", default=[], metavar="MODULE", help="modules that register more envs")

@@ -43,7 +43,7 @@ class AlgoConfig:
     state); ippo: each agent's critic sees its own observation."""
     critic_scope: Literal["auto", "agent", "group", "global"] = "auto"
     """What the critic sees: agent (IPPO), group (MAPPO), global (every group, or the env's state)."""
-    lr: float = 3e-4
+    lr: float = 1e-3
     """Adam learning rate of the policy and the critic."""
     lr_schedule: Literal["constant", "linear"] = "constant"
     """constant, or linear: annealed from lr to 0 over total_frames (set at each iteration)."""
@@ -109,7 +109,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    total_frames: int = 3_000_000
+    total_frames: int = 2_000_000
     """Frames (env steps) to train for."""
     rollout_length: int = 64
     """Steps collected per env per iteration (T); an iteration is num_envs * rollout_length frames."""

@@ -49,8 +49,9 @@ device = "cuda" if torch.cuda.is_available() else "cpu"
 #
 # Three habits keep it on the device and correct:
 #
-# - **Draw random numbers for the whole batch, from `self.generator`.** The env's own generator is what
-#   `reset(seed=...)` seeds, so a seed reproduces a run. Drawing `[B, n, 2]` numbers on every reset, even
+# - **Draw random numbers for the whole batch, from `self.rng`.** The env's own random stream is what
+#   `reset(seed=...)` seeds, so a seed reproduces a run; it is made of plain tensor ops, so the step
+#   still compiles into one graph (`self.rng.rand`, `randn`, `randint`). Drawing `[B, n, 2]` numbers on every reset, even
 #   when one env resets, keeps the amount of randomness independent of the data: no shape depends on
 #   how many envs are done (which would need a host sync to know), and no env's start depends on which
 #   *other* envs happened to reset at the same time.
@@ -97,7 +98,7 @@ class Rendezvous(envs.MultiAgentEnv):
 
     def _reset(self, mask):
         c, B, n = self.config, self.num_envs, self.config.n_agents
-        fresh = (torch.rand(B, n, 2, generator=self.generator, device=self.device) * 2 - 1) * c.arena  # [B, n, 2]
+        fresh = (self.rng.rand(B, n, 2) * 2 - 1) * c.arena  # [B, n, 2]
         self.pos = torch.where(mask[:, None, None], fresh, self.pos)
 
     def centroid(self):
@@ -197,7 +198,7 @@ check(SkipsIdleReset)
 class IndexedReset(Rendezvous):
     def _reset(self, mask):
         c, B, n = self.config, self.num_envs, self.config.n_agents
-        fresh = (torch.rand(B, n, 2, generator=self.generator, device=self.device) * 2 - 1) * c.arena
+        fresh = (self.rng.rand(B, n, 2) * 2 - 1) * c.arena
         self.pos = self.pos.clone()
         self.pos[mask] = fresh[mask]  # data-dependent shape: [mask.sum(), n, 2]
 

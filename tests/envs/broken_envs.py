@@ -39,7 +39,7 @@ class Counter(MultiAgentEnv):
         self.picks = torch.zeros(B, device=self.device)  # [B]
 
     def _reset(self, mask):
-        target = torch.rand(self.num_envs, self.config.n_agents, generator=self.generator, device=self.device)
+        target = self.rng.rand(self.num_envs, self.config.n_agents)
         self.target = torch.where(mask[:, None], target, self.target)
         self.pos = torch.where(mask[:, None], 0.0, self.pos)
         self.picks = torch.where(mask, 0.0, self.picks)
@@ -97,7 +97,7 @@ class HostSync(Counter):
 
 
 class GlobalRandom(Counter):
-    """Draws from torch's global generator instead of the env's own: seeds do not reproduce runs."""
+    """Draws from torch's global generator instead of the env's own stream: seeds do not reproduce runs."""
 
     def _reset(self, mask):
         target = torch.rand(self.num_envs, self.config.n_agents, device=self.device)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from envs import physics
+from envs.random import CounterRandom
 
 
 @pytest.mark.parametrize("m", [1, 2, 5])
@@ -59,6 +60,6 @@ def test_integrate_explicit_moves_with_the_old_velocity_and_caps_speed():
 
 
 def test_spawn_uniform_covers_the_square():
-    points = physics.spawn_uniform(256, 4, 0.9, torch.Generator().manual_seed(0), torch.device("cpu"))
+    points = physics.spawn_uniform(256, 4, 0.9, CounterRandom(0, "cpu"))
     assert points.shape == (256, 4, 2)
     assert points.abs().max() <= 0.9 and points.abs().max() > 0.85

@@ -40,7 +40,7 @@ class Echo(MultiAgentEnv):
     def _reset(self, mask):
         for g in self.last:
             self.last[g] = torch.where(mask[:, None, None], 0.0, self.last[g])
-        noise = torch.rand(self.num_envs, generator=self.generator, device=self.device)
+        noise = self.rng.rand(self.num_envs)
         self.noise = torch.where(mask, noise, self.noise)
 
     def uid(self, group):

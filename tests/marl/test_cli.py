@@ -39,7 +39,7 @@ def test_options_reach_the_config():
             "--env-option",
             "shared_reward=False",
             "--group",
-            "agent.lr=0.001",
+            "agent.lr=0.003",
             "--no-clip-value",
             "--total-frames",
             "1000",
@@ -50,8 +50,8 @@ def test_options_reach_the_config():
     config = config_from_args(args)
     assert config.algo.algo == "ippo" and config.env.num_envs == 8 and config.model.hidden == (32, 16)
     assert config.env.env_options == {"n_agents": 5, "shared_reward": False}
-    assert config.group_overrides == {"agent": {"lr": 0.001}} and not config.algo.clip_value
-    assert config.for_group("agent")[0].lr == 0.001 and config.algo.lr == 3e-4
+    assert config.group_overrides == {"agent": {"lr": 0.003}} and not config.algo.clip_value
+    assert config.for_group("agent")[0].lr == 0.003 and config.algo.lr == 1e-3
 
 
 @pytest.mark.parametrize(
@@ -140,9 +140,27 @@ def test_train_an_env_registered_by_the_users_own_module(tmp_path, monkeypatch, 
         "@envs.register('my_counter')\nclass MyCounter(Counter):\n    pass\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    argv = ["train", "--imports", "my_envs", "--env", "my_counter", "--num-envs", "8", "--rollout-length", "8",
-            "--minibatch-size", "32", "--total-frames", "64", "--log-dir", str(tmp_path), "--run-name", "mine",
-            "--no-progress", "--no-tensorboard"]
+    argv = [
+        "train",
+        "--imports",
+        "my_envs",
+        "--env",
+        "my_counter",
+        "--num-envs",
+        "8",
+        "--rollout-length",
+        "8",
+        "--minibatch-size",
+        "32",
+        "--total-frames",
+        "64",
+        "--log-dir",
+        str(tmp_path),
+        "--run-name",
+        "mine",
+        "--no-progress",
+        "--no-tensorboard",
+    ]
     assert main(argv) == 0
     assert "mover" in capsys.readouterr().out
     assert main(["train", "--imports", "no_such_module", "--env", "my_counter"]) == 2

@@ -34,7 +34,7 @@ def test_per_group_configs_reach_their_networks(tmp_path):
         config(
             tmp_path,
             group_overrides={
-                "speaker": {"hidden": (16,), "lr": 1e-3, "activation": "relu", "critic_scope": "agent"},
+                "speaker": {"hidden": (16,), "lr": 3e-3, "activation": "relu", "critic_scope": "agent"},
                 "listener": {"share_params": False},
             },
         )
@@ -42,7 +42,7 @@ def test_per_group_configs_reach_their_networks(tmp_path):
     speaker, listener = trainer.learners["speaker"], trainer.learners["listener"]
     assert [m.out_features for m in speaker.policy.net.layers if hasattr(m, "out_features")] == [16, 3]
     assert isinstance(speaker.policy.net.layers[1], torch.nn.ReLU)
-    assert speaker.optimizer.param_groups[0]["lr"] == 1e-3 and listener.optimizer.param_groups[0]["lr"] == 3e-4
+    assert speaker.optimizer.param_groups[0]["lr"] == 3e-3 and listener.optimizer.param_groups[0]["lr"] == 1e-3
     assert speaker.critic_input.scope == "agent" and listener.critic_input.scope == "global"
     assert not listener.policy.net.share_params and speaker.policy.net.share_params
     # The listener's critic sees every group: speaker (3) + listener (11) observations, no agent id.

@@ -1,0 +1,65 @@
+"""The envs' counter-based random stream: distribution, seeding, state, and compiled == eager."""
+
+import math
+
+import torch
+
+from envs.random import CounterRandom, splitmix64
+
+
+def test_uniform_and_normal_moments():
+    rng = CounterRandom(0, "cpu")
+    u = rng.rand(400_000)
+    assert 0 <= u.min() and u.max() < 1
+    assert abs(u.mean().item() - 0.5) < 3e-3 and abs(u.var().item() - 1 / 12) < 1e-3
+    n = rng.randn(400_000)
+    assert abs(n.mean().item()) < 1e-2 and abs(n.std().item() - 1) < 1e-2
+    # Two-sided 3-sigma tail of a normal: 0.27%.
+    assert abs((n.abs() > 3).float().mean().item() - 0.0027) < 5e-4
+    k = rng.randint(5, 100_000)
+    assert set(k.unique().tolist()) == {0, 1, 2, 3, 4}
+
+
+def test_consecutive_draws_are_uncorrelated():
+    x = CounterRandom(3, "cpu").rand(200_001)
+    assert abs(torch.corrcoef(torch.stack([x[:-1], x[1:]]))[0, 1].item()) < 0.01
+
+
+def test_seeding_and_state():
+    a, b, c = CounterRandom(1, "cpu"), CounterRandom(1, "cpu"), CounterRandom(2, "cpu")
+    assert torch.equal(a.rand(10), b.rand(10)) and not torch.equal(a.rand(10), c.rand(10))
+    state = a.state_dict()
+    first = a.rand(5)
+    a.load_state_dict(state)
+    assert torch.equal(a.rand(5), first)
+    a.seed(1)
+    assert torch.equal(a.rand(10), CounterRandom(1, "cpu").rand(10))
+    assert a.counter.item() == 10
+
+
+def test_splitmix64_matches_its_definition():
+    """The 64-bit arithmetic, checked against Python integers."""
+    mask = (1 << 64) - 1
+
+    def reference(z: int) -> int:
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        return z ^ (z >> 31)
+
+    values = [0, 1, 12345, (1 << 63) + 7, mask]
+    signed = torch.tensor([v - (1 << 64) if v >= 1 << 63 else v for v in values], dtype=torch.int64)
+    got = [(int(x) + (1 << 64)) % (1 << 64) for x in splitmix64(signed)]
+    assert got == [reference(v) for v in values]
+
+
+def test_compiled_draws_equal_eager_ones():
+    def draw(rng):
+        return rng.rand(4, 3), rng.randint(7, 5), rng.randn(6)
+
+    eager, compiled = CounterRandom(5, "cpu"), CounterRandom(5, "cpu")
+    step = torch.compile(draw, fullgraph=True)
+    for _ in range(3):
+        for x, y in zip(draw(eager), step(compiled)):
+            torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-6)
+    assert eager.counter.item() == compiled.counter.item() == 3 * (12 + 5 + 12)
+    assert math.isfinite(eager.randn(10).sum().item())
