@@ -21,7 +21,8 @@ After `on_train_end` BenchMARL updates the collector's policy weights and commit
 that falls into the next iteration's `collect_s` and, for the last iteration, into no phase but the
 total. `episode_return` is `experiment.mean_return` after each collection: the mean, over the episodes
 that ended in the batch just collected, of the agents' mean episode return (what BenchMARL's progress
-bar shows and logs as `collection/reward/episode_reward_mean`).
+bar shows and logs as `collection/reward/episode_reward_mean`). `policy_std` is the mean scale of
+the policy's Gaussian (before the tanh) over that batch, a diagnostic.
 """
 
 from __future__ import annotations
@@ -62,9 +63,13 @@ class PhaseTimes(Callback):
     def on_batch_collected(self, batch):
         self.collected, self.frames, self.advantages = time.perf_counter(), batch.numel(), 0.0
         self.episode_return = float(self.experiment.mean_return)
+        scales = [batch[g, "scale"].mean() for g in self.experiment.group_map if (g, "scale") in batch.keys(True)]
+        self.policy_std = float(torch.stack(scales).mean()) if scales else float("nan")
 
     def on_train_end(self, training_td, group):
-        self.marks.append((self.collected, time.perf_counter(), self.advantages, self.frames, self.episode_return))
+        self.marks.append(
+            (self.collected, time.perf_counter(), self.advantages, self.frames, self.episode_return, self.policy_std)
+        )
 
 
 config = ExperimentConfig.get_from_yaml()
@@ -102,9 +107,10 @@ start = time.perf_counter()
 experiment.run()
 seconds = time.perf_counter() - start
 iterations, previous = [], start
-for collected, end, advantages, frames, episode_return in callback.marks:
+for collected, end, advantages, frames, episode_return, policy_std in callback.marks:
     iterations.append({"frames": frames, "collect_s": collected - previous, "advantages_s": advantages,
-                       "update_s": end - collected - advantages, "episode_return": episode_return})
+                       "update_s": end - collected - advantages, "episode_return": episode_return,
+                       "policy_std": policy_std})
     previous = end
 print(json.dumps({"benchmarl": benchmarl.__version__, "torch": torch.__version__, "defaults": defaults,
                   "frames": experiment.total_frames, "seconds": seconds, "iterations": iterations}))

@@ -171,16 +171,26 @@ def run_vecmarl(config: TrainConfig) -> dict:
         iterations = []
         start = time.perf_counter()
         while trainer.frames < config.run.total_frames:
+            std = policy_std(trainer)  # of the policy that collects this iteration's batch
             row = trainer.train_iteration()
             iterations.append(
                 {
                     "frames": trainer.frames_per_iteration,
                     **{phase: row[phase] for phase in PHASES},
                     "episode_return": statistics.fmean(row[f"{g}/episode_return"] for g in groups),
+                    "policy_std": std,
                 }
             )
         seconds = time.perf_counter() - start
     return {"frames": trainer.frames, "seconds": seconds, "iterations": iterations}
+
+
+def policy_std(trainer) -> float:
+    """The mean standard deviation (before the tanh) of the continuous policies, a diagnostic; NaN if none."""
+    stds = [
+        lr.policy.log_std.detach().exp().mean() for lr in trainer.learners.values() if hasattr(lr.policy, "log_std")
+    ]
+    return float(torch.stack(stds).mean()) if stds else float("nan")
 
 
 @dataclass

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from marl.bench_train import EXPECTED_DEFAULTS, benchmarl_config, check_defaults, main
 
@@ -12,11 +13,19 @@ ROW_FIELDS = {
 }  # fmt: skip
 
 
-def test_quick_run_prints_both_tables_and_writes_the_json(tmp_path, capsys):
+@pytest.fixture
+def restore_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_quick_run_prints_both_tables_and_writes_the_json(tmp_path, capsys, restore_threads):
     path = tmp_path / "bench.json"
-    main(["--quick", "--default-iterations", "1", "--json", str(path)])
+    # One thread: tiny ops on a loaded machine are many times slower with several.
+    main(["--quick", "--threads", "1", "--default-iterations", "1", "--json", str(path)])
     out = capsys.readouterr().out
-    assert "command: python -m marl.bench_train --quick" in out and "load average" in out
+    assert "command: python -m marl.bench_train --quick --threads 1" in out and "load average" in out
     assert "1. one iteration" in out and "2. equal work" in out
     for name in ("vecmarl MAPPO vmas/navigation", "vecmarl IPPO navigation", "vecmarl default MAPPO navigation"):
         assert name in out
@@ -29,6 +38,7 @@ def test_quick_run_prints_both_tables_and_writes_the_json(tmp_path, capsys):
     for row in result["rows"]:
         assert ROW_FIELDS <= set(row), ROW_FIELDS - set(row)
         assert row["side"] == "vecmarl" and row["frames"] > 0 and row["frames_per_s"] > 0
+    assert result["threads"] == 1
     matched = [r for r in result["rows"] if r["settings"] == "BenchMARL"]
     assert all(r["frames"] == result["frames"] for r in matched)
     assert all(r["episode_return"] == r["episode_return"] for r in matched)  # episodes ended: not NaN
