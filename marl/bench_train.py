@@ -17,17 +17,20 @@ Settings. BenchMARL runs from its own yaml defaults (checked at run time, a mism
 6000 frames per batch from 10 envs (rollout length 600), 45 passes (`on_policy_n_minibatch_iters`) over
 minibatches of 400 frames, MLP 256x256 tanh with parameters shared by the agents for actor and critic,
 lr 5e-5, gamma 0.99, GAE lambda 0.9, clip epsilon 0.2, no entropy bonus, no advantage normalisation,
-no value clipping, an l2 critic loss with weight 1, gradient norms clipped to 5; VMAS navigation with
-3 agents, max_steps 100, `shared_rew=False`. vecmarl's config says the same with its own fields
-(`benchmarl_config`): `value_coef=2` because vecmarl's value loss is `0.5 * mean(err^2)`;
-`max_grad_norm=5`. What vecmarl cannot say with its config, and so differs: BenchMARL clips the actor's
-and the critic's gradients separately and uses Adam eps 1e-6 (vecmarl: one clip over both, eps 1e-5);
+no value clipping, an l2 critic loss with weight 1, gradient norms clipped to 5, Adam eps 1e-6; VMAS
+navigation with 3 agents, max_steps 100, `shared_rew=False`. vecmarl's config says the same with its
+own fields (`benchmarl_config`): `value_coef=2` because vecmarl's value loss is `0.5 * mean(err^2)`;
+`max_grad_norm=5`, `adam_eps=1e-6` (vecmarl's default 1e-5 damps the small gradients of unnormalised
+advantages: 30k frames then end at a clearly lower return). What vecmarl cannot say with its config,
+and so differs: BenchMARL clips the actor's and the critic's gradients separately, vecmarl clips both
+as one (here it makes no difference: a vecmarl run clipping them separately gave the same returns);
 BenchMARL's policy std comes from the network (`biased_softplus_1.0`), vecmarl's is a learned
-state-independent log-std starting at std 1; BenchMARL's MAPPO critic gives one value per env from the
-concatenated observations, vecmarl's gives each agent its own value (the same input plus the agent's
-one-hot index), so it evaluates the critic MLP once per agent, 3x BenchMARL's critic work in MAPPO
-(IPPO: the same on both sides); weights are initialised differently. The native `navigation` gets
-the same task options (`shared_reward=False`, spawning in [-1, 1]^2 as VMAS's default).
+state-independent log-std starting at 1 (both stay near 1 over 30k frames); BenchMARL's MAPPO critic
+gives one value per env from the concatenated observations, vecmarl's gives each agent its own value
+(the same input plus the agent's one-hot index), so it evaluates the critic MLP once per agent, 3x
+BenchMARL's critic work in MAPPO (IPPO: the same on both sides); weights are initialised differently
+(vecmarl: orthogonal, policy output gain 0.01; BenchMARL: torch's default). The native `navigation`
+gets the same task options (`shared_reward=False`, spawning in [-1, 1]^2 as VMAS's default).
 
 What is measured, on both sides alike:
 - a run starts from the first frame of a fresh trainer / `Experiment` and does `--frames` frames
@@ -97,6 +100,7 @@ EXPECTED_DEFAULTS = {
         "on_policy_n_minibatch_iters": 45,
         "on_policy_minibatch_size": 400,
         "lr": 5e-5,
+        "adam_eps": 1e-6,
         "gamma": 0.99,
         "clip_grad_norm": True,
         "clip_grad_val": 5,
@@ -124,6 +128,7 @@ def benchmarl_config(env: str, algo: str, frames: int, seed: int, sizes: Sizes =
         algo=AlgoConfig(
             algo=algo,
             lr=5e-5,
+            adam_eps=1e-6,
             gamma=0.99,
             lmbda=0.9,
             epochs=sizes.epochs,

@@ -43,6 +43,8 @@ class AlgoConfig:
     """What the critic sees: agent (IPPO), group (MAPPO), global (every group, or the env's state)."""
     lr: float = 3e-4
     """Adam learning rate of the policy and the critic."""
+    adam_eps: float = 1e-5
+    """Adam's epsilon (added to the root of the second moment): with small, unnormalised advantages it damps updates."""
     gamma: float = 0.99
     """Discount factor."""
     lmbda: float = 0.95
@@ -68,7 +70,7 @@ class AlgoConfig:
         for name in ("gamma", "lmbda"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        for name in ("lr", "clip_eps"):
+        for name in ("lr", "adam_eps", "clip_eps"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         for name in ("entropy_coef", "value_coef", "max_grad_norm"):

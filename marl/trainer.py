@@ -97,7 +97,7 @@ def build_learners(config: TrainConfig, env, device: torch.device) -> dict[str, 
         )
         critic = Critic(critic_input.size, spec.n_agents, model.hidden, model.activation, model.share_params)
         critic = critic.to(device)
-        optimizer = torch.optim.Adam([*policy.parameters(), *critic.parameters()], lr=algo.lr, eps=1e-5)
+        optimizer = torch.optim.Adam([*policy.parameters(), *critic.parameters()], lr=algo.lr, eps=algo.adam_eps)
         learners[group] = Learner(algo, model, policy, critic, critic_input, optimizer)
     return learners
 

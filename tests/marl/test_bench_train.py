@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from marl.bench_train import EXPECTED_DEFAULTS, benchmarl_config, check_defaults, main
+from marl.trainer import build_learners, make_env
 
 ROW_FIELDS = {
     "name", "side", "env", "algo", "settings", "frames_per_iteration", "collect_s", "advantages_s", "update_s",
@@ -61,6 +62,12 @@ def test_benchmarl_settings_in_vecmarl_fields(env):
     assert (config.algo.lr, config.algo.gamma, config.algo.lmbda) == (5e-5, 0.99, 0.9)
     assert not config.algo.clip_value and not config.algo.normalize_advantage and config.algo.value_coef == 2.0
     assert config.env.env_options["n_agents"] == 3 and config.env.env_options["max_steps"] == 100
+
+
+def test_benchmarl_adam_eps_reaches_the_optimizer():
+    config = benchmarl_config("navigation", "mappo", frames=6000, seed=0)
+    learners = build_learners(config, make_env(config, torch.device("cpu")), torch.device("cpu"))
+    assert [lr.optimizer.param_groups[0]["eps"] for lr in learners.values()] == [1e-6]
 
 
 def test_a_changed_benchmarl_default_is_reported():
