@@ -47,6 +47,8 @@ class AlgoConfig:
     """Adam learning rate of the policy and the critic."""
     lr_schedule: Literal["constant", "linear"] = "constant"
     """constant, or linear: annealed from lr to 0 over total_frames (set at each iteration)."""
+    adam_eps: float = 1e-5
+    """Adam's epsilon (added to the root of the second moment): with small, unnormalised advantages it damps updates."""
     gamma: float = 0.99
     """Discount factor."""
     lmbda: float = 0.95
@@ -75,7 +77,7 @@ class AlgoConfig:
         for name in ("gamma", "lmbda"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        for name in ("lr", "clip_eps"):
+        for name in ("lr", "adam_eps", "clip_eps"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         for name in ("entropy_coef", "value_coef", "max_grad_norm"):

@@ -101,7 +101,9 @@ def build_learners(config: TrainConfig, env, device: torch.device) -> dict[str, 
             critic_input.size, spec.n_agents, model.hidden, model.activation, model.share_params, algo.normalize_value
         )
         critic = critic.to(device)
-        optimizer = torch.optim.Adam([*policy.parameters(), *critic.parameters()], lr=algo.lr, eps=1e-5, fused=True)
+        optimizer = torch.optim.Adam(
+            [*policy.parameters(), *critic.parameters()], lr=algo.lr, eps=algo.adam_eps, fused=True
+        )
         learners[group] = Learner(algo, model, policy, critic, critic_input, optimizer)
     return learners
 
