@@ -20,16 +20,14 @@ lr 5e-5, gamma 0.99, GAE lambda 0.9, clip epsilon 0.2, no entropy bonus, no adva
 no value clipping, an l2 critic loss with weight 1, gradient norms clipped to 5, Adam eps 1e-6; VMAS
 navigation with 3 agents, max_steps 100, `shared_rew=False`. vecmarl's config says the same with its
 own fields (`benchmarl_config`): `value_coef=2` because vecmarl's value loss is `0.5 * mean(err^2)`;
-`max_grad_norm=5`, `adam_eps=1e-6` (vecmarl's default 1e-5 damps the small gradients of unnormalised
-advantages: 30k frames then end at a clearly lower return). What vecmarl cannot say with its config,
-and so differs: BenchMARL clips the actor's and the critic's gradients separately, vecmarl clips both
-as one (here it makes no difference: a vecmarl run clipping them separately gave the same returns);
-BenchMARL's policy std comes from the network (`biased_softplus_1.0`), vecmarl's is a learned
-state-independent log-std starting at 1 (both stay near 1 over 30k frames); BenchMARL's MAPPO critic
-gives one value per env from the concatenated observations, vecmarl's gives each agent its own value
-(the same input plus the agent's one-hot index), so it evaluates the critic MLP once per agent, 3x
-BenchMARL's critic work in MAPPO (IPPO: the same on both sides); weights are initialised differently
-(vecmarl: orthogonal, policy output gain 0.01; BenchMARL: torch's default). The native `navigation`
+`max_grad_norm=5` (both clip the actor's and the critic's gradients apart), `adam_eps=1e-6`
+(vecmarl's default 1e-5 damps the small gradients of unnormalised advantages: 30k frames then end at a
+clearly lower return), `normalize_value=False`, and for MAPPO `shared_value=True`: like BenchMARL's, the
+critic gives one value per env from the concatenated observations. What vecmarl cannot say with its
+config, and so differs: BenchMARL's policy std comes from the network (`biased_softplus_1.0`),
+vecmarl's is a learned state-independent log-std starting at 1 (both stay near 1 over 30k frames);
+weights are initialised differently (vecmarl: orthogonal, policy output gain 0.01; BenchMARL: torch's
+default). The native `navigation`
 gets the same task options (`shared_reward=False`, spawning in [-1, 1]^2 as VMAS's default).
 
 What is measured, on both sides alike:
@@ -139,6 +137,8 @@ def benchmarl_config(env: str, algo: str, frames: int, seed: int, sizes: Sizes =
             value_coef=2.0,  # torchrl's l2 critic loss is mean(err^2); vecmarl's is 0.5 * value_coef * mean(err^2)
             max_grad_norm=5.0,
             normalize_advantage=False,
+            normalize_value=False,  # BenchMARL's critic learns raw returns
+            shared_value=algo == "mappo",  # BenchMARL's MAPPO critic: one value per env from all observations
         ),
         model=ModelConfig(hidden=sizes.hidden, activation="tanh", share_params=True),
         run=_run_config(frames, sizes.rollout_length, seed),

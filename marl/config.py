@@ -43,6 +43,9 @@ class AlgoConfig:
     state); ippo: each agent's critic sees its own observation."""
     critic_scope: Literal["auto", "agent", "group", "global"] = "auto"
     """What the critic sees: agent (IPPO), group (MAPPO), global (every group, or the env's state)."""
+    shared_value: bool = False
+    """With a centralised critic, one value per env for the whole group (TorchRL's and BenchMARL's
+    MAPPO critic) instead of one per agent: n times less critic work, sound when the agents share a reward."""
     lr: float = 1e-3
     """Adam learning rate of the policy and the critic."""
     lr_schedule: Literal["constant", "linear"] = "constant"
@@ -83,6 +86,8 @@ class AlgoConfig:
         for name in ("entropy_coef", "value_coef", "max_grad_norm"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.shared_value and self.scope() == "agent":
+            raise ValueError("shared_value needs a centralised critic: algo mappo, or critic_scope group or global")
         if self.epochs < 1 or self.minibatch_size < 1:
             raise ValueError(f"epochs and minibatch_size must be >= 1, got {self.epochs}, {self.minibatch_size}")
 

@@ -60,7 +60,8 @@ class Policy(nn.Module):
 
 
 class CriticInput:
-    """Builds group `group`'s critic input `[*batch, n, size]` from every group's observations."""
+    """Builds group `group`'s critic input `[*batch, n, size]` from every group's observations
+    (`[*batch, 1, size]` with `shared_value`: one value for the group)."""
 
     def __init__(
         self,
@@ -69,13 +70,16 @@ class CriticInput:
         groups: Mapping[str, GroupSpec],
         state_size: int | None,
         agent_id: bool,
+        shared_value: bool = False,
     ) -> None:
         if scope not in CRITIC_SCOPES:
             raise ValueError(f"unknown critic scope {scope!r}; expected one of {CRITIC_SCOPES}")
         self.scope, self.group, self.groups = scope, group, dict(groups)
         self.n = groups[group].n_agents
         self.use_state = scope == "global" and state_size is not None
-        self.agent_id = agent_id and scope != "agent"
+        # One value for the whole group: the input is the shared part, once per env, with no agent id.
+        self.shared_value = shared_value and scope != "agent"
+        self.agent_id = agent_id and scope != "agent" and not self.shared_value
         if scope == "agent":
             size = groups[group].observation.shape[0]
         elif scope == "group":
@@ -97,6 +101,8 @@ class CriticInput:
         else:
             shared = torch.cat([observations[g].flatten(-2) for g in self.groups], -1)
         batch = own.shape[:-2]
+        if self.shared_value:
+            return shared.unsqueeze(-2)  # [*batch, 1, size]
         parts = [shared.unsqueeze(-2).expand(*batch, self.n, shared.shape[-1])]
         if self.agent_id:
             eye = torch.eye(self.n, device=own.device, dtype=own.dtype)
@@ -121,16 +127,21 @@ class Critic(nn.Module):
         activation: str,
         share_params: bool,
         normalize: bool = True,
+        shared_value: bool = False,
     ) -> None:
         super().__init__()
-        self.net = MultiAgentMLP(in_features, 1, n_agents, hidden, activation, share_params, output_gain=1.0)
+        # A shared value is one network output per env, broadcast to the group's n agents.
+        self.n_agents = n_agents
+        outputs = 1 if shared_value else n_agents
+        self.net = MultiAgentMLP(in_features, 1, outputs, hidden, activation, share_params, output_gain=1.0)
         self.normalize = normalize
         self.register_buffer("target_mean", torch.zeros(()))
         self.register_buffer("target_var", torch.ones(()))
         self.register_buffer("target_count", torch.zeros((), dtype=torch.float64))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x).squeeze(-1)
+        value = self.net(x).squeeze(-1)  # [*B, n], or [*B, 1] for a shared value
+        return value.expand(*value.shape[:-1], self.n_agents)
 
     def value(self, x: torch.Tensor) -> torch.Tensor:
         """Values in reward units."""

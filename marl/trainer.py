@@ -98,7 +98,13 @@ def build_learners(config: TrainConfig, env, device: torch.device) -> dict[str, 
         policy = policies[group]
         critic_input = CriticInput(algo.scope(), group, env.groups, state_size, agent_id=model.share_params)
         critic = Critic(
-            critic_input.size, spec.n_agents, model.hidden, model.activation, model.share_params, algo.normalize_value
+            critic_input.size,
+            spec.n_agents,
+            model.hidden,
+            model.activation,
+            model.share_params,
+            algo.normalize_value,
+            shared_value=critic_input.shared_value,
         )
         critic = critic.to(device)
         optimizer = torch.optim.Adam(

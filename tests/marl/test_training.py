@@ -122,3 +122,17 @@ def test_short_training_clearly_beats_a_random_policy(tmp_path, algo):
     random = mean_return(lambda o: torch.rand(o.shape[:-1] + (2,), generator=generator) * 2 - 1, env)
     scripted = mean_return(scripted_action, env)
     assert trained > random + 0.5 * (scripted - random), (trained, random, scripted, rows[-1])
+
+
+def test_shared_value_gives_one_value_per_env(tmp_path):
+    config = small_config(tmp_path)
+    config = dataclasses.replace(config, algo=dataclasses.replace(config.algo, shared_value=True))
+    trainer = Trainer(config)
+    learner = trainer.learners["agent"]
+    assert learner.critic.net.n_agents == 1 and not learner.critic_input.agent_id
+    obs = {"agent": torch.randn(5, 3, 18)}
+    values = learner.critic(learner.critic_input(obs, None))
+    assert values.shape == (5, 3) and torch.equal(values[:, 0], values[:, 2])
+    trainer.train_iteration()
+    with pytest.raises(ValueError, match="shared_value needs a centralised critic"):
+        AlgoConfig(algo="ippo", shared_value=True)
