@@ -96,7 +96,9 @@ def build_learners(config: TrainConfig, env, device: torch.device) -> dict[str, 
     for group, spec in env.groups.items():
         algo, model = config.for_group(group)
         policy = policies[group]
-        critic_input = CriticInput(algo.scope(), group, env.groups, state_size, agent_id=model.share_params)
+        critic_input = CriticInput(
+            algo.scope(), group, env.groups, state_size, agent_id=model.share_params, shared_value=algo.shared_value
+        )
         critic = Critic(
             critic_input.size,
             spec.n_agents,
