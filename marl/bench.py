@@ -318,7 +318,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
             ):
                 random_return, scripted_return = yardsticks(env_name, device)
                 target = random_return + args.target * (scripted_return - random_return)
-                cap = 300_000 if quick else 5_000_000
+                cap = 300_000 if quick else 2_000_000
                 seconds, frames, reached = time_to_target(config, target, cap)
                 emit("target", f"{env_name} to return {target:.2f}", f"{frames:,} frames", seconds, "s (nan: cap)")
     if args.json:
