@@ -152,35 +152,19 @@ def scripted_action(
 
 
 def _main() -> None:
-    import argparse
     import time
 
-    from envs.render import save_gif
+    from envs.render import demo_parser, demo_policy, play
 
-    parser = argparse.ArgumentParser(description="Run the scripted go-to-goal controller on navigation.")
+    parser = demo_parser("Run the scripted go-to-goal controller (or random actions) on navigation.")
     parser.add_argument("--n-agents", type=int, default=3, help="agents per env")
-    parser.add_argument("--num-envs", type=int, default=1024, help="envs stepped as one batch")
-    parser.add_argument("--steps", type=int, default=100, help="steps to run")
-    parser.add_argument("--gif", default=None, help="write env 0 as an animated GIF to this path")
     args = parser.parse_args()
     env = Navigation(NavigationConfig(n_agents=args.n_agents), num_envs=args.num_envs, seed=0)
-    obs = env.reset()
-    frames, episode_return, returns = [], torch.zeros(args.num_envs), []
+    policy = demo_policy(env, args.policy, lambda obs: {"agent": scripted_action(obs["agent", "observation"])})
     start = time.perf_counter()
-    for _ in range(args.steps):
-        if args.gif:
-            frames.append(env.render(0))
-        next_td, obs_next = env.step({"agent": scripted_action(obs["agent", "observation"])})
-        episode_return += next_td["agent", "reward"][:, 0, 0]
-        done = next_td["done"][:, 0]
-        returns.extend(episode_return[done].tolist())
-        episode_return = torch.where(done, 0.0, episode_return)
-        obs = obs_next
+    returns = play(env, policy, args.steps, gif=args.gif)
     elapsed = time.perf_counter() - start
-    print(f"{args.num_envs * args.steps / elapsed:,.0f} env-steps/s; mean episode return {np.mean(returns):.3f}")
-    if args.gif:
-        save_gif(frames, args.gif)
-        print(f"wrote {args.gif}")
+    print(f"{args.num_envs * args.steps / elapsed:,.0f} env-steps/s; mean episode return {returns['agent']:.3f}")
 
 
 if __name__ == "__main__":

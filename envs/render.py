@@ -88,7 +88,21 @@ def demo_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--num-envs", type=int, default=256, help="envs stepped as one batch")
     parser.add_argument("--steps", type=int, default=100, help="steps to run")
     parser.add_argument("--gif", default=None, help="write env 0 as an animated GIF to this path")
+    parser.add_argument(
+        "--policy",
+        choices=("scripted", "random"),
+        default="scripted",
+        help="the env's scripted controller, or uniformly random actions (the two yardsticks of training)",
+    )
     return parser
+
+
+def demo_policy(env, policy: str, scripted: Callable[[object], Mapping[str, torch.Tensor]]):
+    """`scripted`, or random actions from a seeded generator when `policy == "random"`."""
+    if policy == "scripted":
+        return scripted
+    generator = torch.Generator(env.device).manual_seed(0)
+    return lambda obs: env.sample_actions(generator, obs=obs)
 
 
 def play(
