@@ -194,10 +194,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from marl.plot import plot_run
+    from marl.plot import plot_runs
 
     with usage_errors():
-        path = plot_run(args.run_dir, args.out)
+        path = plot_runs(args.run_dirs, args.out, args.x)
     print(f"wrote {path}")
     return 0
 
@@ -245,9 +245,14 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
     evaluate.set_defaults(func=cmd_eval)
 
-    plot = subparsers.add_parser("plot", help="plot a run's learning curve to a PNG")
-    plot.add_argument("run_dir", help="the run's folder (holding metrics.csv)")
-    plot.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/learning_curve.png)")
+    from marl.plot import X_AXES
+
+    plot = subparsers.add_parser("plot", help="plot the learning curves of one or more runs to a PNG")
+    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders (holding metrics.csv), overlaid")
+    plot.add_argument("--out", default=None, help="PNG path (default: the first RUN_DIR/learning_curve.png)")
+    plot.add_argument(
+        "--x", choices=sorted(X_AXES), default="frames", help="x axis: frames, or training time in seconds"
+    )
     plot.set_defaults(func=cmd_plot)
 
     from marl.bench import __doc__ as bench_doc

@@ -165,3 +165,17 @@ def test_train_an_env_registered_by_the_users_own_module(tmp_path, monkeypatch, 
     assert "mover" in capsys.readouterr().out
     assert main(["train", "--imports", "no_such_module", "--env", "my_counter"]) == 2
     assert "No module named 'no_such_module'" in capsys.readouterr().err
+
+
+def test_plot_overlays_runs_against_time(tmp_path, capsys):
+    for name, slope in (("mappo", 1.0), ("ippo", 0.5)):
+        (tmp_path / name).mkdir()
+        rows = ["frames,time_s,agent/episode_return"] + [f"{i * 100},{i * 0.5},{slope * i}" for i in range(1, 6)]
+        (tmp_path / name / "metrics.csv").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "both.png"
+    assert main(["plot", str(tmp_path / "mappo"), str(tmp_path / "ippo"), "--x", "time", "--out", str(out)]) == 0
+    assert out.stat().st_size > 1000 and f"wrote {out}" in capsys.readouterr().out
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "metrics.csv").write_text("frames,time_s,agent/episode_return\n")
+    assert main(["plot", str(tmp_path / "mappo"), str(tmp_path / "empty")]) == 2
+    assert "metrics.csv has no rows yet" in capsys.readouterr().err
