@@ -62,9 +62,7 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def median_seconds(
-    calls: dict[str, Callable[[], object]], repeats: int, device: torch.device
-) -> dict[str, float]:
+def median_seconds(calls: dict[str, Callable[[], object]], repeats: int, device: torch.device) -> dict[str, float]:
     """Median wall time of each call over `repeats` back-to-back runs, after one warm-up (compilation,
     autotuning, the allocator's first fresh pages): the usual microbenchmark, warm caches included."""
     seconds = {}
@@ -165,9 +163,7 @@ LABELS = {
 BASELINES = ("reference", "torchrl_loop", "torchrl_vec")
 
 
-def bench_size(
-    size, device, backends, repeats, rounds, peer_python, workdir
-) -> tuple[list[dict], str | None]:
+def bench_size(size, device, backends, repeats, rounds, peer_python, workdir) -> tuple[list[dict], str | None]:
     """Time every call on one rollout size; one row per call, with its speedups over the baselines.
 
     Each of `rounds` rounds times every call (TorchRL in a fresh subprocess); a row reports the median
@@ -178,10 +174,7 @@ def bench_size(
 
     data = make_rollout(size, device)
     inputs = tuple(data[name] for name in INPUTS)
-    calls = {
-        f"gae_{backend}": partial(gae, *inputs, gamma=GAMMA, lmbda=LMBDA, backend=backend)
-        for backend in backends
-    }
+    calls = {f"gae_{backend}": partial(gae, *inputs, gamma=GAMMA, lmbda=LMBDA, backend=backend) for backend in backends}
     calls["reference"] = partial(gae_reference, *inputs, gamma=GAMMA, lmbda=LMBDA)
     outputs = {name: call() for name, call in calls.items()}
     per_round, peer_versions = [], None
@@ -232,9 +225,7 @@ def format_table(rows: list[dict], peak: float | None) -> str:
         cells = [row["call"], row["size"], row["device"], f"{row['median_ms']:.3f}"]
         cells += [f"{row['elements_per_s'] / 1e6:.0f}", f"{row['gb_per_s']:.2f}"]
         cells += [f"{100 * row['gb_per_s'] * 1e9 / peak:.0f}%"] if peak else []
-        cells += [
-            f"{row[f'speedup_vs_{base}']:.2f}" if f"speedup_vs_{base}" in row else "n/a" for base in BASELINES
-        ]
+        cells += [f"{row[f'speedup_vs_{base}']:.2f}" if f"speedup_vs_{base}" in row else "n/a" for base in BASELINES]
         cells.append(f"{row['max_abs_diff_vs_reference']:.1e}")
         lines.append(cells)
     widths = [max(len(str(x)) for x in column) for column in zip(columns, *lines, strict=True)]
@@ -243,9 +234,7 @@ def format_table(rows: list[dict], peak: float | None) -> str:
 
 
 def parse_sizes(text: str) -> list[tuple[int, ...]]:
-    sizes = [
-        tuple(int(x) for x in item.strip().lower().split("x")) for item in text.split(",") if item.strip()
-    ]
+    sizes = [tuple(int(x) for x in item.strip().lower().split("x")) for item in text.split(",") if item.strip()]
     if not sizes or any(len(size) < 1 or min(size) < 1 for size in sizes):
         raise argparse.ArgumentTypeError(f"sizes {text!r}: expected e.g. 100x1024x3x1,128x4096x4x1")
     return sizes
@@ -259,9 +248,7 @@ def main(argv: list[str] | None = None) -> None:
         default=parse_sizes(DEFAULT_SIZES),
         help=f"comma-separated TxBxnx1 rollout shapes (default {DEFAULT_SIZES})",
     )
-    parser.add_argument(
-        "--repeats", type=int, default=7, help="timed calls per measurement; the median is kept"
-    )
+    parser.add_argument("--repeats", type=int, default=7, help="timed calls per measurement; the median is kept")
     parser.add_argument(
         "--rounds", type=int, default=1, help="repeat every measurement this many rounds; report medians"
     )
@@ -278,9 +265,7 @@ def main(argv: list[str] | None = None) -> None:
         help="a Python with torchrl, to time TorchRL in a subprocess when it is not importable here",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument(
-        "--peak-gbps", type=float, default=None, help="peak memory bandwidth, if not in the table"
-    )
+    parser.add_argument("--peak-gbps", type=float, default=None, help="peak memory bandwidth, if not in the table")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON to PATH")
     args = parser.parse_args(argv)
     if args.threads:
