@@ -167,13 +167,14 @@ def yardsticks(env_name: str, device: str) -> tuple[float, float]:
     return results[0], results[1]
 
 
-def time_to_target(config: TrainConfig, target: float, max_frames: int) -> tuple[float, int, float]:
+def time_to_target(config: TrainConfig, target: float) -> tuple[float, int, float]:
     """Wall seconds (from building the trainer, compilation included) and frames until the mean episode
-    return, averaged over the last 3 iterations with finished episodes, reaches `target`."""
+    return, averaged over the last 3 iterations with finished episodes, reaches `target` (NaN seconds
+    when `config.run.total_frames` pass first); and that average."""
     start = time.perf_counter()
-    trainer = Trainer(replace(config, run=replace(config.run, total_frames=max_frames)))
+    trainer = Trainer(config)
     recent: list[float] = []
-    while trainer.frames < max_frames:
+    while trainer.frames < config.run.total_frames:
         row = trainer.train_iteration()
         if math.isfinite(row["agent/episode_return"]):
             recent = (recent + [row["agent/episode_return"]])[-3:]
@@ -259,7 +260,9 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
                     if jax_rate:
                         emit("env", name, f"{num_envs} envs", rate, "env-steps/s", "JaxMARL", jax_rate)
     if "gae" not in args.skip:
-        from kernels.bench import bench_size
+        from kernels.bench import LABELS, bench_size
+
+        TORCHRL_LOOP = LABELS["torchrl_loop"]
 
         sizes = [(100, 1024, 3, 1)] if quick else [(100, 1024, 3, 1), (128, 4096, 8, 1)]
         with tempfile.TemporaryDirectory() as workdir:
@@ -269,7 +272,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
                 )
                 ours = next(r for r in results if r["call"].startswith("gae"))
                 label = "x".join(map(str, size))
-                peer = next((r for r in results if r["call"].startswith("TorchRL generalized")), None)
+                peer = next((r for r in results if r["call"] == TORCHRL_LOOP), None)
                 peer_rate = peer["elements_per_s"] / 1e6 if peer else None
                 emit(
                     "gae",
@@ -312,14 +315,14 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
                         44_500.0,
                     )
         if "target" not in args.skip:
+            cap = 300_000 if quick else 2_000_000  # frames; the run stops there if the target is not reached
             for env_name, config in (
-                ("navigation", navigation_config(0, False, device, log_dir)),
-                ("spread", jaxmarl_ippo_config(16, 0, False, device, log_dir)),
+                ("navigation", navigation_config(cap, False, device, log_dir)),
+                ("spread", jaxmarl_ippo_config(16, cap, False, device, log_dir)),
             ):
                 random_return, scripted_return = yardsticks(env_name, device)
                 target = random_return + args.target * (scripted_return - random_return)
-                cap = 300_000 if quick else 2_000_000
-                seconds, frames, reached = time_to_target(config, target, cap)
+                seconds, frames, reached = time_to_target(config, target)
                 emit("target", f"{env_name} to return {target:.2f}", f"{frames:,} frames", seconds, "s (nan: cap)")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

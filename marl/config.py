@@ -165,7 +165,8 @@ class TrainConfig:
         if self.algo.minibatch_size > frames_per_iteration:
             raise ValueError(
                 f"minibatch_size={self.algo.minibatch_size} is larger than an iteration's "
-                f"num_envs * rollout_length = {frames_per_iteration} frames"
+                f"num_envs * rollout_length = {frames_per_iteration} frames: pass --minibatch-size "
+                f"{frames_per_iteration // 4} (4 minibatches per epoch), or more envs or a longer rollout"
             )
 
     def for_group(self, group: str) -> tuple[AlgoConfig, ModelConfig]:

@@ -1,0 +1,137 @@
+"""Every command in the README's bash blocks is one a user can type: each `marl ...`, `torchrun ... -m marl
+...` and `python -m MODULE ...` line parses with that program's own argument parser; the cheap ones
+(`marl envs`, `--help`, the env demos) run for real; tutorials and extras named exist."""
+
+import argparse
+import dataclasses
+import re
+import runpy
+import shlex
+from pathlib import Path
+
+import pytest
+
+from marl.cli import build_parser, config_from_args
+from marl.cli import main as marl_main
+from marl.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+CHEAP_MODULES = {"envs.navigation", "envs.spread", "envs.tag", "envs.speaker_listener"}
+
+
+def readme_commands() -> list[list[str]]:
+    """The README's bash commands, `\\`-continued lines joined, comments dropped, split at `&&`."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", README, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            for part in line.split("&&"):
+                words = shlex.split(part, comments=True)
+                if words:
+                    commands.append(words)
+    return commands
+
+
+def with_env_vars_dropped(words: list[str]) -> list[str]:
+    while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+        words = words[1:]
+    return words
+
+
+COMMANDS = [with_env_vars_dropped(c) for c in readme_commands()]
+
+
+class Parsed(Exception):
+    """Raised right after a program's arguments parsed: the command is valid, nothing runs."""
+
+
+@pytest.fixture
+def parse_only(monkeypatch):
+    original = argparse.ArgumentParser.parse_args
+
+    def parse_and_stop(self, args=None, namespace=None):
+        original(self, args, namespace)
+        raise Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_and_stop)
+
+
+def marl_argv(words: list[str]) -> list[str]:
+    if words[0] == "marl":
+        return words[1:]
+    if words[:3] == ["python", "-m", "marl"]:
+        return words[3:]
+    return words[words.index("-m") + 2 :]  # torchrun [its options] -m marl ARGS
+
+
+def test_the_readme_has_commands_of_every_kind():
+    kinds = {c[0] if c[0] != "python" else " ".join(c[:2]) for c in COMMANDS}
+    assert {"pip", "marl", "torchrun", "python -m", "python"} <= kinds, kinds
+
+
+@pytest.mark.parametrize("words", [c for c in COMMANDS if c[0] in ("marl", "torchrun")], ids=shlex.join)
+def test_marl_commands_parse(words, parse_only, capsys):
+    argv = marl_argv(words)
+    if argv == ["envs"] or "--help" in argv:
+        return  # run for real below
+    with pytest.raises(Parsed):
+        marl_main(argv)
+
+
+TRAIN_COMMANDS = [
+    c for c in COMMANDS if c[0] in ("marl", "torchrun") and "train" in c and not {"--resume", "--imports"} & set(c)
+]
+
+
+@pytest.mark.parametrize("words", TRAIN_COMMANDS, ids=shlex.join)
+def test_train_commands_build_a_trainer(words, tmp_path):
+    """Options, env names, env options and group overrides are all valid: the trainer builds."""
+    config = config_from_args(build_parser().parse_args(marl_argv(words)))
+    run = dataclasses.replace(config.run, log_dir=str(tmp_path), device="cpu", tensorboard=False, progress=False)
+    Trainer(dataclasses.replace(config, run=run))
+
+
+@pytest.mark.parametrize("words", [c for c in COMMANDS if c[:2] == ["python", "-m"]], ids=shlex.join)
+def test_python_module_commands_parse(words, parse_only, monkeypatch, capsys):
+    if words[2] == "pytest":
+        assert (ROOT / words[3] if len(words) > 3 and not words[3].startswith("-") else ROOT / "tests").exists()
+        return
+    if words[2] == "marl":
+        with pytest.raises(Parsed):
+            marl_main(marl_argv(words))
+        return
+    monkeypatch.setattr("sys.argv", [words[2], *words[3:]])
+    with pytest.raises(Parsed):
+        runpy.run_module(words[2], run_name="__main__", alter_sys=False)
+
+
+@pytest.mark.parametrize(
+    "words",
+    [c for c in COMMANDS if c[:2] == ["marl", "envs"] or "--help" in c or c[2:3] and c[2] in CHEAP_MODULES],
+    ids=shlex.join,
+)
+def test_cheap_commands_run(words, monkeypatch, capsys):
+    if words[0] == "marl":
+        try:
+            assert marl_main(words[1:]) == 0
+        except SystemExit as exit:  # --help
+            assert exit.code == 0
+    else:
+        monkeypatch.setattr("sys.argv", [words[2], *words[3:]])
+        try:
+            runpy.run_module(words[2], run_name="__main__", alter_sys=False)
+        except SystemExit as exit:
+            assert exit.code == 0
+    assert capsys.readouterr().out.strip()
+
+
+def test_tutorials_and_extras_named_exist():
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    for words in COMMANDS:
+        if words[0] == "python" and words[1].endswith(".py"):
+            assert (ROOT / words[1]).is_file(), words
+        if words[:2] == ["pip", "install"]:
+            for spec in words[2:]:
+                for extra in re.findall(r"\[([\w,]+)\]", spec):
+                    assert set(extra.split(",")) <= extras, (spec, extras)
