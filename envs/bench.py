@@ -40,6 +40,10 @@ def vmas_peer(env: str, n_agents: int) -> tuple[str, dict]:
 def time_vecmarl(
     env_name: str, num_envs: int, n_agents: int, steps: int, repeats: int, device: str, compile: bool
 ) -> float:
+    if compile:
+        # A fresh compile per size, as in a user's process (one num_envs per run): after a second shape
+        # torch.compile would switch to a dynamic-shape graph, slower than either static one.
+        torch._dynamo.reset()
     env = envs.make(env_name, num_envs=num_envs, device=device, seed=0, n_agents=n_agents, compile=compile)
     generator = torch.Generator(device).manual_seed(1)
     actions = [env.sample_actions(generator) for _ in range(8)]

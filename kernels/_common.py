@@ -185,43 +185,10 @@ def launch_columns(
 
 
 # torch runs an elementwise op on several threads from this many elements on (at::internal::GRAIN_SIZE).
-# When another process holds the second core, such an op waits for it, up to a scheduler time slice
-# (measured on the 2-core dev box under load: 16 ms instead of 40 us for 300k elements).
+# The recurrence's many small ops stay under it: each is too short to gain from a second thread. (The
+# few vectorised passes over the whole rollout do go parallel: on a quiet 2-core machine that is 1.7-4x
+# faster than splitting them under the grain; where other jobs hold the cores, OMP_NUM_THREADS=1.)
 PARALLEL_GRAIN = 32768
-
-
-Block = tuple[slice, slice]
-
-
-def blocks(x: torch.Tensor) -> list[Block]:
-    """`(rows, columns)` index pairs (dim 0, dim 1) that cover `x` in pieces under `PARALLEL_GRAIN`
-    elements: blocks of whole rows, or of one row and some of dim 1 when a row is over the grain.
-
-    The torch paths run their vectorised passes piece by piece (`take`): each op stays on one thread,
-    so it never waits on a busy core, for a few microseconds of overhead per piece. With one torch
-    thread there is nothing to wait for, and one piece (the whole tensor) means the fewest ops; so too
-    off the CPU.
-    """
-    num_steps, row = x.shape[0], x[0].numel()
-    everything = [(slice(None), slice(None))]
-    if x.device.type != "cpu" or torch.get_num_threads() == 1 or row == 0:
-        return everything
-    if row < PARALLEL_GRAIN:
-        per_block = (PARALLEL_GRAIN - 1) // row
-        return [(slice(t, t + per_block), slice(None)) for t in range(0, num_steps, per_block)]
-    if x.dim() < 2 or x.shape[1] == 1:
-        return everything
-    width = max(1, (PARALLEL_GRAIN - 1) // (row // x.shape[1]))
-    starts = range(0, x.shape[1], width)
-    return [(slice(t, t + 1), slice(b, b + width)) for t in range(num_steps) for b in starts]
-
-
-def take(x: torch.Tensor, block: Block) -> torch.Tensor:
-    """The view of `x` on `block`, where `x` may have size 1 in dim 1 (broadcast): then all of it."""
-    rows, columns = block
-    if x.dim() < 2 or x.shape[1] == 1:
-        return x[rows]
-    return x[rows, columns]
 
 
 def flag_as_number(flag: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,6 @@ import torch
 from ._common import (
     Backend,
     autotuned,
-    blocks,
     check_inputs,
     check_unit_interval,
     column_offsets,
@@ -39,7 +38,6 @@ from ._common import (
     resolve_backend,
     reverse_recurrence_,
     scratch,
-    take,
     tl,
     triton_jit,
 )
@@ -128,17 +126,15 @@ def _gae_torch(reward, value, next_value, done, terminated, *, gamma, lmbda):
     advantage = torch.empty(value.shape, dtype=torch.float32, device=value.device)  # contiguous rows
     value_target = torch.empty_like(advantage)
     trace = scratch(value_target, done.shape)  # gamma * lmbda * (1 - done), until value_target is written
-    pieces = blocks(advantage)
-    for piece in pieces:
-        # delta = reward + gamma * next_value - value - gamma * next_value * terminated, in fp32
-        next_value_piece, delta = take(next_value, piece), take(advantage, piece)
-        torch.add(take(reward, piece).float(), next_value_piece, alpha=gamma, out=delta)
-        delta.sub_(take(value, piece))
-        delta.addcmul_(next_value_piece, flag_as_number(take(terminated, piece)), value=-gamma)
-        decay(take(done, piece), gamma * lmbda, out=take(trace, piece))
+    # delta = reward - value + gamma * next_value - gamma * next_value * terminated, in fp32; value has the
+    # output's shape, so the first op writes all of delta (reward and next_value may be broadcast)
+    delta = advantage
+    torch.sub(reward.float(), value, out=delta)
+    delta.add_(next_value, alpha=gamma)
+    delta.addcmul_(next_value, flag_as_number(terminated), value=-gamma)
+    decay(done, gamma * lmbda, out=trace)
     reverse_recurrence_(advantage, trace)
-    for piece in pieces:
-        torch.add(take(advantage, piece), take(value, piece), out=take(value_target, piece))
+    torch.add(advantage, value, out=value_target)
     return advantage, value_target
 
 

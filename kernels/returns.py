@@ -28,7 +28,6 @@ import torch
 from ._common import (
     Backend,
     autotuned,
-    blocks,
     check_inputs,
     check_unit_interval,
     column_offsets,
@@ -37,7 +36,6 @@ from ._common import (
     launch_columns,
     resolve_backend,
     reverse_recurrence_,
-    take,
     tl,
     triton_jit,
 )
@@ -122,19 +120,17 @@ def _returns_torch(reward, next_value, done, terminated, *, gamma, lmbda, shape)
     returns = torch.empty(shape, dtype=torch.float32, device=reward.device)  # contiguous rows
     flags = done.shape if next_value is None else torch.broadcast_shapes(done.shape, terminated.shape)
     trace = torch.empty(flags, dtype=torch.float32, device=reward.device)
-    for piece in blocks(returns):
-        ret, trace_piece = take(returns, piece), take(trace, piece)
-        if next_value is None:
-            ret.copy_(take(reward, piece))
-            decay(take(done, piece), gamma, out=trace_piece)
-            continue
-        terminated_piece = flag_as_number(take(terminated, piece))
-        decay(take(done, piece), gamma * lmbda, out=trace_piece)
-        trace_piece.addcmul_(trace_piece, terminated_piece, value=-1.0)
-        next_value_piece = take(next_value, piece)
-        torch.add(take(reward, piece).float(), next_value_piece, alpha=gamma, out=ret)  # fp32
-        ret.addcmul_(next_value_piece, terminated_piece, value=-gamma)
-        ret.addcmul_(next_value_piece, trace_piece, value=-1.0)
+    if next_value is None:
+        returns.copy_(reward)
+        decay(done, gamma, out=trace)
+    else:
+        terminated_number = flag_as_number(terminated)
+        decay(done, gamma * lmbda, out=trace)
+        trace.addcmul_(trace, terminated_number, value=-1.0)
+        returns.copy_(reward)  # fp32; reward and next_value may be broadcast against the output
+        returns.add_(next_value, alpha=gamma)
+        returns.addcmul_(next_value, terminated_number, value=-gamma)
+        returns.addcmul_(next_value, trace, value=-1.0)
     if next_value is not None:  # G[T - 1] = reward + gamma * (1 - terminated) * next_value: no trace
         last = torch.add(reward[-1].float(), next_value[-1], alpha=gamma, out=returns[-1])
         last.addcmul_(next_value[-1], flag_as_number(terminated[-1]), value=-gamma)

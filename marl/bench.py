@@ -134,6 +134,8 @@ def navigation_config(frames: int, compile: bool, device: str, log_dir: str) -> 
 
 def train_rate(config: TrainConfig, warmup: int, iterations: int, repeats: int) -> float:
     """Frames/s over `iterations` whole training iterations after `warmup` (which absorb compilation)."""
+    if config.run.compile:
+        torch._dynamo.reset()  # compile afresh, as `marl train --compile` does (see envs.bench.time_vecmarl)
     trainer = Trainer(config)
     for _ in range(warmup):
         trainer.train_iteration()

@@ -13,7 +13,35 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
+
+
+class _SigmoidTanh(torch.autograd.Function):
+    """tanh(x) as `2 * sigmoid(2x) - 1`, with tanh's own backward `grad * (1 - y^2)`."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        y = torch.sigmoid(x * 2.0).mul_(2.0).sub_(1.0)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (y,) = ctx.saved_tensors
+        return torch.ops.aten.tanh_backward(grad, y)
+
+
+class Tanh(nn.Module):
+    """tanh, computed on the CPU as `2 * sigmoid(2x) - 1` (equal within 3e-7): torch's CPU tanh kernel is
+    about 3x slower than its sigmoid (0.79 vs 0.23 ms on a [1200, 256] float32 tensor, one thread, on the
+    dev box). Elsewhere, and under `torch.compile`, which generates its own code, plain `torch.tanh`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu" and not torch.compiler.is_compiling():
+            return _SigmoidTanh.apply(x)
+        return torch.tanh(x)
+
+
+ACTIVATIONS = {"tanh": Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 
 
 class StackedLinear(nn.Module):

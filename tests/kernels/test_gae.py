@@ -65,6 +65,14 @@ def test_team_reward_broadcast_over_agents():
     assert_matches_reference(data)
 
 
+def test_team_reward_and_team_bootstrap_broadcast_over_agents():
+    # Only value has the output's shape: an op that wrote the output from reward and next_value alone
+    # would resize it to [T, B, 1, 1].
+    data = rollout(20, (6, 4, 1))
+    data["reward"], data["next_value"] = data["reward"][:, :, :1], data["next_value"][:, :, :1]
+    assert_matches_reference(data)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16], ids=["bf16"])
 def test_bf16_inputs_accumulate_in_fp32(dtype):
     data = rollout(64, (5, 3), dtype=dtype)
@@ -162,8 +170,8 @@ def test_outputs_carry_no_gradient():
         assert not advantage.requires_grad and not value_target.requires_grad
 
 
-# With several torch threads the torch path runs its vectorised passes in pieces under torch's parallel
-# grain (32768 elements): blocks of 10 rows here, or pieces of a row when a row alone is over the grain.
+# Wide rollouts, on one and on several torch threads: the recurrence's rows are split in blocks of rows
+# (or pieces of a row when a row alone is over torch's parallel grain of 32768 elements).
 WIDE = {"T40xB1000xn3": (40, (1000, 3)), "T3xB33000": (3, (33000,))}
 
 

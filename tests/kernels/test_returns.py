@@ -130,7 +130,7 @@ WIDE = {"T40xB1000xn3": (40, (1000, 3)), "T3xB33000": (3, (33000,))}  # blocks o
 @pytest.mark.parametrize("op", OPS.values(), ids=OPS.keys())
 def test_matches_reference_across_row_blocks(op, num_steps, batch):
     before = torch.get_num_threads()
-    torch.set_num_threads(2)  # several threads: the torch path works in pieces under the parallel grain
+    torch.set_num_threads(2)  # several threads: the vectorised passes run in parallel, the recurrence in pieces
     try:
         assert_matches_reference(op, rollout(num_steps, batch, density=0.05))
     finally:
@@ -145,3 +145,4 @@ def test_kernel_over_several_programs_and_chunk_sizes(op, chunk, monkeypatch):
     data = rollout(37, (5, 7), density=0.1)
     expected = op("reference", data)
     assert_close(op("triton", data), expected)
+

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from marl.networks import MultiAgentMLP
+from marl.networks import MultiAgentMLP, Tanh
 
 
 def per_agent_reference(mlp: MultiAgentMLP, x: torch.Tensor) -> torch.Tensor:
@@ -56,3 +56,15 @@ def test_wrong_input_shape_is_a_clear_error():
         mlp(torch.randn(10, 3, 3))
     with pytest.raises(ValueError, match="unknown activation"):
         MultiAgentMLP(3, 1, n_agents=2, activation="gelu2")
+
+
+def test_tanh_activation_equals_torch_tanh_with_its_gradient():
+    x = torch.linspace(-12, 12, 2001, dtype=torch.float32, requires_grad=True)
+    ours = Tanh()(x)
+    ours.sum().backward()
+    grad = x.grad.clone()
+    x.grad = None
+    reference = torch.tanh(x)
+    reference.sum().backward()
+    torch.testing.assert_close(ours, reference, atol=3e-7, rtol=0)
+    torch.testing.assert_close(grad, x.grad, atol=1e-6, rtol=0)
