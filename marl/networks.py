@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 
-
 class _SigmoidTanh(torch.autograd.Function):
     """tanh(x) as `2 * sigmoid(2x) - 1`, with tanh's own backward `grad * (1 - y^2)`."""
 

@@ -145,4 +145,3 @@ def test_kernel_over_several_programs_and_chunk_sizes(op, chunk, monkeypatch):
     data = rollout(37, (5, 7), density=0.1)
     expected = op("reference", data)
     assert_close(op("triton", data), expected)
-
