@@ -43,35 +43,15 @@ from ._common import (
 )
 
 
+# One line per tensor's strides: keep the signature as written.
+# fmt: off
 @triton_jit
 def _gae_kernel(
-    reward_ptr,
-    value_ptr,
-    next_value_ptr,
-    done_ptr,
-    terminated_ptr,  # inputs [T, *batch], any strides
-    advantage_ptr,
-    value_target_ptr,  # outputs [T, N] float32, contiguous
-    T,
-    N,
-    N2,  # steps, columns, and the inner size of the [N1, N2] grid of columns
-    r_st,
-    r_s1,
-    r_s2,
-    v_st,
-    v_s1,
-    v_s2,
-    nv_st,
-    nv_s1,
-    nv_s2,
-    d_st,
-    d_s1,
-    d_s2,
-    m_st,
-    m_s1,
-    m_s2,
-    gamma,
-    lmbda,
+    reward_ptr, value_ptr, next_value_ptr, done_ptr, terminated_ptr,  # inputs [T, *batch], any strides
+    advantage_ptr, value_target_ptr,  # outputs [T, N] float32, contiguous
+    T, N, N2,  # steps, columns, and the inner size of the [N1, N2] grid of columns
+    r_st, r_s1, r_s2, v_st, v_s1, v_s2, nv_st, nv_s1, nv_s2, d_st, d_s1, d_s2, m_st, m_s1, m_s2,
+    gamma, lmbda,
     FLAT: tl.constexpr,  # the batch dims of every input collapse to one (see column_offsets)
     BLOCK: tl.constexpr,  # columns per program
     CHUNK: tl.constexpr,  # time steps loaded per tile: all their loads are in flight before any store
@@ -111,6 +91,7 @@ def _gae_kernel(
         tl.store(value_target_ptr + t * N + columns[None, :], value_targets, mask=mask)
 
 
+# fmt: on
 _gae_kernel_tuned = autotuned(_gae_kernel)
 
 

@@ -41,30 +41,15 @@ from ._common import (
 )
 
 
+# One line per tensor's strides: keep the signature as written.
+# fmt: off
 @triton_jit
 def _returns_kernel(
-    reward_ptr,
-    next_value_ptr,
-    done_ptr,
-    terminated_ptr,  # inputs [T, *batch], any strides
+    reward_ptr, next_value_ptr, done_ptr, terminated_ptr,  # inputs [T, *batch], any strides
     returns_ptr,  # output [T, N] float32, contiguous
-    T,
-    N,
-    N2,  # steps, columns, and the inner size of the [N1, N2] grid of columns
-    r_st,
-    r_s1,
-    r_s2,
-    nv_st,
-    nv_s1,
-    nv_s2,
-    d_st,
-    d_s1,
-    d_s2,
-    m_st,
-    m_s1,
-    m_s2,
-    gamma,
-    lmbda,
+    T, N, N2,  # steps, columns, and the inner size of the [N1, N2] grid of columns
+    r_st, r_s1, r_s2, nv_st, nv_s1, nv_s2, d_st, d_s1, d_s2, m_st, m_s1, m_s2,
+    gamma, lmbda,
     BOOTSTRAP: tl.constexpr,  # TD(lambda) returns from next_value; else Monte-Carlo (next_value unread)
     FLAT: tl.constexpr,  # the batch dims of every input collapse to one (see column_offsets)
     BLOCK: tl.constexpr,  # columns per program
@@ -101,6 +86,7 @@ def _returns_kernel(
         tl.store(returns_ptr + t * N + columns[None, :], returns, mask=(t >= 0) & in_range[None, :])
 
 
+# fmt: on
 _returns_kernel_tuned = autotuned(_returns_kernel)
 
 

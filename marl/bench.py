@@ -325,7 +325,8 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
                 random_return, scripted_return = yardsticks(env_name, device)
                 target = random_return + args.target * (scripted_return - random_return)
                 seconds, frames, reached = time_to_target(config, target)
-                emit("target", f"{env_name} to return {target:.2f}", f"{frames:,} frames", seconds, "s (nan: cap)")
+                name = f"{env_name} to {target:.2f} (got {reached:.2f})"
+                emit("target", name, f"{frames:,} frames", seconds, "s (nan: cap)")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return rows

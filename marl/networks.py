@@ -32,10 +32,11 @@ class _SigmoidTanh(torch.autograd.Function):
 class Tanh(nn.Module):
     """tanh, computed on the CPU as `2 * sigmoid(2x) - 1` (equal within 3e-7): torch's CPU tanh kernel is
     about 3x slower than its sigmoid (0.79 vs 0.23 ms on a [1200, 256] float32 tensor, one thread, on the
-    dev box). Elsewhere, and under `torch.compile`, which generates its own code, plain `torch.tanh`."""
+    dev box), and so is the code torch.compile generates for it (a compiled training run on the default
+    config: 40k frames/s with tanh, 51k with this). On other devices, plain `torch.tanh`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cpu" and not torch.compiler.is_compiling():
+        if x.device.type == "cpu":
             return _SigmoidTanh.apply(x)
         return torch.tanh(x)
 
