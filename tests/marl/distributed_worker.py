@@ -31,7 +31,7 @@ ITERATIONS = 2
 
 def match_config(out: Path) -> TrainConfig:
     # normalize_advantage=False: advantages are normalised per rank's minibatch, which a single process
-    # with the union of the ranks' minibatches cannot reproduce (see marl/README_DISTRIBUTED.md).
+    # with the union of the ranks' minibatches cannot reproduce (see the README, "Multi-GPU and multi-node training").
     return TrainConfig(
         env=EnvSettings(env="navigation", num_envs=16, env_options={"max_steps": 5}),
         algo=AlgoConfig(minibatch_size=32, epochs=2, normalize_advantage=False, lr=1e-3),
