@@ -144,12 +144,14 @@ def lidar(pos: torch.Tensor, radius: float, n_rays: int, max_range: float) -> to
     `max_range`. Returns `[B, m, n_rays]`.
     """
     angles = torch.arange(n_rays, device=pos.device, dtype=pos.dtype) * (2 * math.pi / n_rays)
-    offsets = pairwise_offsets(pos).unsqueeze(-2)  # [B, m, m, 1, 2]
-    # Distance along each ray to the point closest to disc j: [B, m, m, K] (elementwise, so it fuses).
-    along = offsets[..., 0] * angles.cos() + offsets[..., 1] * angles.sin()
+    directions = torch.stack([angles.cos(), angles.sin()])  # [2, K]
+    offsets = pairwise_offsets(pos)  # [B, m, m, 2]
+    # Distance along each ray to the point closest to disc j, one matmul: [B, m, m, K]. The [B, m, m, K]
+    # tensors dominate the step at many agents, so the rest is done in place on two of them.
+    along = offsets @ directions
     # The ray enters disc j where along^2 - (|offset|^2 - r^2) > 0, at distance along - sqrt(that).
-    beyond = offsets.square().sum(-1) - radius**2  # [B, m, m, 1]
-    discriminant = along.square() - beyond
-    hit = (discriminant > 0) & (along > 0)  # a disc never sees itself: its own offset is 0
-    entry = along - discriminant.clamp_min(0).sqrt()
-    return torch.where(hit, entry, max_range).amin(2).clamp(0, max_range)  # [B, m, K]
+    beyond = offsets.square().sum(-1, keepdim=True) - radius**2  # [B, m, m, 1]
+    discriminant = along.square().sub_(beyond)
+    hit = (discriminant > 0).logical_and_(along > 0)  # a disc never sees itself: its own offset is 0
+    entry = discriminant.clamp_min_(0).sqrt_().neg_().add_(along)
+    return entry.masked_fill_(hit.logical_not_(), max_range).amin(2).clamp_(0, max_range)  # [B, m, K]
