@@ -81,6 +81,27 @@ class Learner:
         return [*self.policy.parameters(), *self.critic.parameters()]
 
 
+@torch.no_grad()
+def clip_grad_norms_(parameter_lists: list[list[torch.nn.Parameter]], max_norm: float) -> list[torch.Tensor]:
+    """`torch.nn.utils.clip_grad_norm_` on each list of parameters apart, in a handful of ops for all of
+    them (one per-tensor norm pass, one scaling pass): the per-call overhead of clipping two nets every
+    minibatch step was about 0.5 ms. Returns each list's total gradient norm before clipping."""
+    grads = [[p.grad for p in params if p.grad is not None] for params in parameter_lists]
+    flat = [grad for group in grads for grad in group]
+    if not flat:
+        return [torch.zeros(()) for _ in parameter_lists]
+    per_tensor = torch._foreach_norm(flat)
+    totals, start = [], 0
+    for group in grads:
+        part = per_tensor[start : start + len(group)]
+        start += len(group)
+        totals.append(torch.linalg.vector_norm(torch.stack(part)) if part else torch.zeros((), device=flat[0].device))
+    for group, total in zip(grads, totals):
+        if group:
+            torch._foreach_mul_(group, (max_norm / (total + 1e-6)).clamp(max=1.0))
+    return totals
+
+
 def build_policies(config: TrainConfig, env, device: torch.device) -> dict[str, Policy]:
     policies = {}
     for group, spec in env.groups.items():
@@ -217,6 +238,9 @@ class Trainer:
         norms = ("policy_grad_norm", "critic_grad_norm")
         sums = {g: {k: torch.zeros((), device=self.device) for k in (*LOSS_TERMS, *norms)} for g in flat}
         parameters = [p for lr in self.learners.values() for p in lr.parameters()]
+        net_parameters = {
+            g: [list(lr.policy.parameters()), list(lr.critic.parameters())] for g, lr in self.learners.items()
+        }
         for _ in range(algo.epochs):
             order = torch.randperm(frames, generator=self.generator, device=self.device)
             for k in range(count):
@@ -231,9 +255,9 @@ class Trainer:
                     if learner.algo.max_grad_norm > 0:
                         # Clipped apart: the critic's gradients (large while values are far off) must
                         # not shrink the policy's through one shared norm.
-                        for name, net in zip(norms, (learner.policy, learner.critic)):
-                            norm = torch.nn.utils.clip_grad_norm_(net.parameters(), learner.algo.max_grad_norm)
-                            sums[g][name] += norm.detach()
+                        clipped = clip_grad_norms_(net_parameters[g], learner.algo.max_grad_norm)
+                        for name, norm in zip(norms, clipped):
+                            sums[g][name] += norm
                     learner.optimizer.step()
         updates = algo.epochs * count
         return {g: {k: v / updates for k, v in terms.items()} for g, terms in sums.items()}

@@ -153,3 +153,26 @@ def test_compiled_training_matches_eager(tmp_path):
     learners = zip(eager.learners["agent"].policy.parameters(), compiled.learners["agent"].policy.parameters())
     for a, b in learners:
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+
+
+def test_clip_grad_norms_equals_torch_per_list():
+    import copy
+
+    from marl.trainer import clip_grad_norms_
+
+    generator = torch.Generator().manual_seed(0)
+    nets = [torch.nn.Linear(5, 4), torch.nn.Linear(3, 2), torch.nn.Linear(4, 4)]
+    for scale, net in zip((10.0, 0.01, 3.0), nets):  # clipped, untouched, clipped
+        for p in net.parameters():
+            p.grad = torch.randn(p.shape, generator=generator) * scale
+    twins = copy.deepcopy(nets)
+    for net, twin in zip(nets, twins):
+        for p, q in zip(net.parameters(), twin.parameters()):
+            q.grad = p.grad.clone()
+    reference = [torch.nn.utils.clip_grad_norm_(twin.parameters(), 1.0) for twin in twins]
+    norms = clip_grad_norms_([list(net.parameters()) for net in nets], 1.0)
+    for norm, ref in zip(norms, reference):
+        torch.testing.assert_close(norm, ref)
+    for net, twin in zip(nets, twins):
+        for p, q in zip(net.parameters(), twin.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
