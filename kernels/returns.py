@@ -117,9 +117,9 @@ def _returns_torch(reward, next_value, done, terminated, *, gamma, lmbda, shape)
         returns.add_(next_value, alpha=gamma)
         returns.addcmul_(next_value, terminated_number, value=-gamma)
         returns.addcmul_(next_value, trace, value=-1.0)
-    if next_value is not None:  # G[T - 1] = reward + gamma * (1 - terminated) * next_value: no trace
+        # G[T - 1] = reward + gamma * (1 - terminated) * next_value: no trace
         last = torch.add(reward[-1].float(), next_value[-1], alpha=gamma, out=returns[-1])
-        last.addcmul_(next_value[-1], flag_as_number(terminated[-1]), value=-gamma)
+        last.addcmul_(next_value[-1], terminated_number[-1], value=-gamma)
     return reverse_recurrence_(returns, trace)
 
 

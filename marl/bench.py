@@ -268,8 +268,6 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
     if "gae" not in args.skip:
         from kernels.bench import LABELS, bench_size
 
-        TORCHRL_LOOP = LABELS["torchrl_loop"]
-
         sizes = [(100, 1024, 3, 1)] if quick else [(100, 1024, 3, 1), (128, 4096, 8, 1)]
         with tempfile.TemporaryDirectory() as workdir:
             for size in sizes:
@@ -278,7 +276,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
                 )
                 ours = next(r for r in results if r["call"].startswith("gae"))
                 label = "x".join(map(str, size))
-                peer = next((r for r in results if r["call"] == TORCHRL_LOOP), None)
+                peer = next((r for r in results if r["call"] == LABELS["torchrl_loop"]), None)
                 peer_rate = peer["elements_per_s"] / 1e6 if peer else None
                 emit(
                     "gae",

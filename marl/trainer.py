@@ -237,10 +237,11 @@ class Trainer:
         count = frames // size
         norms = ("policy_grad_norm", "critic_grad_norm")
         sums = {g: {k: torch.zeros((), device=self.device) for k in (*LOSS_TERMS, *norms)} for g in flat}
-        parameters = [p for lr in self.learners.values() for p in lr.parameters()]
+        # Per group: [policy parameters, critic parameters], clipped apart; all of them, averaged over ranks.
         net_parameters = {
             g: [list(lr.policy.parameters()), list(lr.critic.parameters())] for g, lr in self.learners.items()
         }
+        parameters = [p for nets in net_parameters.values() for net in nets for p in net]
         for _ in range(algo.epochs):
             order = torch.randperm(frames, generator=self.generator, device=self.device)
             for k in range(count):
