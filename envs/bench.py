@@ -23,6 +23,7 @@ import time
 import torch
 
 import envs
+from envs.allocator import retain_freed_memory
 from envs.navigation import NavigationConfig
 
 SPREAD_STEPS = 25  # MPE's episode length
@@ -122,8 +123,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
         default=True,
         help="also time vecmarl with compile=True (torch.compile'd physics; compile time is not timed)",
     )
+    parser.add_argument(
+        "--system-malloc",
+        action="store_true",
+        help="leave glibc's malloc as it is (by default the process, both sides, keeps freed memory for reuse: "
+        "envs.allocator)",
+    )
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
+    retained = not args.system_malloc and retain_freed_memory()
 
     try:
         import vmas  # noqa: F401
@@ -135,6 +143,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     print(f"command: python -m envs.bench {' '.join(argv if argv is not None else sys.argv[1:])}")
     print(f"device: {args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"malloc: {'freed memory retained (envs.allocator), both sides' if retained else 'system default'}")
     print(f"steps per run: {args.steps}, median of {args.repeats} runs, env-steps/s (one env, all agents)")
     columns = ["eager", "compiled"] if args.compile else ["eager"]
     header = f"{'env':<11}{'num_envs':>9}{'n_agents':>9}" + "".join(f"{'vecmarl ' + c:>18}" for c in columns)

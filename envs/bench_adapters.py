@@ -31,6 +31,7 @@ from collections.abc import Callable
 import torch
 
 import envs
+from envs.allocator import GLIBC_ENVIRONMENT, retain_freed_memory
 from envs.bench import _sync
 
 N_AGENTS, MAX_STEPS, SEED, ACTION_SEED, ACTION_SETS, WARMUP = 3, 100, 0, 1, 8, 5
@@ -129,6 +130,7 @@ class TorchRLPeer:
             stdout=subprocess.PIPE,
             stderr=self.errors,
             text=True,
+            env={**os.environ, **GLIBC_ENVIRONMENT},  # malloc set up as in this process
         )
         self.version = json.loads(self._ask(None))["torchrl"]
 
@@ -188,6 +190,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    retain_freed_memory()  # and the peer's process gets the same settings
     peer = TorchRLPeer(args.peer_python, args.device, torch.get_num_threads()) if args.peer_python else None
     print(f"command: python -m envs.bench_adapters {' '.join(argv if argv is not None else sys.argv[1:])}")
     print(

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -40,6 +41,7 @@ import torch
 
 import envs
 from envs import bench as env_bench
+from envs.allocator import GLIBC_ENVIRONMENT, retain_freed_memory
 from marl.config import AlgoConfig, EnvSettings, ModelConfig, RunConfig, TrainConfig
 from marl.trainer import Trainer
 
@@ -81,6 +83,7 @@ def jaxmarl_spread(python: str, num_envs: int, steps: int, repeats: int) -> floa
         text=True,
         check=True,
         timeout=1800,
+        env={**os.environ, **GLIBC_ENVIRONMENT},  # malloc set up as in this process
     )
     return json.loads(out.stdout.strip().splitlines()[-1])["env_steps_per_s"]
 
@@ -219,6 +222,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
     device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
     device = "cpu" if device == "auto" else device
+    if device == "cpu":
+        retain_freed_memory()  # as `marl train` does; the peers' processes get the same settings
     rows: list[dict] = []
     command = "marl bench " + " ".join(argv if argv is not None else sys.argv[2:])
     print(f"command: {command}\ndevice: {device}, torch {torch.__version__}, {torch.get_num_threads()} threads")

@@ -28,7 +28,10 @@ the policy's Gaussian (before the tanh) over that batch, a diagnostic.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+
+from envs.allocator import GLIBC_ENVIRONMENT
 
 PEER_SCRIPT = r"""
 import json, sys, tempfile, time
@@ -138,6 +141,7 @@ def run_benchmarl(
             capture_output=True,
             text=True,
             timeout=timeout_s,
+            env={**os.environ, **GLIBC_ENVIRONMENT},  # malloc set up as in vecmarl's process
         )
     except FileNotFoundError as error:
         raise FileNotFoundError(f"--peer-python {python!r} was not found; give a Python with benchmarl") from error

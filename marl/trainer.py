@@ -25,6 +25,7 @@ from tensordict import TensorDict
 
 import envs
 import kernels
+from envs.allocator import retain_freed_memory
 from envs.compile import maybe_compile
 from marl import distributed
 from marl.checkpoint import load_checkpoint, save_checkpoint
@@ -162,12 +163,17 @@ class PhaseTimer:
 
 
 class Trainer:
-    """Trains every group of `config.env` with PPO (MAPPO or IPPO per group)."""
+    """Trains every group of `config.env` with PPO (MAPPO or IPPO per group).
+
+    On the CPU it makes the process keep freed memory for reuse (`envs.allocator`): the rollout's and
+    the update's big tensors then stop faulting in fresh pages every step."""
 
     def __init__(self, config: TrainConfig, run_dir: str | Path | None = None) -> None:
         self.config = config
         # Under torchrun: this rank's device and process group (marl.distributed); else a no-op World.
         self.world, self.device = distributed.setup(resolve_device(config.run.device), config.to_dict())
+        if self.device.type == "cpu":
+            retain_freed_memory()  # tensors freed every step reuse their pages (envs.allocator)
         torch.manual_seed(config.run.seed)
         seed = self.world.seed(config.run.seed)
         self.env = make_env(config, self.device, seed=seed)
