@@ -62,9 +62,14 @@ class CounterRandom:
         self.counter += count
         return splitmix64(self.key + index * GOLDEN_GAMMA).reshape(shape)
 
+    def bits32(self, *shape: int) -> torch.Tensor:
+        """Fresh random int32 bits shaped `shape`: both halves of each 64-bit draw (half the hashing)."""
+        count = math.prod(shape)
+        return self.bits((count + 1) // 2).view(torch.int32)[:count].reshape(shape)
+
     def rand(self, *shape: int) -> torch.Tensor:
         """Uniform float32 in [0, 1), 24 random bits each."""
-        return _shift_right(self.bits(*shape), 40).float() * (1.0 / (1 << 24))
+        return ((self.bits32(*shape) >> 8) & 0xFFFFFF).float() * (1.0 / (1 << 24))
 
     def randn(self, *shape: int) -> torch.Tensor:
         """Standard normal float32 (Box-Muller on two uniforms)."""

@@ -144,7 +144,7 @@ class Spread(MultiAgentEnv):
             row = self.world.flatten(1)  # [B, 2(3n + 1)]
             read = row.index_select(1, plus).sub_(row.index_select(1, minus))
             return read.view(B, n, 6 * n) if table == "observe" else read.view(B, 2, -1)
-        others = physics.drop_self(physics.pairwise_offsets(self.pos))  # [B, n, n-1, 2]
+        others = physics.pairwise_offsets(self.pos, others_only=True)  # [B, n, n-1, 2]
         if table == "observe":
             landmarks = self.landmark.unsqueeze(1) - self.pos.unsqueeze(2)  # [B, n, n, 2]: seen from each agent
             silence = self.pos.new_zeros(B, n, 2 * (n - 1))  # the other agents' communication

@@ -146,7 +146,7 @@ class Tag(MultiAgentEnv):
         """The predators' `[B, P, .]` and the prey's `[B, Q, .]` observations."""
         B, P, Q = self.num_envs, self.config.n_predators, self.config.n_prey
         obstacles = self.obstacle.unsqueeze(1) - self.pos.unsqueeze(2)  # [B, P+Q, L, 2]
-        others = physics.drop_self(physics.pairwise_offsets(self.pos))  # [B, P+Q, P+Q-1, 2]
+        others = physics.pairwise_offsets(self.pos, others_only=True)  # [B, P+Q, P+Q-1, 2]
         seen = torch.cat([self.vel, self.pos, obstacles.flatten(2), others.flatten(2)], -1)  # [B, P+Q, .]
         prey_vel = self.vel[:, P:]  # [B, Q, 2]
         predator = torch.cat([seen[:, :P], prey_vel.flatten(1).unsqueeze(1).expand(B, P, 2 * Q)], -1)

@@ -17,6 +17,16 @@ def test_drop_self_lists_the_others_in_order(m):
     torch.testing.assert_close(physics.drop_self(pairwise), expected, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("m", [1, 3, 24, 40])  # 40: above the matmul path's limit, plain subtraction
+@pytest.mark.parametrize("others_only", [False, True])
+def test_pairwise_offsets_are_exact_differences(m, others_only):
+    pos = torch.randn(4, m, 2) * 10
+    expected = torch.stack([torch.stack([pos[:, j] - pos[:, i] for j in range(m)], 1) for i in range(m)], 1)
+    if others_only:
+        expected = physics.drop_self(expected)
+    torch.testing.assert_close(physics.pairwise_offsets(pos, others_only=others_only), expected, rtol=0, atol=0)
+
+
 def reference_contact(pos, radius, stiffness, margin, cutoff):
     B, m, _ = pos.shape
     force = torch.zeros(B, m, 2, dtype=torch.float64)

@@ -34,7 +34,15 @@ def test_seeding_and_state():
     assert torch.equal(a.rand(5), first)
     a.seed(1)
     assert torch.equal(a.rand(10), CounterRandom(1, "cpu").rand(10))
-    assert a.counter.item() == 10
+    assert a.counter.item() == 5  # 64-bit draws: two uniforms from each
+    a.bits32(3)
+    assert a.counter.item() == 7  # an odd count still takes whole 64-bit draws
+
+
+def test_every_bit_of_the_32_bit_halves_is_fair():
+    bits = CounterRandom(7, "cpu").bits32(100_001)
+    ones = torch.stack([(bits >> k) & 1 for k in range(32)]).float().mean(1)  # [32]
+    assert ((ones - 0.5).abs() < 0.006).all(), ones  # 5 sigma at 100k draws is 0.008
 
 
 def test_splitmix64_matches_its_definition():
@@ -61,5 +69,5 @@ def test_compiled_draws_equal_eager_ones():
     for _ in range(3):
         for x, y in zip(draw(eager), step(compiled)):
             torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-6)
-    assert eager.counter.item() == compiled.counter.item() == 3 * (12 + 5 + 12)
+    assert eager.counter.item() == compiled.counter.item() == 3 * (6 + 3 + 6)  # 64-bit draws: two uniforms each
     assert math.isfinite(eager.randn(10).sum().item())
