@@ -121,11 +121,14 @@ def contact_forces(
     (VMAS's contact model) discs that do not touch do not push; without it (MPE's) the push fades
     outside contact like `exp(-gap / margin)`.
     """
-    offsets = pairwise_offsets(pos)  # [B, m, m, 2], j seen from i
-    distance = offsets.norm(dim=-1)  # [B, m, m]
-    reach = 2 * radius if isinstance(radius, (int, float)) else radius[:, None] + radius[None, :]  # [] or [m, m]
+    offsets = pairwise_offsets(pos, others_only=True)  # [B, m, m-1, 2], every other j seen from i
+    distance = offsets.norm(dim=-1)  # [B, m, m-1]
+    if isinstance(radius, (int, float)):
+        reach = 2 * radius
+    else:
+        reach = drop_self((radius[:, None] + radius[None, :]).unsqueeze(0)).squeeze(0)  # [m, m-1]
     penetration = torch.nn.functional.softplus((reach - distance) / margin) * margin
-    pushing = distance > 1e-6  # a disc never pushes itself
+    pushing = distance > 1e-6  # discs at the same spot: no direction to push
     if cutoff:
         pushing = pushing & (distance < reach)
     magnitude = torch.where(pushing, stiffness * penetration / distance.clamp_min(1e-6), 0.0)
