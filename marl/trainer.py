@@ -187,6 +187,7 @@ class Trainer:
             self.generator,
             seed=seed,
             compile=config.run.compile,
+            unroll=config.run.compile_unroll,
         )
         self._minibatch_loss = maybe_compile(self._minibatch_loss_eager, config.run.compile, self.device)
         self.frames_per_iteration = self.world.size * config.env.num_envs * config.run.rollout_length
@@ -241,8 +242,8 @@ class Trainer:
         state = buffer["state"].flatten(0, 1) if "state" in buffer.keys() else None
         size = algo.minibatch_size
         count = frames // size
-        norms = ("policy_grad_norm", "critic_grad_norm")
-        sums = {g: {k: torch.zeros((), device=self.device) for k in (*LOSS_TERMS, *norms)} for g in flat}
+        names = (*LOSS_TERMS, "policy_grad_norm", "critic_grad_norm")
+        sums = {g: torch.zeros(len(names), device=self.device) for g in flat}  # [terms]: one add per step
         # Per group: [policy parameters, critic parameters], clipped apart; all of them, averaged over ranks.
         net_parameters = {
             g: [list(lr.policy.parameters()), list(lr.critic.parameters())] for g, lr in self.learners.items()
@@ -257,22 +258,21 @@ class Trainer:
                 total.backward()
                 self.world.average_gradients(parameters)
                 for g, learner in self.learners.items():
-                    for name in LOSS_TERMS:
-                        sums[g][name] += terms[g][name].detach()
+                    sums[g][: len(LOSS_TERMS)] += terms[g]
                     if learner.algo.max_grad_norm > 0:
                         # Clipped apart: the critic's gradients (large while values are far off) must
                         # not shrink the policy's through one shared norm.
                         clipped = clip_grad_norms_(net_parameters[g], learner.algo.max_grad_norm)
-                        for name, norm in zip(norms, clipped):
-                            sums[g][name] += norm
+                        sums[g][len(LOSS_TERMS) :] += torch.stack(clipped)
                     learner.optimizer.step()
-        updates = algo.epochs * count
-        return {g: {k: v / updates for k, v in terms.items()} for g, terms in sums.items()}
+        means = {g: (vector / (algo.epochs * count)).unbind() for g, vector in sums.items()}
+        return {g: dict(zip(names, values)) for g, values in means.items()}
 
     def _minibatch_loss_eager(
         self, flat: dict[str, dict[str, torch.Tensor]], state: torch.Tensor | None, index: torch.Tensor
-    ) -> tuple[torch.Tensor, dict[str, dict[str, torch.Tensor]]]:
-        """Every group's PPO loss on the frames `index` of the flattened rollout, and their sum."""
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The sum of every group's PPO loss on the frames `index` of the flattened rollout, and per
+        group its `LOSS_TERMS`, detached, in one vector."""
         batch = {g: {k: v[index] for k, v in data.items()} for g, data in flat.items()}
         obs = {g: data["observation"] for g, data in batch.items()}
         state = state[index] if state is not None else None
@@ -296,7 +296,7 @@ class Trainer:
                 normalize_advantage=a.normalize_advantage,
             )
             total = total + terms[g]["loss"]
-        return total, terms
+        return total, {g: torch.stack([t[name].detach() for name in LOSS_TERMS]) for g, t in terms.items()}
 
     def _set_learning_rates(self) -> None:
         """Anneal each group with a linear schedule: lr * (1 - progress), progress by frames so far."""

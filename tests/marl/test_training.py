@@ -143,7 +143,9 @@ def test_compiled_training_matches_eager(tmp_path):
     torch._dynamo.reset()
     runs = {}
     for compile in (False, True):
-        trainer = Trainer(small_config(tmp_path, compile=compile), run_dir=tmp_path / f"compile-{compile}")
+        # Compiled with 2 steps per compiled rollout call: the unrolled graph must equal eager too.
+        config = small_config(tmp_path, compile=compile, compile_unroll=2 if compile else 1)
+        trainer = Trainer(config, run_dir=tmp_path / f"compile-{compile}")
         rows = [trainer.train_iteration() for _ in range(3)]
         runs[compile] = (trainer, rows)
     (eager, eager_rows), (compiled, compiled_rows) = runs[False], runs[True]
@@ -153,6 +155,20 @@ def test_compiled_training_matches_eager(tmp_path):
     learners = zip(eager.learners["agent"].policy.parameters(), compiled.learners["agent"].policy.parameters())
     for a, b in learners:
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+
+
+def test_unrolled_collection_fills_the_same_buffer(tmp_path):
+    """`compile_unroll` only groups steps into calls: eagerly, 4 steps per call give the same buffer."""
+    buffers = []
+    for unroll in (1, 4):
+        trainer = Trainer(small_config(tmp_path, compile_unroll=unroll), run_dir=tmp_path / f"unroll-{unroll}")
+        buffers.append(trainer.collector.collect().clone())
+    assert (buffers[0] == buffers[1]).all()
+
+
+def test_compile_unroll_must_divide_the_rollout(tmp_path):
+    with pytest.raises(ValueError, match="compile_unroll \\(3\\) must divide rollout_length \\(16\\)"):
+        small_config(tmp_path, compile_unroll=3)
 
 
 def test_clip_grad_norms_equals_torch_per_list():
