@@ -33,6 +33,7 @@ from marl.config import AlgoConfig, ModelConfig, TrainConfig
 from marl.groups import GroupedEnv
 from marl.logger import NoLogger, RunLogger
 from marl.models import Critic, CriticInput, Policy
+from marl.optim import FusedAdam
 from marl.ppo import explained_variance, ppo_loss
 from marl.rollout import Collector, observations
 
@@ -131,9 +132,7 @@ def build_learners(config: TrainConfig, env, device: torch.device) -> dict[str, 
             shared_value=critic_input.shared_value,
         )
         critic = critic.to(device)
-        optimizer = torch.optim.Adam(
-            [*policy.parameters(), *critic.parameters()], lr=algo.lr, eps=algo.adam_eps, fused=True
-        )
+        optimizer = FusedAdam([*policy.parameters(), *critic.parameters()], lr=algo.lr, eps=algo.adam_eps)
         learners[group] = Learner(algo, model, policy, critic, critic_input, optimizer)
     return learners
 

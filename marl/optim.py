@@ -1,0 +1,70 @@
+"""Adam with torch's fused kernel and less Python around it."""
+
+from __future__ import annotations
+
+import torch
+
+
+class FusedAdam(torch.optim.Adam):
+    """`torch.optim.Adam(fused=True)` that gathers its parameters' state once, not on every step.
+
+    torch's `Optimizer.step` rebuilds and checks the lists of parameters, moments and step counts on
+    every call: ~150 us for a policy and a critic on the CPU, as long as a whole minibatch step's
+    arithmetic at small batches. This keeps those lists after the first step (again after
+    `load_state_dict`) and calls the same fused kernel with the same arguments, so its updates equal
+    `torch.optim.Adam(fused=True)`'s (tested) and its state dict is Adam's. No AMSGrad, no maximize.
+    """
+
+    def __init__(self, params, lr: float, eps: float) -> None:
+        super().__init__(params, lr=lr, eps=eps, fused=True)
+        self._lists: list[tuple[list, list, list, list]] | None = None  # per group: params, m, v, steps
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self._lists = None
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        if closure is not None:
+            return super().step(closure)
+        grads = [[p.grad for p in group["params"]] for group in self.param_groups]
+        if self._lists is None or any(g is None for group in grads for g in group):
+            super().step()  # creates the state on the first step; skips parameters without gradients
+            self._lists = self._gather() if self._lists is None else self._lists
+            return None
+        for group, group_grads, (params, exp_avgs, exp_avg_sqs, steps) in zip(self.param_groups, grads, self._lists):
+            torch._foreach_add_(steps, 1)
+            beta1, beta2 = group["betas"]
+            torch._fused_adam_(
+                params,
+                group_grads,
+                exp_avgs,
+                exp_avg_sqs,
+                [],
+                steps,
+                amsgrad=False,
+                lr=group["lr"],
+                beta1=beta1,
+                beta2=beta2,
+                weight_decay=group["weight_decay"],
+                eps=group["eps"],
+                maximize=False,
+            )
+        return None
+
+    def _gather(self) -> list[tuple[list, list, list, list]] | None:
+        """Every group's parameters and their state, or None while some parameter has no state yet."""
+        lists = []
+        for group in self.param_groups:
+            states = [self.state[p] for p in group["params"]]
+            if not all(states):
+                return None
+            lists.append(
+                (
+                    list(group["params"]),
+                    [s["exp_avg"] for s in states],
+                    [s["exp_avg_sq"] for s in states],
+                    [s["step"] for s in states],
+                )
+            )
+        return lists
