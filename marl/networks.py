@@ -19,7 +19,7 @@ class _SigmoidTanh(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        y = torch.mul(x, 2.0).sigmoid_().mul_(2.0).sub_(1.0)  # one new tensor, the rest in place
+        y = torch.sigmoid(x * 2.0).mul_(2.0).sub_(1.0)
         ctx.save_for_backward(y)
         return y
 
