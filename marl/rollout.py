@@ -60,10 +60,9 @@ class Collector:
     """Steps `env` with `policies` and fills the buffer; keeps the current observation between calls.
 
     One step (act, write the buffer, step the env, count episodes) is one function, `_step`, of
-    tensors only; with `compile=True` it goes through `torch.compile` as a whole, `unroll` steps per
-    compiled call. The env's resets
-    draw from its generator, which a graph cannot hold, so the compiler splits the step there and runs
-    the draw eagerly; everything else fuses.
+    tensors only; with `compile=True` `unroll` steps at a time go through `torch.compile` as a whole.
+    The env's resets draw from its generator, which a graph cannot hold, so the compiler splits the
+    step there and runs the draw eagerly; everything else fuses.
     """
 
     def __init__(
