@@ -106,14 +106,13 @@ def _returns_torch(reward, next_value, done, terminated, *, gamma, lmbda, shape)
     returns = torch.empty(shape, dtype=torch.float32, device=reward.device)  # contiguous rows
     flags = done.shape if next_value is None else torch.broadcast_shapes(done.shape, terminated.shape)
     trace = torch.empty(flags, dtype=torch.float32, device=reward.device)
+    returns.copy_(reward)  # fp32; reward may be broadcast against the output
     if next_value is None:
-        returns.copy_(reward)
         decay(done, gamma, out=trace)
     else:
         terminated_number = flag_as_number(terminated)
         decay(done, gamma * lmbda, out=trace)
         trace.addcmul_(trace, terminated_number, value=-1.0)
-        returns.copy_(reward)  # fp32; reward and next_value may be broadcast against the output
         returns.add_(next_value, alpha=gamma)
         returns.addcmul_(next_value, terminated_number, value=-gamma)
         returns.addcmul_(next_value, trace, value=-1.0)
