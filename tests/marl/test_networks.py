@@ -2,6 +2,7 @@ import pytest
 import torch
 from torch import nn
 
+from marl import networks
 from marl.networks import MultiAgentMLP, Tanh
 
 
@@ -58,9 +59,12 @@ def test_wrong_input_shape_is_a_clear_error():
         MultiAgentMLP(3, 1, n_agents=2, activation="gelu2")
 
 
-def test_tanh_activation_equals_torch_tanh_with_its_gradient():
+@pytest.mark.parametrize("via_sigmoid", [False, True], ids=["torch_tanh", "sigmoid_form"])
+def test_tanh_activation_equals_torch_tanh_with_its_gradient(monkeypatch, via_sigmoid):
+    monkeypatch.setattr(networks, "EAGER_TANH_VIA_SIGMOID", via_sigmoid)
     x = torch.linspace(-12, 12, 2001, dtype=torch.float32, requires_grad=True)
     ours = Tanh()(x)
+    assert (ours.grad_fn.name() == "_SigmoidTanhBackward") == via_sigmoid
     ours.sum().backward()
     grad = x.grad.clone()
     x.grad = None
@@ -68,3 +72,13 @@ def test_tanh_activation_equals_torch_tanh_with_its_gradient():
     reference.sum().backward()
     torch.testing.assert_close(ours, reference, atol=3e-7, rtol=0)
     torch.testing.assert_close(grad, x.grad, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("mkl", "vendor", "expected"),
+    [(True, "AuthenticAMD", True), (True, "GenuineIntel", False), (True, "", False), (False, "AuthenticAMD", False)],
+)
+def test_eager_tanh_takes_the_sigmoid_form_only_where_mkl_runs_its_slow_paths(monkeypatch, mkl, vendor, expected):
+    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: mkl)
+    monkeypatch.setattr(networks, "_cpu_vendor", lambda: vendor)
+    assert networks._eager_tanh_via_sigmoid() is expected
