@@ -195,7 +195,7 @@ class MultiAgentEnv:
             agent_term = agent_terminated.get(group)
             if agent_term is None:  # the env's flags hold for every agent: views, no ops
                 flags = [terminated, truncated, done]
-                agent_flags = [flag[:, None, None].expand(-1, n, 1) for flag in flags]
+                agent_flags = [flag.view(-1, 1, 1).expand(-1, n, 1) for flag in flags]
             else:
                 agent_term = agent_term | terminated[:, None]
                 agent_trunc = truncated[:, None] & ~agent_term

@@ -126,7 +126,7 @@ class VmasEnv(MultiAgentEnv):
             for g, spec in self.groups.items()
         }
         self._info: dict[str, dict[str, torch.Tensor]] = {}  # group -> key -> [B, n, ...]
-        self._info_keys: dict[str, list[str]] | None = None
+        self._info_keys: dict[str, list[list[str]]] | None = None  # group -> keys of one shape
 
     def _reset(self, mask: torch.Tensor) -> None:
         # The adapter's own reads of device values (VMAS itself makes many): no env to reset, no reset;
@@ -154,8 +154,8 @@ class VmasEnv(MultiAgentEnv):
             value = action[group]
             if isinstance(self.groups[group].action, Discrete):
                 value = value.unsqueeze(-1)  # VMAS takes Discrete actions as [B, 1]
-            for j, i in enumerate(indices):
-                per_agent[i] = value[:, j]
+            for i, agent_value in zip(indices, value.unbind(1)):  # one op for the group's n views
+                per_agent[i] = agent_value
         with self._random, allow_host_sync():
             observations, rewards, terminated, infos = self.vmas_env.step(per_agent)
         self._obs = self._by_group(observations)
@@ -211,25 +211,26 @@ class VmasEnv(MultiAgentEnv):
 
     def _info_by_group(self, infos: list[dict]) -> dict[str, dict[str, torch.Tensor]]:
         """Keys that every agent of a group reports as a tensor of one shape, stacked to `[B, n, *shape]`
-        (`[B, n, 1]` for a scalar per env). The keys are chosen at the first step and kept."""
+        (`[B, n, 1]` for a scalar per env). The keys are chosen at the first step and kept, in lists of
+        keys of one shape: one stack per list (navigation's 3 scalar keys: one stack, not 3)."""
         if self._info_keys is None:
-            self._info_keys = {
-                group: [
-                    key
-                    for key, value in infos[indices[0]].items()
+            self._info_keys = {}
+            for group, indices in self._members.items():
+                by_shape: dict[torch.Size, list[str]] = {}
+                for key, value in infos[indices[0]].items():
                     if all(
                         isinstance(infos[i].get(key), torch.Tensor) and infos[i][key].shape == value.shape
                         for i in indices
-                    )
-                ]
-                for group, indices in self._members.items()
-            }
+                    ):
+                        by_shape.setdefault(value.shape, []).append(key)
+                self._info_keys[group] = list(by_shape.values())
         grouped = {}
         for group, indices in self._members.items():
             grouped[group] = {}
-            for key in self._info_keys[group]:
-                value = torch.stack([infos[i][key] for i in indices], 1)  # [B, n, *shape]
-                grouped[group][key] = value.unsqueeze(-1) if value.dim() == 2 else value
+            for keys in self._info_keys[group]:
+                shape = infos[indices[0]][keys[0]].shape[1:] or (1,)  # per env; a scalar as [1]
+                stacked = torch.stack([infos[i][key] for key in keys for i in indices], 1)  # [B, keys * n, ...]
+                grouped[group].update(zip(keys, stacked.view(self.num_envs, len(keys), len(indices), *shape).unbind(1)))
         return grouped
 
 

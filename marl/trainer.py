@@ -238,6 +238,10 @@ class Trainer:
         frames = buffer.batch_size.numel()
         # Plain tensors [T * B, ...]: the minibatch gather and the loss then compile into one graph.
         flat = {g: {k: v.flatten(0, 1) for k, v in buffer[g].items() if k in self.UPDATE_KEYS} for g in self.learners}
+        for g, data in flat.items():
+            # The critic learns in normalised units; its moments are fixed for the update, so once here.
+            critic = self.learners[g].critic
+            data["value"], data["value_target"] = map(critic.normalize_values, (data["value"], data["value_target"]))
         state = buffer["state"].flatten(0, 1) if "state" in buffer.keys() else None
         size = algo.minibatch_size
         count = frames // size
@@ -279,14 +283,13 @@ class Trainer:
         for g, learner in self.learners.items():
             data, a = batch[g], learner.algo
             dist = learner.policy(data["observation"], data.get("action_mask"))
-            critic = learner.critic
             terms[g] = ppo_loss(
                 dist.log_prob(data["action"]),
                 data["log_prob"],
                 data["advantage"],
-                critic(learner.critic_input(obs, state)),  # normalised units, like the next two
-                critic.normalize_values(data["value"]),
-                critic.normalize_values(data["value_target"]),
+                learner.critic(learner.critic_input(obs, state)),  # normalised units, like the next two
+                data["value"],
+                data["value_target"],
                 dist.entropy(),
                 clip_eps=a.clip_eps,
                 clip_value=a.clip_value,

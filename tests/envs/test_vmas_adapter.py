@@ -63,6 +63,31 @@ def stacked(per_agent: list, env, group: str) -> torch.Tensor:
     return torch.stack([per_agent[names.index(a)] for a in env.groups[group].agents], 1)
 
 
+def test_info_keys_of_mixed_shapes_are_grouped_like_a_per_key_stack():
+    """Scalar and vector keys together, a key one agent lacks and a non-tensor value: each kept key
+    equals the stack of its agents' values, [B, n, 1] for a scalar; the others are dropped."""
+    env = envs.make("vmas/navigation", num_envs=4, seed=0, n_agents=3)
+    g = torch.Generator().manual_seed(0)
+    infos = [
+        {
+            "a": torch.rand(4, generator=g),
+            "vec": torch.rand(4, 2, generator=g),
+            "b": torch.rand(4, generator=g),
+            "partial": torch.rand(4, generator=g),
+            "name": "x",
+        }
+        for _ in range(3)
+    ]
+    del infos[1]["partial"]
+    for _ in range(2):  # the first call chooses the keys, the second reuses them
+        grouped = env._info_by_group(infos)["agent"]
+        assert sorted(grouped) == ["a", "b", "vec"]
+        for key in ("a", "b"):
+            assert torch.equal(grouped[key], torch.stack([info[key] for info in infos], 1).unsqueeze(-1))
+        assert torch.equal(grouped["vec"], torch.stack([info["vec"] for info in infos], 1))
+        infos = [{k: v + 1 if isinstance(v, torch.Tensor) else v for k, v in info.items()} for info in infos]
+
+
 @pytest.mark.parametrize(
     "scenario, options",
     [("navigation", {"n_agents": 3}), ("simple_tag", {"continuous_actions": False})],
