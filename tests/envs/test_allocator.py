@@ -18,7 +18,7 @@ for _ in range(3):  # warm up
     y = x * 2
     del y
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(5):
+for _ in range(10):
     y = x * 2
     del y
 print(json.dumps({"applied": applied, "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before}))
@@ -34,9 +34,11 @@ def probe(mode: str) -> dict:
 def test_retained_memory_stops_page_faults():
     default, retained = probe("system"), probe("retain")
     assert retained["applied"]
-    pages = 5 * 40_000_000 // 4096
+    pages = 10 * 40_000_000 // 4096
     assert default["faults"] > pages // 2  # every fresh 40 MB result is faulted in page by page
-    assert retained["faults"] < pages // 20
+    # Retained: the results reuse one block. Seen here: 0, or once one result's pages (9,766) when the
+    # heap had moved during the warm-up; under an eighth of the default's.
+    assert retained["faults"] < pages // 8
 
 
 def test_retain_is_idempotent():
