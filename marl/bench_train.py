@@ -23,11 +23,10 @@ own fields (`benchmarl_config`): `value_coef=2` because vecmarl's value loss is 
 `max_grad_norm=5` (both clip the actor's and the critic's gradients apart), `adam_eps=1e-6`
 (vecmarl's default 1e-5 damps the small gradients of unnormalised advantages: 30k frames then end at a
 clearly lower return), `normalize_value=False`, and for MAPPO `shared_value=True`: like BenchMARL's, the
-critic gives one value per env from the concatenated observations. What vecmarl cannot say with its
-config, and so differs: BenchMARL's policy std comes from the network (`biased_softplus_1.0`),
-vecmarl's is a learned state-independent log-std starting at 1 (both stay near 1 over 30k frames);
-weights are initialised differently (vecmarl: orthogonal, policy output gain 0.01; BenchMARL: torch's
-default). The native `navigation`
+critic gives one value per env from the concatenated observations, and `std="state"`: the policy
+outputs its std through a biased softplus starting at 1, like BenchMARL's (`biased_softplus_1.0`).
+What vecmarl cannot say with its config, and so differs: weights are initialised differently
+(vecmarl: orthogonal, policy output gain 0.01; BenchMARL: torch's default). The native `navigation`
 gets the same task options (`shared_reward=False`, spawning in [-1, 1]^2 as VMAS's default).
 
 What is measured, on both sides alike:
@@ -112,6 +111,7 @@ EXPECTED_DEFAULTS = {
         "loss_critic_type": "l2",
         "lmbda": 0.9,
         "use_tanh_normal": True,
+        "scale_mapping": "biased_softplus_1.0",
         "minibatch_advantage": False,
     },
     "model": {"num_cells": [256, 256], "activation_class": "Tanh"},
@@ -140,7 +140,8 @@ def benchmarl_config(env: str, algo: str, frames: int, seed: int, sizes: Sizes =
             normalize_value=False,  # BenchMARL's critic learns raw returns
             shared_value=algo == "mappo",  # BenchMARL's MAPPO critic: one value per env from all observations
         ),
-        model=ModelConfig(hidden=sizes.hidden, activation="tanh", share_params=True),
+        # BenchMARL's policies output their std through a biased softplus starting at 1 (`scale_mapping`).
+        model=ModelConfig(hidden=sizes.hidden, activation="tanh", share_params=True, std="state"),
         run=_run_config(frames, sizes.rollout_length, seed),
     )
 
@@ -191,7 +192,8 @@ def run_vecmarl(config: TrainConfig) -> dict:
 
 
 def policy_std(trainer) -> float:
-    """The mean standard deviation (before the tanh) of the continuous policies, a diagnostic; NaN if none."""
+    """The mean standard deviation (before the tanh) of the continuous policies with a learned
+    state-independent std, a diagnostic; NaN if none (a state-dependent std has no single value)."""
     stds = [
         lr.policy.log_std.detach().exp().mean() for lr in trainer.learners.values() if hasattr(lr.policy, "log_std")
     ]

@@ -10,6 +10,7 @@ learning rate for the speaker in `speaker_listener`.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -77,6 +78,7 @@ class AlgoConfig:
     normalisation), so that rewards of any scale learn alike."""
 
     def __post_init__(self) -> None:
+        _check_choices(self)
         for name in ("gamma", "lmbda"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
@@ -107,8 +109,12 @@ class ModelConfig:
     """Agents of a group share one network; else each has its own (stacked, one batched matmul)."""
     log_std_init: float = 0.0
     """Initial log standard deviation of continuous actions (before tanh squashing)."""
+    std: Literal["param", "state"] = "param"
+    """Continuous actions' std: a learned parameter, the same in every state ("param"), or an output of
+    the policy network through a biased softplus ("state", as BenchMARL's policies)."""
 
     def __post_init__(self) -> None:
+        _check_choices(self)
         object.__setattr__(self, "hidden", tuple(int(h) for h in self.hidden))
         if any(h < 1 for h in self.hidden):
             raise ValueError(f"hidden sizes must be >= 1, got {self.hidden}")
@@ -199,6 +205,13 @@ class TrainConfig:
             run=_options.build(RunConfig, data["run"], "run config"),
             group_overrides=data.get("group_overrides", {}),
         )
+
+
+def _check_choices(config) -> None:
+    """Every `Literal` field of `config` holds one of its choices."""
+    for name, hint in typing.get_type_hints(type(config)).items():
+        if typing.get_origin(hint) is Literal and getattr(config, name) not in typing.get_args(hint):
+            raise ValueError(f"{name} must be one of {list(typing.get_args(hint))}, got {getattr(config, name)!r}")
 
 
 def _fields(cls) -> set[str]:

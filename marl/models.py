@@ -10,9 +10,11 @@ the agent's index is appended so the one network can still give each agent its o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from envs.specs import Box, Discrete, GroupSpec, MultiDiscrete
@@ -22,8 +24,19 @@ from marl.networks import MultiAgentMLP
 CRITIC_SCOPES = ("agent", "group", "global")
 
 
+STD_SOURCES = ("param", "state")
+MIN_STD = 0.01  # the floor of a state-dependent std
+
+
 class Policy(nn.Module):
-    """`[*B, n, obs]` (+ action mask) -> an action distribution over the group's action spec."""
+    """`[*B, n, obs]` (+ action mask) -> an action distribution over the group's action spec.
+
+    For continuous actions the Gaussian's std (before the tanh) is, by `std`:
+    - `"param"`: a learned log-std per action dim, the same in every state (per agent without shared
+      parameters), starting at `log_std_init`;
+    - `"state"`: an output of the network, `softplus(x + bias) + MIN_STD`, the bias set so that it
+      starts at `exp(log_std_init)` (as BenchMARL's and TorchRL's `biased_softplus` scale mapping).
+    """
 
     def __init__(
         self,
@@ -32,25 +45,40 @@ class Policy(nn.Module):
         activation: str,
         share_params: bool,
         log_std_init: float = 0.0,
+        std: str = "param",
     ) -> None:
         super().__init__()
+        if std not in STD_SOURCES:
+            raise ValueError(f"unknown std source {std!r}; expected one of {STD_SOURCES}")
         self.spec = spec
         obs_size = spec.observation.shape[0] if len(spec.observation.shape) == 1 else None
         if obs_size is None:
             raise ValueError(f"policies take flat observations; group observation shape is {spec.observation.shape}")
         out = head_size(spec.action)
-        self.net = MultiAgentMLP(obs_size, out, spec.n_agents, hidden, activation, share_params, output_gain=0.01)
+        self.state_std = isinstance(spec.action, Box) and std == "state"
+        outputs = 2 * out if self.state_std else out  # [mean, std input] per action dim
+        self.net = MultiAgentMLP(obs_size, outputs, spec.n_agents, hidden, activation, share_params, output_gain=0.01)
         if isinstance(spec.action, Box):
             low, high = spec.action.bounds("cpu")
             self.register_buffer("low", low.flatten())
             self.register_buffer("high", high.flatten())
-            rows = 1 if share_params else spec.n_agents
-            self.log_std = nn.Parameter(torch.full((rows, out), float(log_std_init)))  # [1 or n, A]
+            if self.state_std:
+                initial = math.exp(log_std_init)
+                if initial <= MIN_STD:
+                    raise ValueError(f"log_std_init must give a std above {MIN_STD} with std='state', got {initial:g}")
+                self.std_bias = math.log(math.expm1(initial - MIN_STD))  # softplus(0 + bias) + MIN_STD = initial
+            else:
+                rows = 1 if share_params else spec.n_agents
+                self.log_std = nn.Parameter(torch.full((rows, out), float(log_std_init)))  # [1 or n, A]
 
     def forward(self, observation: torch.Tensor, action_mask: torch.Tensor | None = None) -> Distribution:
-        out = self.net(observation)  # [*B, n, head]
+        out = self.net(observation)  # [*B, n, head] (x2 for a state-dependent std)
         action = self.spec.action
         if isinstance(action, Box):
+            if self.state_std:
+                mean, std_input = out.chunk(2, -1)
+                log_std = (F.softplus(std_input + self.std_bias) + MIN_STD).log()  # [*B, n, A]
+                return TanhNormal(mean, log_std, self.low, self.high)
             return TanhNormal(out, self.log_std, self.low, self.high)
         if isinstance(action, Discrete):
             return MaskedCategorical(out, action_mask if action.masked else None)

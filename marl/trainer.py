@@ -108,7 +108,9 @@ def build_policies(config: TrainConfig, env, device: torch.device) -> dict[str, 
     policies = {}
     for group, spec in env.groups.items():
         _, model = config.for_group(group)
-        policies[group] = Policy(spec, model.hidden, model.activation, model.share_params, model.log_std_init)
+        policies[group] = Policy(
+            spec, model.hidden, model.activation, model.share_params, model.log_std_init, model.std
+        )
     return {g: p.to(device) for g, p in policies.items()}
 
 

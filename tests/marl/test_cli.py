@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from marl.cli import build_parser, config_from_args, main
-from marl.config import SECTIONS
+from marl.config import SECTIONS, AlgoConfig, ModelConfig
 
 
 def test_train_help_explains_every_option(capsys):
@@ -45,10 +45,13 @@ def test_options_reach_the_config():
             "1000",
             "--minibatch-size",
             "256",
+            "--std",
+            "state",
         ]
     )
     config = config_from_args(args)
     assert config.algo.algo == "ippo" and config.env.num_envs == 8 and config.model.hidden == (32, 16)
+    assert config.model.std == "state"
     assert config.env.env_options == {"n_agents": 5, "shared_reward": False}
     assert config.group_overrides == {"agent": {"lr": 0.003}} and not config.algo.clip_value
     assert config.for_group("agent")[0].lr == 0.003 and config.algo.lr == 1e-3
@@ -65,6 +68,10 @@ def test_options_reach_the_config():
             "minibatch_size=64 is larger",
         ),
         (["train", "--group", "agent.lrr=1"], "unknown field(s) ['lrr'] in the overrides for group 'agent'"),
+        (
+            ["train", "--group", "agent.std=net"],
+            "option std='net' for group 'agent' has type str, expected 'param' | 'state'",
+        ),
         (["eval", "--checkpoint", "/nonexistent/checkpoint.pt"], "no checkpoint at /nonexistent/checkpoint.pt"),
         (["plot", "/nonexistent"], "no metrics.csv in /nonexistent"),
     ],
@@ -73,6 +80,13 @@ def test_bad_input_is_one_clear_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_configs_built_in_python_refuse_values_outside_their_choices():
+    with pytest.raises(ValueError, match=r"std must be one of \['param', 'state'\], got 'net'"):
+        ModelConfig(std="net")
+    with pytest.raises(ValueError, match=r"algo must be one of \['mappo', 'ippo'\], got 'ppo'"):
+        AlgoConfig(algo="ppo")
 
 
 def test_envs_lists_envs_with_options(capsys):

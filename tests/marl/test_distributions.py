@@ -81,3 +81,42 @@ def test_unbounded_continuous_actions_are_refused():
     spec = GroupSpec(["a_0"], Box((3,)), Box((2,)))
     with pytest.raises(ValueError, match="continuous actions must be bounded"):
         Policy(spec, hidden=(8,), activation="tanh", share_params=True)
+
+
+@pytest.mark.parametrize("share_params", [True, False])
+def test_state_dependent_std_starts_at_log_std_init_and_follows_the_network(share_params):
+    """std='state': the net's second half of outputs, through softplus(x + bias) + 0.01, is the std;
+    log-probs are a Normal's with that std per sample, squashed; gradients reach the std outputs."""
+    torch.manual_seed(0)
+    spec = GroupSpec(["a_0", "a_1", "a_2"], Box((6,)), Box((2,), -2.0, 2.0))
+    policy = Policy(spec, hidden=(8,), activation="tanh", share_params=share_params, log_std_init=-0.5, std="state")
+    assert not hasattr(policy, "log_std") and policy.net.out_features == 4
+    with torch.no_grad():
+        policy.net.layers[-1].weight.zero_()  # outputs = biases = 0: the std is the initial one
+    dist = policy(torch.randn(5, 3, 6))
+    torch.testing.assert_close(dist.log_std, torch.full((5, 3, 2), -0.5))
+    with torch.no_grad():
+        policy.net.layers[-1].bias.normal_()
+    obs = torch.randn(5, 3, 6)
+    dist = policy(obs)
+    out = policy.net(obs)
+    std = torch.nn.functional.softplus(out[..., 2:] + policy.std_bias) + 0.01
+    torch.testing.assert_close(dist.log_std.exp(), std)
+    raw = dist.sample(torch.randn(5, 3, 2))
+    reference = D.TransformedDistribution(
+        D.Normal(out[..., :2], std), [D.TanhTransform(), D.AffineTransform(0.0, 2.0)]
+    ).log_prob(dist.env_action(raw).clamp(-2 + 1e-6, 2 - 1e-6))
+    torch.testing.assert_close(dist.log_prob(raw), reference.sum(-1), atol=1e-4, rtol=1e-4)
+    dist.entropy().sum().backward()
+    last = policy.net.layers[-1]
+    weight_grad = last.weight.grad if share_params else last.weight.grad.transpose(-1, -2)
+    assert weight_grad[..., 2:, :].abs().sum() > 0  # the entropy depends on the std outputs only
+    assert weight_grad[..., :2, :].abs().sum() == 0
+
+
+def test_state_dependent_std_rejects_what_it_cannot_start_at():
+    spec = GroupSpec(["a_0"], Box((3,)), Box((2,), -1.0, 1.0))
+    with pytest.raises(ValueError, match="log_std_init must give a std above 0.01"):
+        Policy(spec, hidden=(8,), activation="tanh", share_params=True, log_std_init=-5.0, std="state")
+    with pytest.raises(ValueError, match="unknown std source 'net'"):
+        Policy(spec, hidden=(8,), activation="tanh", share_params=True, std="net")
