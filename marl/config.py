@@ -208,10 +208,11 @@ class TrainConfig:
 
 
 def _check_choices(config) -> None:
-    """Every `Literal` field of `config` holds one of its choices."""
-    for name, hint in typing.get_type_hints(type(config)).items():
-        if typing.get_origin(hint) is Literal and getattr(config, name) not in typing.get_args(hint):
-            raise ValueError(f"{name} must be one of {list(typing.get_args(hint))}, got {getattr(config, name)!r}")
+    """Every `Literal` field of `config` holds one of its choices (configs built in Python; options
+    given by name are checked by `envs.options.build` before this)."""
+    for name, tp in _options.field_types(type(config)).items():
+        if typing.get_origin(tp) is Literal and not _options.matches_type(getattr(config, name), tp):
+            raise ValueError(f"{name} must be one of {list(typing.get_args(tp))}, got {getattr(config, name)!r}")
 
 
 def _fields(cls) -> set[str]:

@@ -44,9 +44,9 @@ def _cpu_vendor() -> str:
 def _eager_tanh_via_sigmoid() -> bool:
     """Whether torch's eager CPU tanh is the slow one here. Built with MKL, torch computes tanh with
     MKL's vector math, which picks its code paths by CPU vendor: fast on Intel's; elsewhere
-    `2 * sigmoid(2x) - 1` (torch's own vectorised sigmoid) is faster. Measured on a [1200, 256] float32 tensor, one thread:
-    AMD EPYC, tanh 0.79 ms vs sigmoid 0.23 ms; Intel Xeon (AVX-512), tanh 0.18 ms vs the sigmoid form
-    0.73 ms."""
+    `2 * sigmoid(2x) - 1` (torch's own vectorised sigmoid) is faster. Measured on a [1200, 256]
+    float32 tensor, one thread: AMD EPYC, tanh 0.79 ms vs sigmoid 0.23 ms; Intel Xeon (AVX-512),
+    tanh 0.18 ms vs the sigmoid form 0.73 ms."""
     return torch.backends.mkl.is_available() and _cpu_vendor() not in ("GenuineIntel", "")
 
 
