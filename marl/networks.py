@@ -18,10 +18,12 @@ class _SigmoidTanh(torch.autograd.Function):
     """tanh(x) as `2 * sigmoid(2x) - 1`, with tanh's own backward `grad * (1 - y^2)`."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        y = torch.sigmoid(x * 2.0).mul_(2.0).sub_(1.0)
-        ctx.save_for_backward(y)
-        return y
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(x * 2.0).mul_(2.0).sub_(1.0)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # apart from forward, as torch.func's grad needs
+        ctx.save_for_backward(output)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:

@@ -52,6 +52,24 @@ class FusedAdam(torch.optim.Adam):
             )
         return None
 
+    def state_lists(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        """The moments and step counts of the (one) parameter group, in its parameters' order, for an
+        update written out elsewhere (`marl.fused_step`); missing state is created as Adam's first step
+        would create it."""
+        if len(self.param_groups) != 1:
+            raise ValueError(f"state_lists needs one parameter group, this optimiser has {len(self.param_groups)}")
+        if self._lists is None:
+            for p in self.param_groups[0]["params"]:
+                if not self.state[p]:
+                    self.state[p] = {
+                        "step": torch.zeros((), dtype=torch.float32, device=p.device),
+                        "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                        "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+                    }
+            self._lists = self._gather()
+        ((_, exp_avgs, exp_avg_sqs, steps),) = self._lists
+        return exp_avgs, exp_avg_sqs, steps
+
     def _gather(self) -> list[tuple[list, list, list, list]] | None:
         """Every group's parameters and their state, or None while some parameter has no state yet."""
         lists = []

@@ -30,6 +30,7 @@ from envs.compile import maybe_compile
 from marl import distributed
 from marl.checkpoint import load_checkpoint, save_checkpoint
 from marl.config import AlgoConfig, ModelConfig, TrainConfig
+from marl.fused_step import FusedUpdateStep
 from marl.groups import GroupedEnv
 from marl.logger import NoLogger, RunLogger
 from marl.models import Critic, CriticInput, Policy
@@ -190,7 +191,19 @@ class Trainer:
             compile=config.run.compile,
             unroll=config.run.compile_unroll,
         )
-        self._minibatch_loss = maybe_compile(self._minibatch_loss_eager, config.run.compile, self.device)
+        # Compiled, a minibatch step is one graph (`marl.fused_step`); under torchrun the gradient
+        # all-reduce sits between backward and Adam, so there only the loss is compiled.
+        fuse = config.run.compile and self.world.size == 1
+        self._minibatch_loss = maybe_compile(self._minibatch_loss_eager, config.run.compile and not fuse, self.device)
+        self._fused_step = None
+        if fuse:
+            self._fused_step = FusedUpdateStep(
+                {g: {"policy": lr.policy, "critic": lr.critic} for g, lr in self.learners.items()},
+                {g: lr.optimizer for g, lr in self.learners.items()},
+                {g: lr.algo.max_grad_norm for g, lr in self.learners.items()},
+                self._minibatch_loss_eager,
+                self.device,
+            )
         self.frames_per_iteration = self.world.size * config.env.num_envs * config.run.rollout_length
         self.iteration, self.frames, self.elapsed = 0, 0, 0.0
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
@@ -257,7 +270,11 @@ class Trainer:
         for _ in range(algo.epochs):
             order = torch.randperm(frames, generator=self.generator, device=self.device)
             for k in range(count):
-                total, terms = self._minibatch_loss(flat, state, order[k * size : (k + 1) * size])
+                index = order[k * size : (k + 1) * size]
+                if self._fused_step is not None:
+                    self._fused_step(flat, state, index, sums)
+                    continue
+                total, terms = self._minibatch_loss(flat, state, index)
                 for learner in self.learners.values():
                     learner.optimizer.zero_grad(set_to_none=True)
                 total.backward()
