@@ -2,7 +2,7 @@
 
     marl bench --quick                                   # a few minutes on a 2-core CPU
     marl bench --json bench.json --vmas --jaxmarl-python ~/venvs/jaxmarl/bin/python \\
-               --torchrl-python ~/venvs/torchrl/bin/python
+               --torchrl-python ~/venvs/torchrl/bin/python --benchmarl-python ~/venvs/torchrl/bin/python
 
 Rows, each the median of repeats, with the peer measured in the same run and the ratio to it:
 
@@ -16,12 +16,17 @@ Rows, each the median of repeats, with the peer measured in the same run and the
   config (16 envs x 128 steps, 4 epochs x 4 minibatches, MLP 64-64 tanh, lr 2.5e-4 annealed, ...) on
   `spread` at 16 and 1024 envs; compile time is excluded (warm-up iterations), see time-to-target;
 - target: wall time (compilation included) and frames until the training curve's mean episode return
-  reaches `--target` of the way from a random policy's return to the scripted yardstick's.
+  reaches `--target` of the way from a random policy's return to the scripted yardstick's;
+- benchmarl (with `--benchmarl-python`): `marl train` on `vmas/navigation` against BenchMARL's MAPPO
+  and IPPO on VMAS navigation, both with BenchMARL's default settings, on the CPU: frames/s of whole
+  30k-frame runs (12k with `--quick`) and the mean episode return at their end (`python -m
+  marl.bench_train` splits the iterations into phases and adds the native env).
 
 On a GPU the env and default-config training rows also run at 65,536 envs.
 
 Peers never become dependencies: VMAS runs in this process when installed; JaxMARL and TorchRL run in
-subprocesses of the interpreters given. Without a peer its column says `-`.
+subprocesses of the interpreters given (BenchMARL in its own: it pins another tensordict). Without a peer
+its column says `-`.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -209,13 +215,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jaxmarl-python", default=None, help="interpreter with jaxmarl installed (env stepping)")
     parser.add_argument("--torchrl-python", default=None, help="interpreter with torchrl installed (GAE)")
     parser.add_argument(
+        "--benchmarl-python",
+        default=None,
+        help="interpreter with benchmarl, torchrl and vmas installed: adds the benchmarl section (training on "
+        "VMAS navigation with BenchMARL's default MAPPO/IPPO settings, both sides on the CPU)",
+    )
+    parser.add_argument(
         "--target",
         type=float,
         default=0.8,
         help="time-to-target: fraction of the way from random to the scripted yardstick",
     )
     parser.add_argument(
-        "--skip", nargs="+", default=[], choices=["env", "gae", "train", "target"], help="sections to leave out"
+        "--skip",
+        nargs="+",
+        default=[],
+        choices=["env", "gae", "train", "target", "benchmarl"],
+        help="sections to leave out",
     )
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
 
@@ -229,11 +245,12 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
     command = "marl bench " + " ".join(argv if argv is not None else sys.argv[2:])
     print(f"command: {command}\ndevice: {device}, torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(
-        f"{'section':<8}{'benchmark':<36}{'size':<14}{'vecmarl':>14}  {'unit':<13}{'peer':<16}{'peer value':>12}{'ratio':>8}"
+        f"{'section':<10}{'benchmark':<36}{'size':<14}{'vecmarl':>14}  {'unit':<13}{'peer':<16}{'peer value':>12}{'ratio':>8}"
     )
 
-    def emit(section, benchmark, size, value, unit, peer=None, peer_value=None):
-        ratio = value / peer_value if peer_value else None
+    def emit(section, benchmark, size, value, unit, peer=None, peer_value=None, ratio=True):
+        """One row; `ratio=False` for quantities whose ratio means nothing (returns can be negative)."""
+        ratio = value / peer_value if peer_value and ratio else None
         rows.append(
             {
                 "section": section,
@@ -248,8 +265,8 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
             }
         )
         print(
-            f"{section:<8}{benchmark:<36}{size:<14}{value:>14,.1f}  {unit:<13}{peer or '-':<16}"
-            f"{(f'{peer_value:,.1f}' if peer_value else '-'):>12}{(f'{ratio:.2f}x' if ratio else '-'):>8}",
+            f"{section:<10}{benchmark:<36}{size:<14}{_number(value):>14}  {unit:<13}{peer or '-':<16}"
+            f"{(_number(peer_value) if peer_value is not None else '-'):>12}{(f'{ratio:.2f}x' if ratio else '-'):>8}",
             flush=True,
         )
 
@@ -335,9 +352,38 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
                 seconds, frames, reached = time_to_target(config, target)
                 name = f"{env_name} to {target:.2f} (got {reached:.2f})"
                 emit("target", name, f"{frames:,} frames", seconds, "s (nan: cap)")
+    if "benchmarl" not in args.skip and args.benchmarl_python:
+        against_benchmarl(args.benchmarl_python, 12_000 if quick else 30_000, 1 if quick else repeats, emit)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return rows
+
+
+def against_benchmarl(python: str, frames: int, repeats: int, emit) -> None:
+    """`marl train` on `vmas/navigation` against BenchMARL's MAPPO and IPPO on VMAS navigation, both
+    with BenchMARL's default settings (`marl.bench_train` has the details and more rows): frames/s of
+    whole runs of `frames` frames and the mean episode return at their end, medians over `repeats`
+    seeds, the sides taking turns."""
+    from marl.bench_benchmarl import run_benchmarl
+    from marl.bench_train import benchmarl_config, run_vecmarl
+
+    for algo in ("mappo", "ippo"):
+        runs: dict[str, list[dict]] = {"vecmarl": [], "BenchMARL": []}
+        for seed in range(repeats):
+            runs["BenchMARL"].append(run_benchmarl(python, algo, frames, seed, torch.get_num_threads()))
+            runs["vecmarl"].append(run_vecmarl(benchmarl_config("vmas/navigation", algo, frames, seed)))
+        rate = {side: statistics.median([r["frames"] / r["seconds"] for r in rs]) for side, rs in runs.items()}
+        ret = {
+            side: statistics.median([r["iterations"][-1]["episode_return"] for r in rs]) for side, rs in runs.items()
+        }
+        name, size = f"vmas/navigation {algo.upper()}", f"{frames:,} frames"
+        emit("benchmarl", f"{name} frames/s", size, rate["vecmarl"], "frames/s", "BenchMARL", rate["BenchMARL"])
+        emit("benchmarl", f"{name} return", size, ret["vecmarl"], "return", "BenchMARL", ret["BenchMARL"], ratio=False)
+
+
+def _number(value: float) -> str:
+    """A table figure: one decimal, or three for small ones (returns, GB/s)."""
+    return f"{value:,.1f}" if abs(value) >= 100 else f"{value:.3f}"
 
 
 def _installed(module: str) -> bool:

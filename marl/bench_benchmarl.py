@@ -144,7 +144,9 @@ def run_benchmarl(
             env={**os.environ, **GLIBC_ENVIRONMENT},  # malloc set up as in vecmarl's process
         )
     except FileNotFoundError as error:
-        raise FileNotFoundError(f"--peer-python {python!r} was not found; give a Python with benchmarl") from error
+        raise FileNotFoundError(
+            f"the BenchMARL interpreter {python!r} was not found; give a Python with benchmarl"
+        ) from error
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         raise RuntimeError(

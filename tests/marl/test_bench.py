@@ -4,6 +4,8 @@ import json
 import math
 from dataclasses import replace
 
+import pytest
+
 from marl.bench import navigation_config, time_to_target
 from marl.cli import main
 
@@ -29,3 +31,13 @@ def test_gae_section_prints_and_writes_json(tmp_path, capsys):
     rows = json.loads(out.read_text())
     assert [r["benchmark"] for r in rows] == ["gae elements", "gae effective bandwidth"]
     assert all(r["vecmarl"] > 0 for r in rows)
+
+
+def test_benchmarl_section_needs_a_python_with_benchmarl(tmp_path):
+    """Without `--benchmarl-python` the section prints nothing; a missing interpreter is named."""
+    out = tmp_path / "bench.json"
+    main(["bench", "--quick", "--device", "cpu", "--skip", "env", "gae", "train", "target", "--json", str(out)])
+    assert json.loads(out.read_text()) == []
+    missing = str(tmp_path / "no-python")
+    with pytest.raises(FileNotFoundError, match="the BenchMARL interpreter .*no-python.* was not found"):
+        main(["bench", "--quick", "--skip", "env", "gae", "train", "target", "--benchmarl-python", missing])
