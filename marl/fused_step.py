@@ -16,23 +16,25 @@ either way.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
 from torch.func import functional_call, grad
 
 from envs.compile import maybe_compile
-from marl.optim import FusedAdam
+from marl.optim import clip_factors
 
 
 class _Nets(nn.Module):
     """Every group's policy and critic under one module, whose forward is the trainer's loss: so
     `functional_call` can run that loss with other tensors in place of all the parameters at once."""
 
-    def __init__(self, networks: dict[str, dict[str, nn.Module]], loss: Callable) -> None:
+    def __init__(self, learners: Mapping, loss: Callable) -> None:
         super().__init__()
-        self.groups = nn.ModuleDict({g: nn.ModuleDict(nets) for g, nets in networks.items()})
+        self.groups = nn.ModuleDict(
+            {g: nn.ModuleDict({"policy": lr.policy, "critic": lr.critic}) for g, lr in learners.items()}
+        )
         self.loss = loss
 
     def forward(self, *args):
@@ -43,46 +45,36 @@ class FusedUpdateStep:
     """`step(flat, state, index, sums)`: one minibatch step of every group, in place, compiled.
 
     Args:
-        networks: per group `{"policy": ..., "critic": ...}`; each net's gradients are clipped apart.
-        optimizers: per group, the `FusedAdam` over that group's policy and critic parameters.
-        max_grad_norms: per group, the clipping norm (0 or less: no clipping).
+        learners: per group, its `marl.trainer.Learner`: the policy and critic (each net's gradients
+            clipped apart, at `algo.max_grad_norm`; 0 or less: no clipping) and the `FusedAdam` over
+            the policy's then the critic's parameters.
         loss: `loss(flat, state, index) -> (total, {group: loss terms})`, computed with the networks.
         device: where the step runs (CUDA: `mode="reduce-overhead"`, CUDA graphs; not yet run on a GPU).
         compile: `torch.compile` the step (else it runs the same function eagerly, for tests).
     """
 
-    def __init__(
-        self,
-        networks: dict[str, dict[str, nn.Module]],
-        optimizers: dict[str, FusedAdam],
-        max_grad_norms: dict[str, float],
-        loss: Callable,
-        device: torch.device,
-        compile: bool = True,
-    ) -> None:
-        self.module = _Nets(networks, loss)
-        self.optimizers, self.max_grad_norms = optimizers, max_grad_norms
+    def __init__(self, learners: Mapping, loss: Callable, device: torch.device, compile: bool = True) -> None:
+        self.module = _Nets(learners, loss)
+        self.optimizers = {g: lr.optimizer for g, lr in learners.items()}
+        self.max_grad_norms = {g: lr.algo.max_grad_norm for g, lr in learners.items()}
         # Adam's constants per group, read once: the compiled graph must not guard on the param group
         # (its lr changes every iteration and arrives as a tensor instead).
         self.adam_constants = {
             g: (*optimizer.param_groups[0]["betas"], optimizer.param_groups[0]["eps"])
-            for g, optimizer in optimizers.items()
+            for g, optimizer in self.optimizers.items()
         }
-        # Per group: the parameter names of each net, in `module`'s naming.
+        # Per group: the parameter names of its policy and of its critic, in `module`'s naming.
         self.names = {
-            g: {
-                net: [f"groups.{g}.{net}.{name}" for name, _ in module.named_parameters()]
-                for net, module in nets.items()
-            }
-            for g, nets in networks.items()
+            g: [[f"groups.{g}.{net}.{name}" for name, _ in nets[net].named_parameters()] for net in nets]
+            for g, nets in self.module.groups.items()
         }
         named = dict(self.module.named_parameters())
-        for g, optimizer in optimizers.items():
-            ours = [named[name] for net_names in self.names[g].values() for name in net_names]
+        for g, optimizer in self.optimizers.items():
+            ours = [named[name] for net_names in self.names[g] for name in net_names]
             if [id(p) for p in ours] != [id(p) for p in optimizer.param_groups[0]["params"]]:
                 raise ValueError(f"group {g!r}: the optimiser must hold the policy's then the critic's parameters")
         # The learning rate as a tensor filled before each call: the annealed schedule must not recompile.
-        self.lrs = {g: torch.zeros((), dtype=torch.float64, device=device) for g in optimizers}
+        self.lrs = {g: torch.zeros((), dtype=torch.float64, device=device) for g in self.optimizers}
         self.device = device
         self._step = maybe_compile(self._step_eager, compile, device)
 
@@ -110,22 +102,15 @@ class FusedUpdateStep:
         grads, terms = grad(lambda p: functional_call(self.module, p, (flat, state, index)), has_aux=True)(params)
         for g, names in self.names.items():
             sums[g][: terms[g].shape[0]] += terms[g]
-            group_grads = []
-            norms = []
-            for net_names in names.values():
-                net_grads = [grads[name] for name in net_names]
-                if self.max_grad_norms[g] > 0:
-                    # Clipped apart, as the eager update: the critic's large gradients must not
-                    # shrink the policy's through one shared norm.
-                    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(x) for x in net_grads]))
-                    scale = (self.max_grad_norms[g] / (norm + 1e-6)).clamp(max=1.0)
-                    net_grads = [x * scale for x in net_grads]
-                    norms.append(norm)
-                group_grads += net_grads
-            if norms:
+            net_grads = [[grads[name] for name in net_names] for net_names in names]  # [policy, critic]
+            if self.max_grad_norms[g] > 0:
+                # Clipped apart, as the eager update: the critic's large gradients must not
+                # shrink the policy's through one shared norm.
+                norms, factors = clip_factors(net_grads, self.max_grad_norms[g])
+                net_grads = [torch._foreach_mul(gs, factor) for gs, factor in zip(net_grads, factors)]
                 sums[g][terms[g].shape[0] :] += torch.stack(norms)
-            group_params = [params[name] for net_names in names.values() for name in net_names]
-            _adam_(group_params, group_grads, *adam[g], *self.adam_constants[g])
+            group_params = [params[name] for net_names in names for name in net_names]
+            _adam_(group_params, [x for gs in net_grads for x in gs], *adam[g], *self.adam_constants[g])
 
 
 def _adam_(

@@ -86,3 +86,23 @@ class FusedAdam(torch.optim.Adam):
                 )
             )
         return lists
+
+
+def clip_factors(
+    grad_lists: list[list[torch.Tensor]], max_norm: float
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Each list's total gradient norm and the factor, `min(1, max_norm / (norm + 1e-6))`, that clips it
+    to `max_norm` (as `torch.nn.utils.clip_grad_norm_`), from one per-tensor norm pass over all lists.
+    An empty list has norm 0. The eager and the compiled update both clip with it."""
+    flat = [grad for grads in grad_lists for grad in grads]
+    per_tensor = torch._foreach_norm(flat) if flat else []
+    norms, start = [], 0
+    for grads in grad_lists:
+        part = per_tensor[start : start + len(grads)]
+        start += len(grads)
+        norms.append(torch.linalg.vector_norm(torch.stack(part)) if part else torch.zeros((), device=_device(flat)))
+    return norms, [(max_norm / (norm + 1e-6)).clamp(max=1.0) for norm in norms]
+
+
+def _device(tensors: list[torch.Tensor]) -> torch.device:
+    return tensors[0].device if tensors else torch.device("cpu")

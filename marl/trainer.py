@@ -34,7 +34,7 @@ from marl.fused_step import FusedUpdateStep
 from marl.groups import GroupedEnv
 from marl.logger import NoLogger, RunLogger
 from marl.models import Critic, CriticInput, Policy
-from marl.optim import FusedAdam
+from marl.optim import FusedAdam, clip_factors
 from marl.ppo import explained_variance, ppo_loss
 from marl.rollout import Collector, observations
 
@@ -90,19 +90,11 @@ def clip_grad_norms_(parameter_lists: list[list[torch.nn.Parameter]], max_norm: 
     them (one per-tensor norm pass, one scaling pass): the per-call overhead of clipping two nets every
     minibatch step was about 0.5 ms. Returns each list's total gradient norm before clipping."""
     grads = [[p.grad for p in params if p.grad is not None] for params in parameter_lists]
-    flat = [grad for group in grads for grad in group]
-    if not flat:
-        return [torch.zeros(()) for _ in parameter_lists]
-    per_tensor = torch._foreach_norm(flat)
-    totals, start = [], 0
-    for group in grads:
-        part = per_tensor[start : start + len(group)]
-        start += len(group)
-        totals.append(torch.linalg.vector_norm(torch.stack(part)) if part else torch.zeros((), device=flat[0].device))
-    for group, total in zip(grads, totals):
+    norms, factors = clip_factors(grads, max_norm)
+    for group, factor in zip(grads, factors):
         if group:
-            torch._foreach_mul_(group, (max_norm / (total + 1e-6)).clamp(max=1.0))
-    return totals
+            torch._foreach_mul_(group, factor)
+    return norms
 
 
 def build_policies(config: TrainConfig, env, device: torch.device) -> dict[str, Policy]:
@@ -197,13 +189,7 @@ class Trainer:
         self._minibatch_loss = maybe_compile(self._minibatch_loss_eager, config.run.compile and not fuse, self.device)
         self._fused_step = None
         if fuse:
-            self._fused_step = FusedUpdateStep(
-                {g: {"policy": lr.policy, "critic": lr.critic} for g, lr in self.learners.items()},
-                {g: lr.optimizer for g, lr in self.learners.items()},
-                {g: lr.algo.max_grad_norm for g, lr in self.learners.items()},
-                self._minibatch_loss_eager,
-                self.device,
-            )
+            self._fused_step = FusedUpdateStep(self.learners, self._minibatch_loss_eager, self.device)
         self.frames_per_iteration = self.world.size * config.env.num_envs * config.run.rollout_length
         self.iteration, self.frames, self.elapsed = 0, 0, 0.0
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)

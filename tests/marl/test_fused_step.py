@@ -23,14 +23,7 @@ def test_fused_step_equals_the_eager_update(tmp_path):
     trainers = [Trainer(config(tmp_path), run_dir=tmp_path / name) for name in ("eager", "fused")]
     eager, fused = trainers
     learners = fused.learners
-    fused._fused_step = FusedUpdateStep(
-        {g: {"policy": lr.policy, "critic": lr.critic} for g, lr in learners.items()},
-        {g: lr.optimizer for g, lr in learners.items()},
-        {g: lr.algo.max_grad_norm for g, lr in learners.items()},
-        fused._minibatch_loss_eager,
-        fused.device,
-        compile=False,
-    )
+    fused._fused_step = FusedUpdateStep(learners, fused._minibatch_loss_eager, fused.device, compile=False)
     # 10 iterations: a systematic difference (Adam's scalars in float32) grew past the tolerance by then.
     for iteration in range(10):
         terms = []
