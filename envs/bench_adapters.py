@@ -8,12 +8,15 @@ and actions (8 pre-sampled sets of uniform random forces, cycled), and resets fi
 its users do:
 - the vecmarl adapter (`envs.make("vmas/navigation")`): auto-reset inside `step`;
 - raw VMAS: `reset()` when every env is done, `reset_at(i)` for each finished env otherwise;
+- raw VMAS the same way under `torch.inference_mode()`, as the adapter runs it (VMAS's default is
+  `no_grad`): the adapter's own cost per step is its time against this column;
 - TorchRL: `env.step_and_maybe_reset(td)`, what its collectors call. torchrl is not a vecmarl
   dependency: this side runs in a subprocess with `--peer-python` (a Python with torchrl and vmas),
-  stepped on request, so that all three sides take turns.
+  stepped on request, so that all sides take turns.
 An env-step is one step of one env (all its agents). Each figure is the median of `--repeats` timed
 runs of `--steps` steps after a warm-up; the sides take turns run by run, so that load from other
-processes hits them alike. The ratios are time per step against raw VMAS, from this run.
+processes hits them alike. The ratios are time per step against raw VMAS (`vs inference`: against
+raw VMAS under inference mode), from this run.
 """
 
 from __future__ import annotations
@@ -90,22 +93,24 @@ def adapter_runner(num_envs: int, device: str) -> Callable[[int], float]:
     return timed(run, device)
 
 
-def raw_vmas_runner(num_envs: int, device: str) -> Callable[[int], float]:
+def raw_vmas_runner(num_envs: int, device: str, inference_mode: bool = False) -> Callable[[int], float]:
     import vmas
 
-    env = vmas.make_env(
-        "navigation", num_envs=num_envs, device=device, seed=SEED, max_steps=MAX_STEPS, n_agents=N_AGENTS
-    )
+    with torch.inference_mode(inference_mode):
+        env = vmas.make_env(
+            "navigation", num_envs=num_envs, device=device, seed=SEED, max_steps=MAX_STEPS, n_agents=N_AGENTS
+        )
     sets = [list(a.unbind(1)) for a in actions(num_envs, device)]  # VMAS takes one [B, 2] per agent
 
     def run(steps: int) -> None:
-        for i in range(steps):
-            done = env.step(sets[i % len(sets)])[2]
-            if done.all():
-                env.reset()
-            elif done.any():
-                for index in done.nonzero()[:, 0].tolist():
-                    env.reset_at(index)
+        with torch.inference_mode(inference_mode):
+            for i in range(steps):
+                done = env.step(sets[i % len(sets)])[2]
+                if done.all():
+                    env.reset()
+                elif done.any():
+                    for index in done.nonzero()[:, 0].tolist():
+                        env.reset_at(index)
 
     return timed(run, device)
 
@@ -202,20 +207,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"median of {args.repeats} runs of {args.steps} steps, sides taking turns; env-steps/s; time per step vs raw VMAS"
     )
     header = (
-        f"{'num_envs':>9}{'vecmarl adapter':>17}{'raw VMAS':>12}{'TorchRL':>12}{'adapter time':>15}{'TorchRL time':>15}"
+        f"{'num_envs':>9}{'vecmarl adapter':>17}{'raw VMAS':>12}{'raw, inference':>16}{'TorchRL':>12}"
+        f"{'adapter time':>15}{'vs inference':>14}{'TorchRL time':>15}"
     )
     print(header)
     print("-" * len(header))
     rows = []
     for num_envs in args.num_envs:
-        runners = {"adapter": adapter_runner(num_envs, args.device), "raw": raw_vmas_runner(num_envs, args.device)}
+        runners = {
+            "adapter": adapter_runner(num_envs, args.device),
+            "raw": raw_vmas_runner(num_envs, args.device),
+            "raw_inference": raw_vmas_runner(num_envs, args.device, inference_mode=True),
+        }
         if peer:
             runners["torchrl"] = peer.runner(num_envs)
         rates = median_rates(runners, num_envs, args.steps, args.repeats)
         torchrl = rates.get("torchrl")
-        line = f"{num_envs:>9}{rates['adapter']:>17,.0f}{rates['raw']:>12,.0f}"
+        line = f"{num_envs:>9}{rates['adapter']:>17,.0f}{rates['raw']:>12,.0f}{rates['raw_inference']:>16,.0f}"
         line += f"{torchrl:>12,.0f}" if torchrl else f"{'-':>12}"
-        line += f"{rates['raw'] / rates['adapter']:>14.2f}x"
+        line += f"{rates['raw'] / rates['adapter']:>14.2f}x{rates['raw_inference'] / rates['adapter']:>13.2f}x"
         line += f"{rates['raw'] / torchrl:>14.2f}x" if torchrl else f"{'-':>15}"
         print(line, flush=True)
         rows.append(
@@ -226,8 +236,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 "device": args.device,
                 "adapter_env_steps_per_s": rates["adapter"],
                 "raw_vmas_env_steps_per_s": rates["raw"],
+                "raw_vmas_inference_mode_env_steps_per_s": rates["raw_inference"],
                 "torchrl_env_steps_per_s": torchrl,
                 "adapter_time_vs_raw": rates["raw"] / rates["adapter"],
+                "adapter_time_vs_raw_inference_mode": rates["raw_inference"] / rates["adapter"],
                 "torchrl_time_vs_raw": rates["raw"] / torchrl if torchrl else None,
             }
         )

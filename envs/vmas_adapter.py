@@ -27,6 +27,11 @@ on `tensor.any()`, rejection sampling), so calls into VMAS run under `allow_host
 itself reads whether any env (and then whether every env) is to be reset: steps where no env
 finished skip the reset, which costs about a third of a step.
 
+Inference mode. Calls into VMAS run under `torch.inference_mode()` (VMAS's simulation needs no
+autograd), so the live world's tensors become inference tensors: code that steps or edits
+`env.vmas_env` itself must do so under `torch.inference_mode()` too. What the adapter returns are
+ordinary tensors.
+
 Randomness. VMAS draws from torch's, numpy's and Python's global generators, swapped in from one list
 shared by every VMAS env. Each adapter keeps its own copy of that list and swaps it in around its
 calls into VMAS, so adapters never share a random stream. Seeding follows VMAS: `make(..., seed=s)`
@@ -36,6 +41,7 @@ and `reset(seed=s)` start where VMAS's `make_env(..., seed=s)` and `reset(seed=s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
 from collections.abc import Mapping
@@ -89,6 +95,7 @@ class VmasEnv(MultiAgentEnv):
     Config = VmasConfig
     config: VmasConfig
     name = "vmas"
+    traceable = False  # VMAS's physics branches on data in Python (as `make_vmas` says to compile=True)
 
     # ---- the contract's hooks ----------------------------------------------------------------------
 
@@ -136,11 +143,10 @@ class VmasEnv(MultiAgentEnv):
             if not bool(mask.any()):
                 return
             every = bool(mask.all())
-        with self._random, allow_host_sync():
+        with self._calling_vmas():
             (self._scratch if not every else self.vmas_env).reset(return_observations=False)
-        if not every:
-            copy_rows(self._slots, self.vmas_env.scenario, self._scratch.scenario, mask)
-        with self._random, allow_host_sync():
+            if not every:
+                copy_rows(self._slots, self.vmas_env.scenario, self._scratch.scenario, mask)
             (observations,) = self.vmas_env.get_from_scenario(
                 get_observations=True, get_rewards=False, get_infos=False, get_dones=False
             )
@@ -156,12 +162,13 @@ class VmasEnv(MultiAgentEnv):
                 value = value.unsqueeze(-1)  # VMAS takes Discrete actions as [B, 1]
             for i, agent_value in zip(indices, value.unbind(1)):  # one op for the group's n views
                 per_agent[i] = agent_value
-        with self._random, allow_host_sync():
+        with self._calling_vmas():
             observations, rewards, terminated, infos = self.vmas_env.step(per_agent)
+        # Stacked out here, so what the adapter hands on are ordinary tensors, not inference tensors.
         self._obs = self._by_group(observations)
         self._info = self._info_by_group(infos)
         reward = self._by_group([r.reshape(self.num_envs) for r in rewards])
-        return reward, terminated.bool()
+        return reward, terminated.to(torch.bool, copy=True)
 
     def _observe(self) -> dict[str, torch.Tensor]:
         return self._obs
@@ -183,7 +190,7 @@ class VmasEnv(MultiAgentEnv):
 
     def _build(self, vmas, num_envs: int, seed: int | None = None, check_kwargs: bool = False):
         c = self.config
-        with self._random, allow_host_sync(), warnings.catch_warnings(record=True) as caught:
+        with self._calling_vmas(), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             env = vmas.make_env(
                 c.scenario,
@@ -200,6 +207,15 @@ class VmasEnv(MultiAgentEnv):
                 raise TypeError(f"{self.name}: {str(warning.message).split(' This will')[0]}")
             warnings.warn(warning.message, warning.category, stacklevel=4)
         return env
+
+    @contextlib.contextmanager
+    def _calling_vmas(self):
+        """Around every call into VMAS: the adapter's own random streams, host syncs allowed (VMAS makes
+        them), and inference mode: VMAS's simulation needs no autograd, and without its bookkeeping a
+        step of VMAS's many small ops takes ~10% less at 10 envs (measured in one process, envs taking
+        turns)."""
+        with self._random, allow_host_sync(), torch.inference_mode():
+            yield
 
     def _seed_vmas(self, seed: int) -> None:
         with self._random:

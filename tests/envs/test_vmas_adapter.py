@@ -159,6 +159,23 @@ def test_masked_reset_equals_vmas_reset_at(scenario, options):
         assert torch.equal(next_td["terminated"][:, 0], raw_done)
 
 
+def test_returns_ordinary_tensors():
+    """VMAS runs under inference mode inside the adapter; what it hands on must not be inference
+    tensors, which autograd could not save and in-place ops outside inference mode could not change."""
+    env = envs.make("vmas/navigation", num_envs=3, seed=0, max_steps=2, n_agents=2)
+    generator = torch.Generator().manual_seed(0)
+    outputs = [env.reset()]
+    for _ in range(3):  # the second step ends every episode: a reset inside `step`
+        outputs.extend(env.step(env.sample_actions(generator)))
+    env.reset(mask=torch.tensor([True, False, True]))  # the masked copy
+    outputs.extend(env.step(env.sample_actions(generator)))
+    tensors = [t for td in outputs for t in td.values(include_nested=True, leaves_only=True)]
+    assert tensors and not [t.shape for t in tensors if t.is_inference()]
+    weight = torch.ones(env.groups["agent"].observation.shape[0], requires_grad=True)
+    (outputs[-1]["agent", "observation"] @ weight).sum().backward()  # saves the observation for backward
+    outputs[-2]["terminated"].logical_not_()  # the last step's next data
+
+
 def test_adapters_keep_their_own_random_streams():
     """Two adapters with one seed, stepped in turn with torch's global generator used in between,
     give the trajectory of one adapter alone."""
