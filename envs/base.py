@@ -62,6 +62,11 @@ class MultiAgentEnv:
     runs_on_host: ClassVar[bool] = False
     """True for adapters of host (numpy) simulators, e.g. PettingZoo: their steps copy data between host
     and device by nature, so `check_env` does not hold them to the no-host-sync property."""
+    traceable: ClassVar[bool] = True
+    """Whether torch.compile can trace `step_data` into a graph. The compiled rollout (`marl train
+    --compile`) traces the env's step with the policy; an env that cannot be traced (an adapter of a
+    simulator that branches on data in Python, or runs on the host) says False, and its step then runs
+    eagerly between the compiled parts."""
 
     def __init__(
         self,

@@ -69,6 +69,7 @@ class PettingZooEnv(MultiAgentEnv):
     config: PettingZooConfig
     name = "pettingzoo"
     runs_on_host = True
+    traceable = False
 
     # ---- the contract's hooks ----------------------------------------------------------------------
 

@@ -62,7 +62,8 @@ class Collector:
     One step (act, write the buffer, step the env, count episodes) is one function, `_step`, of
     tensors only; with `compile=True` `unroll` steps at a time go through `torch.compile` as a whole.
     The env's resets draw from its generator, which a graph cannot hold, so the compiler splits the
-    step there and runs the draw eagerly; everything else fuses.
+    step there and runs the draw eagerly; everything else fuses. An env torch.compile cannot trace
+    (`env.traceable` False: VMAS, PettingZoo) steps eagerly between the compiled acting and bookkeeping.
     """
 
     def __init__(
@@ -88,6 +89,9 @@ class Collector:
         if rollout_length % unroll:
             raise ValueError(f"unroll ({unroll}) must divide rollout_length ({rollout_length})")
         self.unroll = unroll
+        # An env torch.compile cannot trace (VMAS, PettingZoo) steps eagerly between the compiled parts
+        # (acting before, bookkeeping after); tried inside the graph it fails and everything runs eagerly.
+        self._env_step = env.step_data if env.traceable else torch.compiler.disable(env.step_data)
         self._steps = maybe_compile(self._steps_eager, compile, self.device)
 
     def _allocate(self) -> TensorDict:
@@ -149,7 +153,7 @@ class Collector:
             actions[g] = dist.env_action(raw)
         if self.state_leaves:
             _write(self.state_leaves["state"], t, obs["state"])
-        next_data, obs = self.env.step_data(actions)
+        next_data, obs = self._env_step(actions)
         rewards = {}
         for g in self.env.groups:
             leaf, transition = self.leaves[g], next_data[g]

@@ -161,6 +161,32 @@ def test_compiled_training_matches_eager(tmp_path):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # the compile fallback's warning fails the test
+def test_compiled_collection_steps_an_untraceable_env_eagerly(tmp_path):
+    """`--compile` on `vmas/navigation`: VMAS's step cannot be traced, so the collector compiles the
+    acting and the bookkeeping around it (before, the whole step was tried, failed after ~30 s and fell
+    back to eager). The buffer equals the eager collector's within float tolerance."""
+    pytest.importorskip("vmas")
+    torch._dynamo.reset()
+    buffers = []
+    for compile in (False, True):
+        config = small_config(tmp_path, compile=compile)
+        config = dataclasses.replace(
+            config,
+            env=EnvSettings(env="vmas/navigation", num_envs=4, env_options={"n_agents": 2, "max_steps": 10}),
+            algo=dataclasses.replace(config.algo, minibatch_size=32),
+        )
+        trainer = Trainer(config, run_dir=tmp_path / f"vmas-{compile}")
+        buffers.append([trainer.collector.collect().clone() for _ in range(2)])
+        # Compiled once per case the graphs guard on (a step with and without a reset), not per call.
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        buffers[-1].append(trainer.collector.collect().clone())
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+    for eager, compiled in zip(*buffers):
+        for key, value in eager.items(include_nested=True, leaves_only=True):
+            torch.testing.assert_close(compiled[key], value, rtol=1e-4, atol=1e-5, msg=str(key))
+
+
 def test_unrolled_collection_fills_the_same_buffer(tmp_path):
     """`compile_unroll` only groups steps into calls: eagerly, 4 steps per call give the same buffer."""
     buffers = []
