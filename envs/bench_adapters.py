@@ -13,10 +13,11 @@ its users do:
 - TorchRL: `env.step_and_maybe_reset(td)`, what its collectors call. torchrl is not a vecmarl
   dependency: this side runs in a subprocess with `--peer-python` (a Python with torchrl and vmas),
   stepped on request, so that all sides take turns.
-An env-step is one step of one env (all its agents). Each figure is the median of `--repeats` timed
-runs of `--steps` steps after a warm-up; the sides take turns run by run, so that load from other
-processes hits them alike. The ratios are time per step against raw VMAS (`vs inference`: against
-raw VMAS under inference mode), from this run.
+An env-step is one step of one env (all its agents). Each figure is the median of the timed runs of
+`--steps` steps, `--repeats` on each of `--instances` envs per side (see `median_rates` for why), each
+after a few untimed steps of the same env; the sides take turns run by run, in a rotating order, so
+that load from other processes hits them alike. The ratios are time per
+step against raw VMAS (`vs inference`: against raw VMAS under inference mode), from this run.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from envs.bench import _sync
 N_AGENTS, MAX_STEPS, SEED, ACTION_SEED, ACTION_SETS, WARMUP = 3, 100, 0, 1, 8, 5
 
 # Run by --peer-python: TorchRL's VmasEnv on the same settings (argv[1], JSON), driven over stdin:
-# "make <num_envs>" builds an env and answers "ok"; "run <steps>" steps it and answers the seconds taken.
+# "make <num_envs>" builds one more env and answers its index; "run <index> <steps>" steps that env and
+# answers the seconds taken.
 PEER_SCRIPT = r"""
 import json, sys, time
 import torch
@@ -50,26 +52,30 @@ from torchrl.envs.libs.vmas import VmasEnv
 a = json.loads(sys.argv[1])
 torch.set_num_threads(a["threads"])
 print(json.dumps({"torchrl": torchrl.__version__}), flush=True)
+sides = []  # [env, actions, td]
 for line in sys.stdin:
-    command, value = line.split()
+    command, *values = line.split()
     if command == "make":
-        num_envs = int(value)
+        num_envs = int(values[0])
         env = VmasEnv("navigation", num_envs=num_envs, continuous_actions=True, max_steps=a["max_steps"],
                       seed=a["seed"], device=a["device"], n_agents=a["n_agents"])
         generator = torch.Generator(a["device"]).manual_seed(a["action_seed"])
         actions = [torch.rand(num_envs, a["n_agents"], 2, generator=generator, device=a["device"]) * 2 - 1
                    for _ in range(a["action_sets"])]
-        td = env.reset()
-        print("ok", flush=True)
+        sides.append([env, actions, env.reset()])
+        print(len(sides) - 1, flush=True)
     else:
+        side = sides[int(values[0])]
+        env, actions, td = side
         if a["device"].startswith("cuda"):
             torch.cuda.synchronize()
         start = time.perf_counter()
-        for i in range(int(value)):
+        for i in range(int(values[1])):
             td["agents", "action"] = actions[i % len(actions)]
             _, td = env.step_and_maybe_reset(td)
         if a["device"].startswith("cuda"):
             torch.cuda.synchronize()
+        side[2] = td
         print(time.perf_counter() - start, flush=True)
 """
 
@@ -140,8 +146,9 @@ class TorchRLPeer:
         self.version = json.loads(self._ask(None))["torchrl"]
 
     def runner(self, num_envs: int) -> Callable[[int], float]:
-        self._ask(f"make {num_envs}")
-        return lambda steps: float(self._ask(f"run {steps}"))
+        """A new env of `num_envs` in the subprocess, and the call that times `steps` of it."""
+        index = self._ask(f"make {num_envs}")
+        return lambda steps: float(self._ask(f"run {index} {steps}"))
 
     def close(self) -> None:
         self.process.stdin.close()
@@ -169,14 +176,24 @@ def timed(run: Callable[[int], None], device: str) -> Callable[[int], float]:
     return seconds
 
 
-def median_rates(runners: dict[str, Callable[[int], float]], num_envs: int, steps: int, repeats: int) -> dict:
-    """env-steps/s per runner: the median of `repeats` timed runs, the runners taking turns."""
-    for run in runners.values():
-        run(WARMUP)
-    times: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(repeats):
-        for name, run in runners.items():
-            times[name].append(run(steps))
+def median_rates(instances: list[dict[str, Callable[[int], float]]], num_envs: int, steps: int, repeats: int) -> dict:
+    """env-steps/s per side: the median of its timed runs, `repeats` on each of its instances.
+
+    Several instances per side, because identical work on two instances of one env, in one process,
+    differs by up to 10-20% for as long as they live (their memory lands differently; measured: raw
+    VMAS at 256 envs, four instances, medians of 15 interleaved runs, 4.96-6.16 ms a step); one
+    instance per side is a draw of that. The sides take turns in an order that rotates run by run,
+    and each timed run follows `WARMUP` untimed steps of its own: whoever ran just before (another
+    process, for TorchRL) has evicted the caches, and in a fixed order the first side after TorchRL
+    was 10-25% slower."""
+    names = list(instances[0])
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for repeat in range(repeats):
+        for i, runners in enumerate(instances):
+            shift = (repeat + i) % len(names)
+            for name in names[shift:] + names[:shift]:
+                runners[name](WARMUP)
+                times[name].append(runners[name](steps))
     return {name: num_envs * steps / statistics.median(t) for name, t in times.items()}
 
 
@@ -186,7 +203,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     parser.add_argument("--num-envs", type=int, nargs="+", default=[256, 1024], help="batch sizes")
     parser.add_argument("--steps", type=int, default=100, help="steps per timed run (one 100-step episode)")
-    parser.add_argument("--repeats", type=int, default=7, help="timed runs per figure; the median is reported")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per instance; the median is reported")
+    parser.add_argument("--instances", type=int, default=5, help="envs built per side and size (see median_rates)")
     parser.add_argument("--device", default="cpu", help="torch device for every side")
     parser.add_argument("--threads", type=int, default=None, help="torch threads for every side (default: torch's)")
     parser.add_argument("--peer-python", default=None, help="a Python with torchrl and vmas, for the TorchRL column")
@@ -204,7 +222,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         + (f"; TorchRL {peer.version}" if peer else "; TorchRL not measured (no --peer-python)")
     )
     print(
-        f"median of {args.repeats} runs of {args.steps} steps, sides taking turns; env-steps/s; time per step vs raw VMAS"
+        f"median of {args.repeats} runs of {args.steps} steps on each of {args.instances} instances per side, sides "
+        "taking turns; env-steps/s; time per step vs raw VMAS"
     )
     header = (
         f"{'num_envs':>9}{'vecmarl adapter':>17}{'raw VMAS':>12}{'raw, inference':>16}{'TorchRL':>12}"
@@ -214,14 +233,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print("-" * len(header))
     rows = []
     for num_envs in args.num_envs:
-        runners = {
-            "adapter": adapter_runner(num_envs, args.device),
-            "raw": raw_vmas_runner(num_envs, args.device),
-            "raw_inference": raw_vmas_runner(num_envs, args.device, inference_mode=True),
-        }
-        if peer:
-            runners["torchrl"] = peer.runner(num_envs)
-        rates = median_rates(runners, num_envs, args.steps, args.repeats)
+        instances = []
+        for _ in range(args.instances):
+            runners = {
+                "adapter": adapter_runner(num_envs, args.device),
+                "raw": raw_vmas_runner(num_envs, args.device),
+                "raw_inference": raw_vmas_runner(num_envs, args.device, inference_mode=True),
+            }
+            if peer:
+                runners["torchrl"] = peer.runner(num_envs)
+            instances.append(runners)
+        rates = median_rates(instances, num_envs, args.steps, args.repeats)
         torchrl = rates.get("torchrl")
         line = f"{num_envs:>9}{rates['adapter']:>17,.0f}{rates['raw']:>12,.0f}{rates['raw_inference']:>16,.0f}"
         line += f"{torchrl:>12,.0f}" if torchrl else f"{'-':>12}"
