@@ -16,8 +16,8 @@ its users do:
 An env-step is one step of one env (all its agents). Each figure is the median of the timed runs of
 `--steps` steps, `--repeats` on each of `--instances` envs per side (see `median_rates` for why), each
 after a few untimed steps of the same env; the sides take turns run by run, in a rotating order, so
-that load from other processes hits them alike. The ratios are time per
-step against raw VMAS (`vs inference`: against raw VMAS under inference mode), from this run.
+that load from other processes hits them alike. The ratios are time per step against raw VMAS
+(`vs inference`: against raw VMAS under inference mode), from this run.
 """
 
 from __future__ import annotations
@@ -179,13 +179,13 @@ def timed(run: Callable[[int], None], device: str) -> Callable[[int], float]:
 def median_rates(instances: list[dict[str, Callable[[int], float]]], num_envs: int, steps: int, repeats: int) -> dict:
     """env-steps/s per side: the median of its timed runs, `repeats` on each of its instances.
 
-    Several instances per side, because identical work on two instances of one env, in one process,
-    differs by up to 10-20% for as long as they live (their memory lands differently; measured: raw
-    VMAS at 256 envs, four instances, medians of 15 interleaved runs, 4.96-6.16 ms a step); one
-    instance per side is a draw of that. The sides take turns in an order that rotates run by run,
-    and each timed run follows `WARMUP` untimed steps of its own: whoever ran just before (another
-    process, for TorchRL) has evicted the caches, and in a fixed order the first side after TorchRL
-    was 10-25% slower."""
+    Several instances per side, because identical work on two instances of one env in one process
+    differs by up to 10-20% for as long as they live (most likely where their memory lands; measured:
+    raw VMAS at 256 envs, four instances, medians of 15 interleaved runs, 4.96-6.16 ms a step), so one
+    instance per side is a draw. The sides take turns in an order that rotates run by run, and each
+    timed run follows `WARMUP` untimed steps of its own, because whoever runs right after another
+    process (TorchRL's) starts with cold caches: in a run with one instance per side and a fixed
+    order, the adapter, first after TorchRL, read 1.19x raw VMAS at 256 envs."""
     names = list(instances[0])
     times: dict[str, list[float]] = {name: [] for name in names}
     for repeat in range(repeats):

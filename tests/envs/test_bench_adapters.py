@@ -13,7 +13,9 @@ from envs import bench_adapters  # noqa: E402
 
 def test_rows_and_json(tmp_path, capsys):
     path = tmp_path / "rows.json"
-    rows = bench_adapters.main(["--num-envs", "4", "--steps", "3", "--repeats", "1", "--instances", "2", "--json", str(path)])
+    rows = bench_adapters.main(
+        ["--num-envs", "4", "--steps", "3", "--repeats", "1", "--instances", "2", "--json", str(path)]
+    )
     assert json.loads(path.read_text()) == rows
     (row,) = rows
     assert row["num_envs"] == 4 and row["torchrl_env_steps_per_s"] is None
