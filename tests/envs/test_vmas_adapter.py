@@ -167,7 +167,7 @@ def test_returns_ordinary_tensors():
     outputs = [env.reset()]
     for _ in range(3):  # the second step ends every episode: a reset inside `step`
         outputs.extend(env.step(env.sample_actions(generator)))
-    env.reset(mask=torch.tensor([True, False, True]))  # the masked copy
+    outputs.append(env.reset(mask=torch.tensor([True, False, True])))  # the masked copy
     outputs.extend(env.step(env.sample_actions(generator)))
     tensors = [t for td in outputs for t in td.values(include_nested=True, leaves_only=True)]
     assert tensors and not [t.shape for t in tensors if t.is_inference()]
