@@ -89,9 +89,11 @@ class Collector:
         if rollout_length % unroll:
             raise ValueError(f"unroll ({unroll}) must divide rollout_length ({rollout_length})")
         self.unroll = unroll
-        # An env torch.compile cannot trace (VMAS, PettingZoo) steps eagerly between the compiled parts
-        # (acting before, bookkeeping after); tried inside the graph it fails and everything runs eagerly.
-        self._env_step = env.step_data if env.traceable else torch.compiler.disable(env.step_data)
+        # Compiled, an env torch.compile cannot trace (VMAS, PettingZoo) steps eagerly between the compiled
+        # parts (acting before, bookkeeping after); tried inside the graph it fails and everything runs
+        # eagerly. Eager runs call the env directly.
+        untraceable = compile and not env.traceable
+        self._env_step = torch.compiler.disable(env.step_data) if untraceable else env.step_data
         self._steps = maybe_compile(self._steps_eager, compile, self.device)
 
     def _allocate(self) -> TensorDict:
