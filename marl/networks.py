@@ -143,4 +143,8 @@ class MultiAgentMLP(nn.Module):
             raise ValueError(
                 f"MultiAgentMLP expects inputs [*B, {self.n_agents}, {self.in_features}], got {tuple(x.shape)}"
             )
-        return self.layers(x)
+        if not self.share_params:
+            return self.layers(x)  # stacked layers act on [*B, n, d]
+        # Shared: one 2-D pass over all rows [prod(B) * n, d]; a linear layer on more dims would
+        # reshape to 2-D and back (and autograd record both) at every layer.
+        return self.layers(x.reshape(-1, self.in_features)).view(*x.shape[:-1], self.out_features)

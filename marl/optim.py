@@ -12,12 +12,15 @@ class FusedAdam(torch.optim.Adam):
     every call: ~150 us for a policy and a critic on the CPU, as long as a whole minibatch step's
     arithmetic at small batches. This keeps those lists after the first step (again after
     `load_state_dict`) and calls the same fused kernel with the same arguments, so its updates equal
-    `torch.optim.Adam(fused=True)`'s (tested) and its state dict is Adam's. No AMSGrad, no maximize.
+    `torch.optim.Adam(fused=True)`'s (tested) and its state dict is Adam's. A group's step counts are
+    gathered into one tensor whose elements (views) are the states' `step` tensors, so a step advances
+    them in one op, not one per parameter. No AMSGrad, no maximize.
     """
 
     def __init__(self, params, lr: float, eps: float) -> None:
         super().__init__(params, lr=lr, eps=eps, fused=True)
-        self._lists: list[tuple[list, list, list, list]] | None = None  # per group: params, m, v, steps
+        # Per group: params, m, v, steps (views of the next), all steps as one tensor [params].
+        self._lists: list[tuple[list, list, list, list, torch.Tensor]] | None = None
 
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)
@@ -32,8 +35,10 @@ class FusedAdam(torch.optim.Adam):
             super().step()  # creates the state on the first step; skips parameters without gradients
             self._lists = self._gather() if self._lists is None else self._lists
             return None
-        for group, group_grads, (params, exp_avgs, exp_avg_sqs, steps) in zip(self.param_groups, grads, self._lists):
-            torch._foreach_add_(steps, 1)
+        for group, group_grads, (params, exp_avgs, exp_avg_sqs, steps, all_steps) in zip(
+            self.param_groups, grads, self._lists
+        ):
+            all_steps.add_(1)
             beta1, beta2 = group["betas"]
             torch._fused_adam_(
                 params,
@@ -67,22 +72,27 @@ class FusedAdam(torch.optim.Adam):
                         "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
                     }
             self._lists = self._gather()
-        ((_, exp_avgs, exp_avg_sqs, steps),) = self._lists
+        ((_, exp_avgs, exp_avg_sqs, steps, _),) = self._lists
         return exp_avgs, exp_avg_sqs, steps
 
-    def _gather(self) -> list[tuple[list, list, list, list]] | None:
-        """Every group's parameters and their state, or None while some parameter has no state yet."""
+    def _gather(self) -> list[tuple[list, list, list, list, torch.Tensor]] | None:
+        """Every group's parameters and their state, or None while some parameter has no state yet.
+        Each state's `step` becomes an element (a view) of its group's one step tensor."""
         lists = []
         for group in self.param_groups:
             states = [self.state[p] for p in group["params"]]
             if not all(states):
                 return None
+            all_steps = torch.stack([s["step"] for s in states])  # [params]
+            for state, step in zip(states, all_steps.unbind()):
+                state["step"] = step
             lists.append(
                 (
                     list(group["params"]),
                     [s["exp_avg"] for s in states],
                     [s["exp_avg_sq"] for s in states],
                     [s["step"] for s in states],
+                    all_steps,
                 )
             )
         return lists

@@ -255,12 +255,21 @@ class Trainer:
         parameters = [p for nets in net_parameters.values() for net in nets for p in net]
         for _ in range(algo.epochs):
             order = torch.randperm(frames, generator=self.generator, device=self.device)
-            for k in range(count):
-                index = order[k * size : (k + 1) * size]
+            if self.config.run.compile:  # the gather by index stays in the compiled graph
+                data, data_state = flat, state
+                batches = [order[k * size : (k + 1) * size] for k in range(count)]
+            else:
+                # Eagerly, one gather per tensor shuffles the epoch's frames and each minibatch is a
+                # slice of them (a view): the same rows as `order`'s slices in a few ops, not a gather
+                # per tensor per minibatch.
+                data = {g: {k: v[order] for k, v in tensors.items()} for g, tensors in flat.items()}
+                data_state = state[order] if state is not None else None
+                batches = [slice(k * size, (k + 1) * size) for k in range(count)]
+            for index in batches:
                 if self._fused_step is not None:
-                    self._fused_step(flat, state, index, sums)
+                    self._fused_step(data, data_state, index, sums)
                     continue
-                total, terms = self._minibatch_loss(flat, state, index)
+                total, terms = self._minibatch_loss(data, data_state, index)
                 for learner in self.learners.values():
                     learner.optimizer.zero_grad(set_to_none=True)
                 total.backward()
@@ -277,10 +286,10 @@ class Trainer:
         return {g: dict(zip(names, values)) for g, values in means.items()}
 
     def _minibatch_loss_eager(
-        self, flat: dict[str, dict[str, torch.Tensor]], state: torch.Tensor | None, index: torch.Tensor
+        self, flat: dict[str, dict[str, torch.Tensor]], state: torch.Tensor | None, index: torch.Tensor | slice
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The sum of every group's PPO loss on the frames `index` of the flattened rollout, and per
-        group its `LOSS_TERMS`, detached, in one vector."""
+        """The sum of every group's PPO loss on the frames `index` (indices or a slice) of the flattened
+        rollout, and per group its `LOSS_TERMS`, detached, in one vector."""
         batch = {g: {k: v[index] for k, v in data.items()} for g, data in flat.items()}
         obs = {g: data["observation"] for g, data in batch.items()}
         state = state[index] if state is not None else None

@@ -138,6 +138,22 @@ def test_shared_value_gives_one_value_per_env(tmp_path):
         AlgoConfig(algo="ippo", shared_value=True)
 
 
+def test_eager_minibatches_are_slices_of_the_shuffled_epoch(tmp_path):
+    """The eager update gathers an epoch's frames once and slices minibatches from them; the compiled
+    one gathers each minibatch by index. Both must give the same rows, so the same loss, exactly."""
+    trainer = Trainer(small_config(tmp_path), run_dir=tmp_path / "slices")
+    buffer = trainer.collector.collect()
+    trainer.compute_advantages(buffer)
+    flat = {g: {k: v.flatten(0, 1) for k, v in buffer[g].items() if k in trainer.UPDATE_KEYS} for g in trainer.learners}
+    order = torch.randperm(buffer.batch_size.numel(), generator=torch.Generator().manual_seed(0))
+    shuffled = {g: {k: v[order] for k, v in data.items()} for g, data in flat.items()}
+    for start in (0, 256):
+        by_index = trainer._minibatch_loss_eager(flat, None, order[start : start + 256])
+        by_slice = trainer._minibatch_loss_eager(shuffled, None, slice(start, start + 256))
+        assert torch.equal(by_index[0], by_slice[0])
+        assert torch.equal(by_index[1]["agent"], by_slice[1]["agent"])
+
+
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # the compile fallback's warning fails the test
 def test_compiled_training_matches_eager(tmp_path):
     """`--compile`: the same seed gives the same iterations as eager, within float tolerance; the
