@@ -45,7 +45,10 @@ What is measured, on both sides alike:
   frames on both sides;
 - each figure is the median over `--repeats`; the sides take turns run by run so that load from
   other processes hits them alike. vecmarl runs in this process; BenchMARL in a subprocess of
-  `--peer-python` (see `marl.bench_benchmarl` for how its phases are split).
+  `--peer-python` (see `marl.bench_benchmarl` for how its phases are split);
+- before each run, the process's float32 matmul rate (`matmul_gflops`, printed with the run): on a
+  shared virtual machine it swings by up to 1.6x within minutes, invisible in the load average, and
+  a slow matmul lengthens vecmarl's runs by a larger fraction than BenchMARL's.
 """
 
 from __future__ import annotations
@@ -234,6 +237,25 @@ class Case:
         }
 
 
+def matmul_gflops(repeats: int = 30) -> float:
+    """This process's float32 matmul rate now, GFLOP/s: the median of `repeats` timed products of
+    `[1200, 256] x [256, 256]`, the shape of most of the update's arithmetic (400 frames x 3 agents
+    through a 256-wide layer). On a shared virtual machine the host's other work changes it by up to
+    1.6x within minutes without showing in the VM's load average; printed before each run, it tells
+    which runs met a slow machine. Both sides do the same matmuls, so a slow matmul lengthens
+    vecmarl's runs by a larger fraction than BenchMARL's, whose other work is twice as long."""
+    generator = torch.Generator().manual_seed(0)
+    a, b = torch.randn(1200, 256, generator=generator), torch.randn(256, 256, generator=generator)
+    for _ in range(5):
+        a @ b
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * 1200 * 256 * 256 / statistics.median(times) / 1e9
+
+
 def check_defaults(reported: dict) -> list[str]:
     """Where BenchMARL's loaded yaml defaults differ from those `benchmarl_config` reproduces."""
     return [
@@ -339,15 +361,17 @@ def main(argv: list[str] | None = None) -> dict:
     peer_info, warnings = {}, []
     for repeat in range(args.repeats):
         for case in cases:
+            probe = matmul_gflops()
             run = run_case(case, args, seed=repeat, threads=threads)
-            run["seed"], run["load_average"] = repeat, os.getloadavg()[0]
+            run["seed"], run["load_average"], run["matmul_gflops"] = repeat, os.getloadavg()[0], probe
             case.runs.append(run)
             if case.side == "BenchMARL" and not peer_info:
                 peer_info = {k: run[k] for k in ("benchmarl", "torch", "defaults")}
                 warnings = [] if args.quick else check_defaults(run["defaults"])
             print(
                 f"  {case.name} (seed {repeat}): {run['frames']:,} frames in {run['seconds']:.1f} s, "
-                f"return {run['iterations'][-1]['episode_return']:.3f}, load {run['load_average']:.2f}",
+                f"return {run['iterations'][-1]['episode_return']:.3f}, load {run['load_average']:.2f}, "
+                f"matmul {probe:.0f} GFLOP/s before",
                 flush=True,
             )
     if peer_info:

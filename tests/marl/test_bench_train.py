@@ -27,7 +27,7 @@ def test_quick_run_prints_both_tables_and_writes_the_json(tmp_path, capsys, rest
     main(["--quick", "--threads", "1", "--default-iterations", "1", "--json", str(path)])
     out = capsys.readouterr().out
     assert "command: python -m marl.bench_train --quick --threads 1" in out and "load average" in out
-    assert "1. one iteration" in out and "2. equal work" in out
+    assert "1. one iteration" in out and "2. equal work" in out and "GFLOP/s before" in out
     for name in ("vecmarl MAPPO vmas/navigation", "vecmarl IPPO navigation", "vecmarl default MAPPO navigation"):
         assert name in out
 
@@ -43,6 +43,7 @@ def test_quick_run_prints_both_tables_and_writes_the_json(tmp_path, capsys, rest
     matched = [r for r in result["rows"] if r["settings"] == "BenchMARL"]
     assert all(r["frames"] == result["frames"] for r in matched)
     assert all(r["episode_return"] == r["episode_return"] for r in matched)  # episodes ended: not NaN
+    assert all(run["matmul_gflops"] > 0 for case in result["runs"] for run in case["runs"])
 
 
 def test_help_explains_what_is_measured(capsys):
