@@ -261,7 +261,7 @@ class Trainer:
             else:
                 # Eagerly, one gather per tensor shuffles the epoch's frames and each minibatch is a
                 # slice of them (a view): the same rows as `order`'s slices in a few ops, not a gather
-                # per tensor per minibatch.
+                # per tensor per minibatch, for one more copy of the update's inputs while it runs.
                 data = {g: {k: v[order] for k, v in tensors.items()} for g, tensors in flat.items()}
                 data_state = state[order] if state is not None else None
                 batches = [slice(k * size, (k + 1) * size) for k in range(count)]
