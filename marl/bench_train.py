@@ -65,6 +65,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.bench import median_seconds
 from marl.bench_benchmarl import run_benchmarl
 from marl.config import AlgoConfig, EnvSettings, ModelConfig, RunConfig, TrainConfig
 
@@ -246,14 +247,8 @@ def matmul_gflops(repeats: int = 30) -> float:
     vecmarl's runs by a larger fraction than BenchMARL's, whose other work is twice as long."""
     generator = torch.Generator().manual_seed(0)
     a, b = torch.randn(1200, 256, generator=generator), torch.randn(256, 256, generator=generator)
-    for _ in range(5):
-        a @ b
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - start)
-    return 2 * 1200 * 256 * 256 / statistics.median(times) / 1e9
+    (seconds,) = median_seconds({"matmul": lambda: a @ b}, repeats, torch.device("cpu")).values()
+    return 2 * 1200 * 256 * 256 / seconds / 1e9
 
 
 def check_defaults(reported: dict) -> list[str]:
