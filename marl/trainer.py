@@ -233,17 +233,23 @@ class Trainer:
     # What the update reads from the rollout, per group and at the root.
     UPDATE_KEYS = ("observation", "action_mask", "action", "log_prob", "advantage", "value", "value_target")
 
-    def update(self, buffer: TensorDict) -> dict[str, dict[str, torch.Tensor]]:
-        """PPO epochs over minibatches; returns each group's loss terms averaged over the updates."""
-        algo = self.config.algo
-        frames = buffer.batch_size.numel()
-        # Plain tensors [T * B, ...]: the minibatch gather and the loss then compile into one graph.
+    def update_inputs(self, buffer: TensorDict) -> tuple[dict[str, dict[str, torch.Tensor]], torch.Tensor | None]:
+        """What the update reads from `buffer`: per group its `UPDATE_KEYS` as plain tensors `[T * B, ...]`
+        (the minibatch gather and the loss then compile into one graph), values and targets in the
+        critic's normalised units; and the state `[T * B, ...]` or None."""
         flat = {g: {k: v.flatten(0, 1) for k, v in buffer[g].items() if k in self.UPDATE_KEYS} for g in self.learners}
         for g, data in flat.items():
             # The critic learns in normalised units; its moments are fixed for the update, so once here.
             critic = self.learners[g].critic
             data["value"], data["value_target"] = map(critic.normalize_values, (data["value"], data["value_target"]))
         state = buffer["state"].flatten(0, 1) if "state" in buffer.keys() else None
+        return flat, state
+
+    def update(self, buffer: TensorDict) -> dict[str, dict[str, torch.Tensor]]:
+        """PPO epochs over minibatches; returns each group's loss terms averaged over the updates."""
+        algo = self.config.algo
+        frames = buffer.batch_size.numel()
+        flat, state = self.update_inputs(buffer)
         size = algo.minibatch_size
         count = frames // size
         names = (*LOSS_TERMS, "policy_grad_norm", "critic_grad_norm")

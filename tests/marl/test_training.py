@@ -144,12 +144,13 @@ def test_eager_minibatches_are_slices_of_the_shuffled_epoch(tmp_path):
     trainer = Trainer(small_config(tmp_path), run_dir=tmp_path / "slices")
     buffer = trainer.collector.collect()
     trainer.compute_advantages(buffer)
-    flat = {g: {k: v.flatten(0, 1) for k, v in buffer[g].items() if k in trainer.UPDATE_KEYS} for g in trainer.learners}
+    flat, state = trainer.update_inputs(buffer)
     order = torch.randperm(buffer.batch_size.numel(), generator=torch.Generator().manual_seed(0))
     shuffled = {g: {k: v[order] for k, v in data.items()} for g, data in flat.items()}
+    shuffled_state = state[order] if state is not None else None
     for start in (0, 256):
-        by_index = trainer._minibatch_loss_eager(flat, None, order[start : start + 256])
-        by_slice = trainer._minibatch_loss_eager(shuffled, None, slice(start, start + 256))
+        by_index = trainer._minibatch_loss_eager(flat, state, order[start : start + 256])
+        by_slice = trainer._minibatch_loss_eager(shuffled, shuffled_state, slice(start, start + 256))
         assert torch.equal(by_index[0], by_slice[0])
         assert torch.equal(by_index[1]["agent"], by_slice[1]["agent"])
 
