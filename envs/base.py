@@ -44,6 +44,16 @@ from envs.random import CounterRandom
 from envs.specs import Box, Discrete, GroupSpec, MultiDiscrete
 
 
+def canonical_device(device: torch.device | str) -> torch.device:
+    """`device` as the tensors made there report it: `cpu:0` is `cpu`, a bare `cuda` is `cuda:<current>`.
+    Device checks compare with `!=`, under which `cuda` and `cuda:0` differ, so envs and the trainer
+    keep this form."""
+    try:
+        return torch.empty(0, device=torch.device(device)).device
+    except (RuntimeError, AssertionError) as error:  # an unknown device type, or one this build lacks
+        raise ValueError(f"device {str(device)!r} cannot hold tensors here: {error}") from error
+
+
 @dataclasses.dataclass(frozen=True)
 class EnvConfig:
     max_steps: int = 100
@@ -99,7 +109,7 @@ class MultiAgentEnv:
             raise ValueError(f"{self.name}: num_envs must be a positive int, got {num_envs!r}")
         self.config = config
         self.num_envs = num_envs
-        self.device = torch.device(device)
+        self.device = canonical_device(device)
         self.check_values = check_values
         self.seed = int(seed) if seed is not None else int(torch.randint(2**62, (1,)).item())
         self.rng = CounterRandom(self.seed, self.device)

@@ -26,6 +26,7 @@ from tensordict import TensorDict
 import envs
 import kernels
 from envs.allocator import retain_freed_memory
+from envs.base import canonical_device
 from envs.compile import maybe_compile
 from marl import distributed
 from marl.checkpoint import load_checkpoint, save_checkpoint
@@ -46,12 +47,13 @@ class NonFiniteLossError(FloatingPointError):
 
 
 def resolve_device(device: str) -> torch.device:
+    """`--device` as a torch device in `canonical_device`'s form (`auto`: CUDA where available)."""
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device} was asked for, but CUDA is not available; use --device cpu or auto")
-    return device
+    return canonical_device(device)
 
 
 def make_env(config: TrainConfig, device: torch.device, num_envs: int | None = None, seed: int | None = None):

@@ -52,6 +52,23 @@ def test_action_on_wrong_device():
         env.step(action)
 
 
+def test_an_indexed_device_names_the_device_its_tensors_report():
+    # torch.device("cpu:0") != torch.device("cpu"), yet tensors made on either report `cpu`: the env
+    # keeps the form its tensors report, so actions made on its device pass its device check.
+    for env in (make(device="cpu:0"), envs.make("navigation", num_envs=2, device="cpu:0", seed=0)):
+        assert env.device == torch.device("cpu")
+        env.step(env.sample_actions())
+
+
+def test_canonical_device_rejects_devices_that_cannot_hold_tensors():
+    assert envs.base.canonical_device("cpu:0") == torch.device("cpu")
+    with pytest.raises(ValueError, match="device 'nonsense' cannot hold tensors here"):
+        envs.base.canonical_device("nonsense")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device 'cuda' cannot hold tensors here"):
+            make(device="cuda")
+
+
 def test_missing_and_unknown_groups():
     env = make()
     action = good_action(env)

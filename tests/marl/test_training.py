@@ -8,7 +8,7 @@ import torch
 import envs
 from envs.navigation import scripted_action
 from marl.config import AlgoConfig, EnvSettings, ModelConfig, RunConfig, TrainConfig
-from marl.trainer import NonFiniteLossError, Trainer
+from marl.trainer import NonFiniteLossError, Trainer, resolve_device
 from tests.envs.broken_envs import Counter
 
 
@@ -239,3 +239,11 @@ def test_clip_grad_norms_equals_torch_per_list():
     for net, twin in zip(nets, twins):
         for p, q in zip(net.parameters(), twin.parameters()):
             torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_resolve_device_gives_the_form_tensors_report():
+    assert resolve_device("cpu:0") == torch.device("cpu")
+    assert resolve_device("auto") == (torch.empty(0, device="cuda" if torch.cuda.is_available() else "cpu").device)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            resolve_device("cuda")
