@@ -72,6 +72,9 @@ class GroupedEnv:
         if pad and group_map != "all_in_one":
             raise ValueError(f"pad=True only applies to group_map='all_in_one', got group_map={group_map!r}")
         self.identity = not pad and members == self._members(source_specs, "by_type")
+        if pad and any(len(s.observation.shape) != 1 for s in source_specs.values()):
+            shapes = {g: s.observation.shape for g, s in source_specs.items()}
+            raise ValueError(f"pad=True pads flat observations [d]; this env's groups observe {shapes}")
         # Observation transform per env group when padding: [B, n, d] -> [B, n, d_max + n_types].
         self._pad_to = max(s.observation.shape[0] for s in source_specs.values()) if pad else None
         self.groups: dict[str, GroupSpec] = {g: self._stacked_spec(g, m, source_specs) for g, m in members.items()}

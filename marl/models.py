@@ -24,12 +24,27 @@ from marl.networks import MultiAgentMLP
 CRITIC_SCOPES = ("agent", "group", "global")
 
 
+def observation_size(spec: GroupSpec) -> int:
+    """The size of one agent's observation flattened: the networks are MLPs and read
+    `[*B, n, observation_size]` (a board `[3, 3, 2]` is 18 inputs)."""
+    return math.prod(spec.observation.shape)
+
+
+def flat_observation(observation: torch.Tensor, spec: GroupSpec) -> torch.Tensor:
+    """`[*B, n, *obs_shape]` -> `[*B, n, observation_size(spec)]` (a view where the layout allows)."""
+    dims = len(spec.observation.shape)
+    if dims == 1:
+        return observation
+    return observation.unsqueeze(-1) if dims == 0 else observation.flatten(-dims)
+
+
 STD_SOURCES = ("param", "state")
 MIN_STD = 0.01  # the floor of a state-dependent std
 
 
 class Policy(nn.Module):
-    """`[*B, n, obs]` (+ action mask) -> an action distribution over the group's action spec.
+    """`[*B, n, *obs_shape]` (+ action mask) -> an action distribution over the group's action spec;
+    observations of any shape are flattened (`flat_observation`).
 
     For continuous actions the Gaussian's std (before the tanh) is, by `std`:
     - `"param"`: a learned log-std per action dim, the same in every state (per agent without shared
@@ -51,9 +66,7 @@ class Policy(nn.Module):
         if std not in STD_SOURCES:
             raise ValueError(f"unknown std source {std!r}; expected one of {STD_SOURCES}")
         self.spec = spec
-        obs_size = spec.observation.shape[0] if len(spec.observation.shape) == 1 else None
-        if obs_size is None:
-            raise ValueError(f"policies take flat observations; group observation shape is {spec.observation.shape}")
+        obs_size = observation_size(spec)
         out = head_size(spec.action)
         self.state_std = isinstance(spec.action, Box) and std == "state"
         outputs = 2 * out if self.state_std else out  # [mean, std input] per action dim
@@ -72,7 +85,7 @@ class Policy(nn.Module):
                 self.log_std = nn.Parameter(torch.full((rows, out), float(log_std_init)))  # [1 or n, A]
 
     def forward(self, observation: torch.Tensor, action_mask: torch.Tensor | None = None) -> Distribution:
-        out = self.net(observation)  # [*B, n, head] (x2 for a state-dependent std)
+        out = self.net(flat_observation(observation, self.spec))  # [*B, n, head] (x2 for a state-dependent std)
         action = self.spec.action
         if isinstance(action, Box):
             if self.state_std:
@@ -109,17 +122,17 @@ class CriticInput:
         self.shared_value = shared_value and scope != "agent"
         self.agent_id = agent_id and scope != "agent" and not self.shared_value
         if scope == "agent":
-            size = groups[group].observation.shape[0]
+            size = observation_size(groups[group])
         elif scope == "group":
-            size = self.n * groups[group].observation.shape[0]
+            size = self.n * observation_size(groups[group])
         elif self.use_state:
             size = state_size
         else:
-            size = sum(s.n_agents * s.observation.shape[0] for s in groups.values())
+            size = sum(s.n_agents * observation_size(s) for s in groups.values())
         self.size = size + (self.n if self.agent_id else 0)
 
     def __call__(self, observations: Mapping[str, torch.Tensor], state: torch.Tensor | None) -> torch.Tensor:
-        own = observations[self.group]  # [*batch, n, d]
+        own = flat_observation(observations[self.group], self.groups[self.group])  # [*batch, n, d]
         if self.scope == "agent":
             return own
         if self.scope == "group":
@@ -127,7 +140,8 @@ class CriticInput:
         elif self.use_state:
             shared = state.flatten(len(own.shape) - 2)  # [*batch, state]
         else:
-            shared = torch.cat([observations[g].flatten(-2) for g in self.groups], -1)
+            flat = [flat_observation(observations[g], spec) for g, spec in self.groups.items()]
+            shared = torch.cat([obs.flatten(-2) for obs in flat], -1)
         batch = own.shape[:-2]
         if self.shared_value:
             return shared.unsqueeze(-2)  # [*batch, 1, size]
