@@ -26,11 +26,17 @@ What maps to what:
   An env that ends by its own truncation before `max_steps` is reported as terminated, with a warning;
 - PettingZoo's infos are not passed through (they hold arbitrary Python objects);
 - seeding: `make(seed=s)` and `reset(seed=s)` reset copy `i` with seed `s + i`; later resets continue
-  each copy's own random stream, as in PettingZoo.
+  each copy's own random stream, as in PettingZoo;
+- `state_dict()` raises NotImplementedError: the copies' simulator state cannot be saved, so a resumed
+  training run starts new episodes.
+
+An error of the wrapped env while it is made (built and first reset) is a ValueError that names the env
+and its keyword arguments (and lists the ones it accepts, when its constructor's signature says).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import inspect
@@ -71,13 +77,24 @@ class PettingZooEnv(MultiAgentEnv):
     runs_on_host = True
     traceable = False
 
+    def __init__(self, config: PettingZooConfig | None = None, **kwargs: Any) -> None:
+        self._made = False  # until then, errors of the wrapped env name it (`_wrapped_env_errors`)
+        super().__init__(config, **kwargs)
+        self._made = True
+
+    @property
+    def renders(self) -> bool:
+        """Whether `render()` gives images: the copies were made with render_mode='rgb_array'."""
+        return self.config.env_kwargs.get("render_mode") == "rgb_array"
+
     # ---- the contract's hooks ----------------------------------------------------------------------
 
     def _make_groups(self):
         # The copies are built here, the first hook the base class calls, because their agents define the groups.
         self.name = f"pettingzoo/{self.config.env}"
         module = import_env_module(self.config.env)
-        self.copies = [parallel_env(module, self.config.env_kwargs) for _ in range(self.num_envs)]
+        with self._wrapped_env_errors("building", module):
+            self.copies = [parallel_env(module, self.config.env_kwargs) for _ in range(self.num_envs)]
         first = self.copies[0]
         self._agents = list(first.possible_agents)
         observations, actions = [], []
@@ -122,14 +139,16 @@ class PettingZooEnv(MultiAgentEnv):
             if f"{group}/action_mask" in arrays:
                 arrays[f"{group}/action_mask"][indices] = False
                 arrays[f"{group}/action_mask"][indices, :, 0] = True
-        for i in indices:
-            observations, _ = self.copies[i].reset(seed=self._pending_seeds[i])
-            self._pending_seeds[i] = None
-            self._write_observations(i, observations)
+        with self._wrapped_env_errors("resetting"):
+            for i in indices:
+                observations, _ = self.copies[i].reset(seed=self._pending_seeds[i])
+                self._pending_seeds[i] = None
+                self._write_observations(i, observations)
         self._data = self._host.upload()
 
     def _step(self, action: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        host_action = {group: value.cpu().numpy() for group, value in action.items()}  # [B, n, ...]
+        # detach: the caller's actions may require grad (e.g. continuous actions straight from a policy)
+        host_action = {group: value.detach().cpu().numpy() for group, value in action.items()}  # [B, n, ...]
         arrays = self._host.arrays
         self._host.wait()
         for group in self.groups:
@@ -161,16 +180,47 @@ class PettingZooEnv(MultiAgentEnv):
         return {group: self._data[f"{group}/left"] for group in self.groups}
 
     def _render(self, index: int) -> np.ndarray:
-        if self.config.env_kwargs.get("render_mode") != "rgb_array":
+        if not self.renders:
             raise NotImplementedError(f"{self.name} renders when made with render_mode='rgb_array'")
         return np.asarray(self.copies[index].render(), dtype=np.uint8)
 
     def reset_data(self, seed: int | None = None, *, mask: torch.Tensor | None = None) -> dict:
+        check_seed(self.name, seed)
         if seed is not None:
             self._pending_seeds = [int(seed) + i for i in range(self.num_envs)]
         return super().reset_data(seed, mask=mask)
 
+    def state_dict(self) -> dict:
+        raise NotImplementedError(
+            f"{self.name}: state_dict() is not supported: the wrapped PettingZoo envs' state (their simulators "
+            "and random streams) is not saved, so a restored env would not continue where this one is"
+        )
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError(
+            f"{self.name}: load_state_dict() is not supported: the wrapped PettingZoo envs' state is not saved "
+            "by state_dict(), so it cannot be restored"
+        )
+
     # ---- internals ---------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _wrapped_env_errors(self, doing: str, module=None):
+        """While the env is made, an error of the wrapped env (a bad keyword argument, say) becomes a
+        ValueError naming the env and its kwargs; later (`_made`) errors pass through unchanged."""
+        if self._made:
+            yield
+            return
+        try:
+            yield
+        except Exception as error:
+            kwargs = self.config.env_kwargs
+            accepted = accepted_keywords(module) if module is not None and isinstance(error, TypeError) else None
+            hint = f"; the env's keyword arguments are: {', '.join(accepted)}" if accepted is not None else ""
+            raise ValueError(
+                f"{self.name}: {doing} the wrapped env with kwargs {kwargs} failed "
+                f"({type(error).__name__}: {error}){hint}"
+            ) from error
 
     def _write_observations(self, i: int, observations: dict) -> None:
         arrays = self._host.arrays
@@ -238,6 +288,27 @@ def parallel_env(module, kwargs: dict):
     return aec_to_parallel(aec) if aec.metadata.get("is_parallelizable", False) else turn_based_aec_to_parallel(aec)
 
 
+def accepted_keywords(module) -> list[str] | None:
+    """The keyword arguments the module's env takes: those of the first of `parallel_env`, `env` and
+    `raw_env` whose signature names them all (no `**kwargs`); None when none does."""
+    for name in ("parallel_env", "env", "raw_env"):
+        function = getattr(module, name, None)
+        try:
+            parameters = inspect.signature(function).parameters.values() if callable(function) else None
+        except (TypeError, ValueError):
+            continue
+        if parameters is None or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+            continue
+        return [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return None
+
+
+def check_seed(name: str, seed) -> None:
+    # Checked here: the wrapped envs (gymnasium) reject a bad seed with a message that names no env.
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+        raise ValueError(f"{name}: seed must be a non-negative int or None, got {seed!r}")
+
+
 def _max_cycles_default(module) -> int | None:
     """The env's own `max_cycles` default when its constructor takes one, else None."""
     for name in ("raw_env", "parallel_env", "env"):
@@ -264,6 +335,7 @@ def make_pettingzoo(
     """`envs.make("pettingzoo/<module>", ...)`: `max_steps` is vecmarl's, the rest the env's."""
     if compile:
         raise ValueError(f"pettingzoo/{path}: compile=True is not supported: the env runs on the host")
+    check_seed(f"pettingzoo/{path}", seed)
     max_cycles = _max_cycles_default(import_env_module(path))
     if max_cycles is not None:
         given = options.get("max_cycles")

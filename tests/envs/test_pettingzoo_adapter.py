@@ -161,3 +161,73 @@ def test_runs_on_cuda_like_on_cpu():
         action = cpu.sample_actions(generator)
         (next_cpu, obs_cpu), (next_cuda, obs_cuda) = cpu.step(action), cuda.step(action.to("cuda"))
         assert (next_cpu == next_cuda.cpu()).all() and (obs_cpu == obs_cuda.cpu()).all()
+
+
+def test_state_dict_says_the_wrapped_envs_state_is_not_saved():
+    """The base class would save only the adapter's tensors, not the PettingZoo copies: a restored env
+    would continue from another simulator state. The trainer catches NotImplementedError."""
+    env = envs.make("pettingzoo/mpe2.simple_spread_v3", num_envs=2, seed=0)
+    with pytest.raises(
+        NotImplementedError, match=r"pettingzoo/mpe2\.simple_spread_v3: state_dict\(\).*PettingZoo envs"
+    ):
+        env.state_dict()
+    with pytest.raises(NotImplementedError, match=r"load_state_dict\(\) is not supported.*PettingZoo envs"):
+        env.load_state_dict({"tensors": {}})
+
+
+@pytest.mark.parametrize(
+    "options, match, cause",
+    [
+        (
+            {"M_": 3},
+            r"pettingzoo/mpe2\.simple_spread_v3: building the wrapped env with kwargs \{'M_': 3, 'max_cycles': 25\} "
+            r"failed \(TypeError: .*'M_'\); the env's keyword arguments are: N, local_ratio, max_cycles",
+            TypeError,
+        ),
+        (
+            {"N": 0},
+            r"pettingzoo/mpe2\.simple_spread_v3: building the wrapped env with kwargs \{'N': 0, 'max_cycles': 25\} "
+            r"failed \(ValueError: zero-size array",
+            ValueError,
+        ),
+    ],
+    ids=["unknown-kwarg", "no-agents"],
+)
+def test_errors_of_the_wrapped_env_name_it(options, match, cause):
+    with pytest.raises(ValueError, match=match) as info:
+        envs.make("pettingzoo/mpe2.simple_spread_v3", num_envs=2, seed=0, **options)
+    assert isinstance(info.value.__cause__, cause)
+
+
+def test_errors_of_the_first_reset_name_the_env(monkeypatch):
+    from tests.envs import pz_toy
+
+    def broken_reset(self, seed=None, options=None):
+        raise RuntimeError("no start position")
+
+    monkeypatch.setattr(pz_toy.RunnersEnv, "reset", broken_reset)
+    with pytest.raises(
+        ValueError,
+        match=r"pettingzoo/tests\.envs\.pz_toy: resetting the wrapped env with kwargs \{'lifetimes': \(2, 3\)\} "
+        r"failed \(RuntimeError: no start position\)",
+    ):
+        envs.make(f"pettingzoo/{TOY}", num_envs=2, seed=0, lifetimes=(2, 3))
+
+
+@pytest.mark.parametrize("seed", [-1, True, 1.5, "0"])
+def test_bad_seed_is_a_clear_error(seed):
+    with pytest.raises(ValueError, match=r"pettingzoo/mpe2\.simple_spread_v3: seed must be a non-negative int"):
+        envs.make("pettingzoo/mpe2.simple_spread_v3", num_envs=2, seed=seed)
+    env = envs.make("pettingzoo/mpe2.simple_spread_v3", num_envs=2, seed=0)
+    with pytest.raises(ValueError, match=r"pettingzoo/mpe2\.simple_spread_v3: seed must be a non-negative int"):
+        env.reset(seed=seed)
+
+
+def test_accepts_actions_that_require_grad():
+    """Continuous actions straight from a policy require grad; native and VMAS envs accept them."""
+    env = envs.make("pettingzoo/mpe2.simple_speaker_listener_v4", num_envs=2, seed=0, continuous_actions=True)
+    plain = env.sample_actions(torch.Generator().manual_seed(0))
+    action = {group: plain[group].clone().requires_grad_() for group in env.groups}
+    next_td, _ = env.step(action)
+    twin = envs.make("pettingzoo/mpe2.simple_speaker_listener_v4", num_envs=2, seed=0, continuous_actions=True)
+    assert (next_td == twin.step(plain)[0]).all()
