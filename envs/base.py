@@ -170,6 +170,11 @@ class MultiAgentEnv:
         return self.config.max_steps
 
     @property
+    def renders(self) -> bool:
+        """Whether `render` gives images: the env writes `_render` (an adapter may say more)."""
+        return type(self)._render is not MultiAgentEnv._render
+
+    @property
     def agents(self) -> list[str]:
         return [a for spec in self.groups.values() for a in spec.agents]
 

@@ -12,9 +12,16 @@ Agents whose per-agent `done` is set leave `agents`, as PettingZoo expects; when
 of them have left, and the next `reset()` starts a new episode (vecmarl has already started one:
 `reset()` draws a fresh start either way, so that `reset(seed=s)` reproduces an episode).
 It passes PettingZoo's `parallel_api_test` and `parallel_seed_test` (see tests/envs/test_export.py).
+
+`step(actions)` needs an action for every agent in `agents`, of its action space's shape (an integer for
+a discrete one); a missing or unknown agent, a wrong shape or a non-integer discrete action is a
+ValueError. Actions of agents that have left are ignored, as PettingZoo's envs do. `render_modes` is
+`["rgb_array"]` when the wrapped env renders (`MultiAgentEnv.renders`), else empty.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -38,8 +45,9 @@ class VecmarlParallelEnv(ParallelEnv):
         if not 0 <= index < env.num_envs:
             raise IndexError(f"{env.name}: index must be in [0, {env.num_envs}), got {index}")
         self.env, self.index = env, index
-        self.metadata = {"name": env.name, "render_modes": ["rgb_array"], "is_parallelizable": True}
-        self.render_mode = "rgb_array"
+        render_modes = ["rgb_array"] if env.renders else []
+        self.metadata = {"name": env.name, "render_modes": render_modes, "is_parallelizable": True}
+        self.render_mode = "rgb_array" if render_modes else None
         self.possible_agents = list(env.agents)
         self.agents: list[str] = []
         self._slot = {agent: (group, j) for group, spec in env.groups.items() for j, agent in enumerate(spec.agents)}
@@ -64,7 +72,7 @@ class VecmarlParallelEnv(ParallelEnv):
     def step(self, actions: dict):
         if not self.agents:
             raise RuntimeError(f"{self.env.name}: step() after the episode ended; call reset() first")
-        next_td, self._obs = self.env.step(self._batched_actions(actions))
+        next_td, self._obs = self.env.step(self._batched_actions(self._checked_actions(actions)))
         acting = self.agents
         row = next_td[self.index]
         rewards, terminations, truncations = {}, {}, {}
@@ -112,14 +120,43 @@ class VecmarlParallelEnv(ParallelEnv):
             out[agent] = observation
         return out
 
-    def _batched_actions(self, actions: dict) -> dict[str, torch.Tensor]:
-        """`{agent: action}` -> `{group: [B, n, *shape]}`, the same for every env of the batch; agents
-        without an action (those that left) get zeros."""
+    def _checked_actions(self, actions: dict) -> dict[str, np.ndarray]:
+        """The live agents' actions as numpy arrays of their action space's shape; raises a ValueError
+        naming the agent where PettingZoo's envs would raise. Actions of agents that left are dropped."""
+        name = self.env.name
+        if not isinstance(actions, Mapping):
+            raise TypeError(f"{name}: actions must be a dict agent -> action, got {type(actions).__name__}")
+        unknown = [agent for agent in actions if agent not in self._slot]
+        if unknown:
+            raise ValueError(f"{name}: actions for unknown agents {unknown}; the agents are {self.possible_agents}")
+        missing = [agent for agent in self.agents if agent not in actions]
+        if missing:
+            raise ValueError(f"{name}: no action for live agents {missing}; every agent in `agents` needs one")
+        checked = {}
+        for agent in self.agents:
+            space, value = self._action_spaces[agent], np.asarray(actions[agent])
+            discrete = not isinstance(self.env.groups[self._slot[agent][0]].action, Box)
+            if value.shape != space.shape:
+                raise ValueError(
+                    f"{name}: the action of {agent!r} has shape {value.shape}, expected {space.shape} ({space})"
+                )
+            if value.dtype.kind not in ("iu" if discrete else "iuf"):
+                expected = "an integer" if discrete else "a number"
+                raise ValueError(
+                    f"{name}: the action of {agent!r} is {value.tolist()!r} ({value.dtype}), expected {expected} "
+                    f"in each entry ({space})"
+                )
+            checked[agent] = value
+        return checked
+
+    def _batched_actions(self, actions: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """Checked `{agent: action}` -> `{group: [B, n, *shape]}`, the same for every env of the batch;
+        agents without an action (those that left) get zeros, which the env ignores."""
         batched = {}
         for group, spec in self.env.groups.items():
             dtype = spec.action.dtype
             per_agent = [
-                torch.as_tensor(np.asarray(actions[a]), dtype=dtype).reshape(spec.action.shape)
+                torch.as_tensor(actions[a], dtype=dtype)
                 if a in actions
                 else torch.zeros(spec.action.shape, dtype=dtype)
                 for a in spec.agents

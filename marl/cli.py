@@ -47,7 +47,8 @@ def _add_field(group: argparse._ArgumentGroup, cls: type, field: dataclasses.Fie
     tp = _options.field_types(cls)[field.name]
     flag = "--" + field.name.replace("_", "-")
     default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
-    help_text = f"{doc} (default: {' '.join(map(str, default)) if isinstance(default, tuple) else default})"
+    shown = " ".join(map(str, default)) if isinstance(default, tuple) else default
+    help_text = doc if default is None or default == "" else f"{doc} (default: {shown})"  # as HelpFormatter
     kwargs: dict[str, Any] = {"dest": field.name, "default": argparse.SUPPRESS, "help": help_text}
     if tp is bool:
         group.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
@@ -60,13 +61,23 @@ def _add_field(group: argparse._ArgumentGroup, cls: type, field: dataclasses.Fie
         group.add_argument(flag, type=tp, metavar=tp.__name__.upper(), **kwargs)
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, except an empty one (None or ""): there the help says what
+    leaving the option out does, and "(default: None)" would only repeat it less clearly."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default == "":
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _train_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "train",
         help="train a team with MAPPO or IPPO",
         description="Train every agent group of an env with PPO (MAPPO or IPPO), on the device, "
         "batched over num_envs envs. Writes metrics.csv, checkpoints and plots to LOG_DIR/RUN_NAME.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     titles = {"env": "environment", "algo": "algorithm (PPO)", "model": "networks", "run": "run"}
     for section, cls in SECTIONS.items():
@@ -139,8 +150,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     config, world = trainer.config, trainer.world
     envs_text = f"{config.env.num_envs} envs" + (f" on each of {world.size} ranks" if world.size > 1 else "")
     if world.is_main:
+        groups = ", ".join(f"{g}: {_count(s.n_agents, 'agent')}" for g, s in trainer.env.groups.items())
         print(
-            f"training {config.env.env} ({', '.join(f'{g}: {s.n_agents} agents' for g, s in trainer.env.groups.items())}) "
+            f"training {config.env.env} ({groups}) "
             f"with {config.algo.algo.upper()} on {trainer.device}, {envs_text}, "
             f"{config.run.total_frames:,} frames; logging to {trainer.run_dir}"
         )
@@ -168,6 +180,10 @@ def _make_trainer(args: argparse.Namespace):
             print(f"resuming {trainer.run_dir} at iteration {trainer.iteration} ({trainer.frames:,} frames)")
         return trainer
     return Trainer(config_from_args(args))
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -234,13 +250,13 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = subparsers.add_parser(
         "eval",
         help="evaluate a checkpoint, optionally rendering a GIF",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     evaluate.add_argument("--checkpoint", required=True, help="a checkpoint.pt written by marl train")
     evaluate.add_argument("--episodes", type=int, default=100, help="episodes to average over")
     evaluate.add_argument("--render", metavar="GIF", help="write the first episode of env 0 to this GIF")
     evaluate.add_argument("--device", default="auto", help="cpu, cuda or auto")
-    evaluate.add_argument("--num-envs", type=int, default=None, help="envs run at once (default: min(episodes, 256))")
+    evaluate.add_argument("--num-envs", type=int, default=None, help="envs run at once; default: min(episodes, 256)")
     evaluate.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs")
     evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
     evaluate.set_defaults(func=cmd_eval)

@@ -133,7 +133,7 @@ class RunConfig:
     log_dir: str = "runs"
     """Each run writes its CSV log, checkpoints and plots to LOG_DIR/RUN_NAME."""
     run_name: str = ""
-    """Name of the run's folder; default <env>-<algo>-<seed>-<time>."""
+    """Name of the run's folder; default <env>-<algo>-seed<seed>-<time>."""
     checkpoint_every: int = 10
     """Write a checkpoint every this many iterations (and at the end)."""
     compile: bool = False

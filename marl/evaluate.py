@@ -42,6 +42,8 @@ def evaluate(
     while len(lengths) < episodes:
         k = min(batch, episodes - len(lengths))
         env = make_env(config, device, num_envs=k, seed=seed + round_index)
+        if render and not env.renders:
+            raise ValueError(f"{config.env.env} does not render: run marl eval without --render")
         policies = build_policies(config, env, device)
         for g, policy in policies.items():
             policy.load_state_dict(state["learners"][g]["policy"])

@@ -39,7 +39,9 @@ def print_summary(trainer, rows: list[dict[str, float]]) -> None:
         lines.append("time split     " + ", ".join(f"{k[:-2]} {100 * last[k] / total:.0f}%" for k in phases))
     lines += [
         f"checkpoint     {trainer.checkpoint_path}",
-        "next           marl eval --checkpoint " + str(trainer.checkpoint_path) + " --render episode.gif",
+        "next           marl eval --checkpoint "
+        + str(trainer.checkpoint_path)
+        + (" --render episode.gif" if trainer.env.renders else ""),
         "               marl plot " + str(trainer.run_dir),
     ]
     print("\n".join(lines))

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import envs
+from envs.base import MultiAgentEnv
 from tests.envs.broken_envs import Counter
 
 pytest.importorskip("pettingzoo")
@@ -101,3 +102,83 @@ def test_round_trip_gives_back_the_wrapped_env():
         if not raw.agents:
             assert not par_env.agents
             break
+
+
+@pytest.mark.parametrize(
+    "actions, match",
+    [
+        ({"mover_0": [0.5], "mover_1": [0.5]}, r"counter: no action for live agents \['picker_0'\]"),
+        (
+            {"mover_0": [0.5], "mover_1": [0.5], "picker_0": 1, "ghost": 0},
+            r"counter: actions for unknown agents \['ghost'\]; the agents are \['mover_0', 'mover_1', 'picker_0'\]",
+        ),
+        (
+            {"mover_0": [0.5], "mover_1": [0.5], "picker_0": 1.7},
+            r"counter: the action of 'picker_0' is 1\.7 \(float64\), expected an integer",
+        ),
+        (
+            {"mover_0": np.zeros(5), "mover_1": [0.5], "picker_0": 1},
+            r"counter: the action of 'mover_0' has shape \(5,\), expected \(1,\)",
+        ),
+        (
+            {"mover_0": [0.5], "mover_1": [0.5], "picker_0": [1]},
+            r"counter: the action of 'picker_0' has shape \(1,\), expected \(\) \(Discrete\(3\)\)",
+        ),
+    ],
+    ids=["missing", "unknown", "float-for-discrete", "wrong-shape-box", "wrong-shape-discrete"],
+)
+def test_bad_actions_raise_like_pettingzoo_envs(actions, match):
+    par_env = envs.to_pettingzoo(Counter(num_envs=1, seed=0))
+    par_env.reset(seed=0)
+    with pytest.raises(ValueError, match=match):
+        par_env.step(actions)
+
+
+def test_actions_of_agents_that_left_are_ignored():
+    """PettingZoo's envs step only the agents in `agents`; extra actions for those that left are fine."""
+    runs = []
+    for extra in (False, True):
+        par_env = envs.to_pettingzoo(MAKERS["runners"]())
+        par_env.reset(seed=0)
+        trajectory = []
+        while par_env.agents:
+            agents = par_env.possible_agents if extra else par_env.agents
+            trajectory.append(par_env.step({agent: 2 for agent in agents})[:4])
+        runs.append(trajectory)
+    first, second = _leaves(runs[0]), _leaves(runs[1])
+    assert len(first) == len(second) and all(np.array_equal(a, b) for a, b in zip(first, second))
+
+
+class NoRender(Counter):
+    _render = MultiAgentEnv._render  # the base class's: raises NotImplementedError
+
+
+def assert_render_modes(par_env, modes: list[str]) -> None:
+    assert par_env.metadata["render_modes"] == modes
+    assert par_env.render_mode == (modes[0] if modes else None)
+    par_env.reset(seed=0)
+    if modes:
+        image = par_env.render()
+        assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3
+    else:
+        with pytest.raises(NotImplementedError):
+            par_env.render()
+
+
+def test_render_modes_say_whether_the_env_renders():
+    assert_render_modes(envs.to_pettingzoo(Counter(num_envs=1, seed=0)), ["rgb_array"])
+    assert_render_modes(envs.to_pettingzoo(NoRender(num_envs=1, seed=0)), [])
+
+
+def test_pettingzoo_envs_render_when_made_with_render_mode_rgb_array():
+    pytest.importorskip("mpe2")
+    name = "pettingzoo/mpe2.simple_spread_v3"
+    assert_render_modes(envs.to_pettingzoo(envs.make(name, num_envs=1, seed=0)), [])
+    made = envs.make(name, num_envs=1, seed=0, render_mode="rgb_array")
+    assert_render_modes(envs.to_pettingzoo(made), ["rgb_array"])
+
+
+def test_vmas_envs_declare_no_render_mode():
+    pytest.importorskip("vmas")
+    par_env = envs.to_pettingzoo(envs.make("vmas/navigation", num_envs=1, seed=0))
+    assert par_env.metadata["render_modes"] == [] and par_env.render_mode is None

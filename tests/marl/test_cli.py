@@ -119,7 +119,7 @@ def test_train_eval_plot_end_to_end(tmp_path):
         timeout=300,
     )
     assert train.returncode == 0, train.stderr
-    assert "mean episode return" in train.stdout and "marl eval --checkpoint" in train.stdout
+    assert "mean episode return" in train.stdout and "--render episode.gif" in train.stdout
     checkpoint = tmp_path / "cli" / "checkpoint.pt"
     gif = tmp_path / "team.gif"
     evaluate = subprocess.run(
@@ -151,7 +151,7 @@ def test_train_eval_plot_end_to_end(tmp_path):
 def test_train_an_env_registered_by_the_users_own_module(tmp_path, monkeypatch, capsys):
     (tmp_path / "my_envs.py").write_text(
         "import envs\nfrom tests.envs.broken_envs import Counter\n\n"
-        "@envs.register('my_counter')\nclass MyCounter(Counter):\n    pass\n"
+        "@envs.register('my_counter')\nclass MyCounter(Counter):\n    _render = envs.MultiAgentEnv._render  # no images\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     argv = [
@@ -176,7 +176,14 @@ def test_train_an_env_registered_by_the_users_own_module(tmp_path, monkeypatch, 
         "--no-tensorboard",
     ]
     assert main(argv) == 0
-    assert "mover" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "mover" in out
+    # The env does not render: the summary suggests eval without --render, and --render is a clear error.
+    assert "marl eval --checkpoint" in out and "--render" not in out
+    gif = tmp_path / "x.gif"
+    assert main(["eval", "--checkpoint", str(tmp_path / "mine" / "checkpoint.pt"), "--render", str(gif)]) == 2
+    assert "my_counter does not render: run marl eval without --render" in capsys.readouterr().err
+    assert not gif.exists()
     assert main(["train", "--imports", "no_such_module", "--env", "my_counter"]) == 2
     assert "No module named 'no_such_module'" in capsys.readouterr().err
 
@@ -193,3 +200,13 @@ def test_plot_overlays_runs_against_time(tmp_path, capsys):
     (tmp_path / "empty" / "metrics.csv").write_text("frames,time_s,agent/episode_return\n")
     assert main(["plot", str(tmp_path / "mappo"), str(tmp_path / "empty")]) == 2
     assert "metrics.csv has no rows yet" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_help_shows_no_empty_defaults(command, capsys):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    assert "(default: None)" not in out and "(default: )" not in out and "default: min(episodes, 256)" in out or (
+        command == "train" and "<env>-<algo>-seed<seed>-<time>." in out
+    )
