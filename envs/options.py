@@ -2,7 +2,9 @@
 
 Configs across vecmarl (env options, training configs) are dataclasses with one docstring line under
 each field. This module turns them into help text and builds them from user input with errors that
-list every valid option with its type and default.
+list every valid option with its type and default. A field that the code fills in, not the user
+(an adapter's scenario name, taken from the env's name), is declared with `internal()` and left out
+of the listings.
 """
 
 from __future__ import annotations
@@ -40,6 +42,16 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+def internal(**field_kwargs: Any) -> Any:
+    """A dataclass field set by the code that builds the config, not by the user: `describe` leaves it
+    out, so that errors never offer it as an option (`dataclasses.field`'s arguments)."""
+    return dataclasses.field(metadata={"internal": True}, **field_kwargs)
+
+
+def is_internal(field: dataclasses.Field) -> bool:
+    return bool(field.metadata.get("internal"))
+
+
 def field_types(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
@@ -62,11 +74,11 @@ def _default(field: dataclasses.Field) -> Any:
 
 
 def describe(cls: type, indent: str = "  ") -> str:
-    """One line per option: `name: type = default  -- doc`."""
+    """One line per option the user may set: `name: type = default  -- doc`."""
     docs, types = field_docs(cls), field_types(cls)
     lines = []
     for f in dataclasses.fields(cls):
-        if not f.init:
+        if not f.init or is_internal(f):
             continue
         default = _default(f)
         default = "" if default is dataclasses.MISSING else f" = {default!r}"
@@ -102,6 +114,17 @@ def matches_type(value: Any, tp: Any) -> bool:
     return True
 
 
+def _literal_hint(name: str, value: Any, tp: Any) -> str:
+    """For a bool option given the string "false" or "true" (`marl train --env-option flag=false`: the
+    command line reads values as Python literals, and `false` is not one, so it stays a string)."""
+    if not isinstance(value, str) or value.strip().lower() not in ("true", "false"):
+        return ""
+    literal = value.strip().lower() == "true"
+    if not matches_type(literal, tp):
+        return ""
+    return f" (values are read as Python literals: write {name}={literal}, not {name}={value})"
+
+
 def build(cls: type, options: dict[str, Any], what: str) -> Any:
     """`cls(**options)`, with errors that name `what`, the bad option and every valid one."""
     types = field_types(cls)
@@ -113,7 +136,8 @@ def build(cls: type, options: dict[str, Any], what: str) -> Any:
         if not matches_type(value, types[name]):
             raise TypeError(
                 f"option {name}={value!r} for {what} has type {type(value).__name__}, "
-                f"expected {type_name(types[name])}; valid options are:\n{describe(cls)}"
+                f"expected {type_name(types[name])}{_literal_hint(name, value, types[name])}; "
+                f"valid options are:\n{describe(cls)}"
             )
     values = {k: (float(v) if types[k] is float else v) for k, v in options.items()}
     try:

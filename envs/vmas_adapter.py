@@ -16,10 +16,11 @@ What maps to what: agents are grouped by type from their names (`agent_0` -> gro
 Auto-reset without a loop over envs. VMAS resets one env index or all of them. The adapter keeps a
 second VMAS world built from the same scenario and options, the scratch. To reset the envs where a
 mask is true it resets the whole scratch, then copies the masked rows of every batched tensor (entity
-states and actions, joints, scenario buffers such as reward shaping) into the live world with
-`torch.where` (`envs.vmas_world`: the tensors are found once, at construction, by walking the
-objects of the worlds side by side). When every env is to be reset it calls VMAS's own `reset()`,
-which also redraws what some scenarios keep for the whole batch (simple_speaker_listener's goal).
+states and actions, joints, scenario buffers such as reward shaping, football's scripted red team)
+into the live world with `torch.where` (`envs.vmas_world`: the tensors are found once, at
+construction, by walking the objects of the worlds side by side). When every env is to be reset it
+calls VMAS's own `reset()`, which also redraws what some scenarios keep for the whole batch
+(simple_speaker_listener's goal).
 `tests/envs/test_vmas_adapter.py` shows that the masked copy equals VMAS's own per-index `reset_at`.
 
 Host syncs. VMAS's own step and reset synchronise with the host (asserts on action values, branches
@@ -32,6 +33,10 @@ autograd), so the live world's tensors become inference tensors: code that steps
 `env.vmas_env` itself must do so under `torch.inference_mode()` too. What the adapter returns are
 ordinary tensors.
 
+Checkpoints. `state_dict()` and `load_state_dict()` raise `NotImplementedError`: VMAS's simulator
+state lives in its Python objects (bodies, joints, scenario buffers, scripted controllers), not in
+tensors of the adapter, so `marl train --resume` continues the training with new episodes.
+
 Randomness. VMAS draws from torch's, numpy's and Python's global generators, swapped in from one list
 shared by every VMAS env. Each adapter keeps its own copy of that list and swaps it in around its
 calls into VMAS, so adapters never share a random stream. Seeding follows VMAS: `make(..., seed=s)`
@@ -43,6 +48,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import traceback
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -74,14 +81,14 @@ VMAS_ENV_ARGUMENTS = {
 
 @dataclasses.dataclass(frozen=True)
 class VmasConfig(EnvConfig):
-    scenario: str = "navigation"
+    scenario: str = _options.internal(default="navigation")
     """The VMAS scenario (names in vmas.scenarios, vmas.mpe_scenarios, vmas.debug_scenarios)."""
     continuous_actions: bool = True
     """Box actions in VMAS's ranges; False gives Discrete actions."""
     multidiscrete_actions: bool = False
     """With continuous_actions=False: one choice per action dimension (MultiDiscrete)."""
-    scenario_kwargs: dict = dataclasses.field(default_factory=dict)
-    """Keyword arguments of the scenario (e.g. n_agents)."""
+    scenario_kwargs: dict = _options.internal(default_factory=dict)
+    """Keyword arguments of the scenario (e.g. n_agents): `make`'s keywords that are not the above."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -186,27 +193,60 @@ class VmasEnv(MultiAgentEnv):
                 next_data[group]["info"] = info
         return next_data, obs
 
+    def state_dict(self) -> dict:
+        """Not supported: the base class would save the adapter's tensors only, and an env restored from
+        them would continue from another simulator state. The trainer's `--resume` starts new episodes."""
+        raise NotImplementedError(self._no_saved_state("state_dict"))
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError(self._no_saved_state("load_state_dict"))
+
     # ---- internals ---------------------------------------------------------------------------------
+
+    def _no_saved_state(self, method: str) -> str:
+        return (
+            f"{self.name}: {method}() is not supported: VMAS's simulator state (the world's bodies, joints and "
+            "the scenario's own buffers) lives in VMAS's objects, which the adapter cannot save or restore"
+        )
 
     def _build(self, vmas, num_envs: int, seed: int | None = None, check_kwargs: bool = False):
         c = self.config
         with self._calling_vmas(), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            env = vmas.make_env(
-                c.scenario,
-                num_envs=num_envs,
-                device=self.device,
-                continuous_actions=c.continuous_actions,
-                multidiscrete_actions=c.multidiscrete_actions,
-                seed=seed,
-                max_steps=None,
-                **c.scenario_kwargs,
-            )
+            try:  # builds the scenario's world and resets it: where VMAS checks the options
+                env = vmas.make_env(
+                    c.scenario,
+                    num_envs=num_envs,
+                    device=self.device,
+                    continuous_actions=c.continuous_actions,
+                    multidiscrete_actions=c.multidiscrete_actions,
+                    seed=seed,
+                    max_steps=None,
+                    **c.scenario_kwargs,
+                )
+            except ImportError:
+                raise  # a scenario's missing dependency: its own message says what to install
+            except Exception as error:
+                # VMAS checks options with bare asserts and fails on bad types deep inside the scenario.
+                raise ValueError(
+                    f"{self.name}: the scenario rejected its options {self._vmas_options()}: {describe_error(error)}"
+                ) from error
         for warning in caught if check_kwargs else ():
             if "passed but not used by the scenario" in str(warning.message):
                 raise TypeError(f"{self.name}: {str(warning.message).split(' This will')[0]}")
             warnings.warn(warning.message, warning.category, stacklevel=4)
         return env
+
+    def _vmas_options(self) -> dict[str, Any]:
+        """The options given to VMAS that the user chose: the scenario's, and the action options where
+        they are not the defaults."""
+        defaults = VmasConfig()
+        chosen = {
+            name: getattr(self.config, name)
+            for name in ("continuous_actions", "multidiscrete_actions")
+            if getattr(self.config, name) != getattr(defaults, name)
+        }
+        return {**chosen, **self.config.scenario_kwargs}
 
     @contextlib.contextmanager
     def _calling_vmas(self):
@@ -261,8 +301,25 @@ def import_vmas():
     return vmas
 
 
+def describe_error(error: Exception) -> str:
+    """`error`'s type and message, and where it was raised: the innermost line of VMAS's code (a bare
+    `assert` has no message; the line is the only clue), else the innermost line."""
+    root = os.path.dirname(os.path.dirname(import_vmas().__file__))  # paths are shown from "vmas/..."
+    lines = [(frame.f_code.co_filename, line) for frame, line in traceback.walk_tb(error.__traceback__)]
+    in_vmas = [(name, line) for name, line in lines if name.startswith(os.path.join(root, "vmas", ""))]
+    where = ""
+    if lines:
+        name, line = (in_vmas or lines)[-1]
+        where = f" at {os.path.relpath(name, root) if in_vmas else name}:{line}"
+    message = str(error)
+    if not message:
+        return f"{type(error).__name__} (no message){where}"
+    return f"{type(error).__name__}: {message}" + (f" ({where.strip()})" if where else "")
+
+
 def make_vmas(
     scenario: str,
+    /,
     *,
     num_envs: int,
     device: torch.device | str = "cpu",
@@ -275,6 +332,13 @@ def make_vmas(
     if compile:
         raise ValueError(
             f"vmas/{scenario}: compile=True is not supported: VMAS's physics is Python that branches on data"
+        )
+    internal = sorted(f.name for f in dataclasses.fields(VmasConfig) if _options.is_internal(f) and f.name in options)
+    if internal:
+        raise TypeError(
+            f"vmas/{scenario}: {internal} are not options: the env's name gives the scenario (vmas/<scenario>) "
+            f"and the scenario's options are keywords of their own (e.g. n_agents=3); the adapter's options "
+            f"are {list(OWN_OPTIONS)}"
         )
     taken = sorted(VMAS_ENV_ARGUMENTS.intersection(options))
     if taken:

@@ -6,6 +6,10 @@ live world, a scratch world of the same size and a probe world of another size s
 `copy_rows` then resets envs by mask: it copies the masked rows of each such tensor from the freshly
 reset scratch world into the live one with `torch.where`, with no loop over envs.
 
+Dicts keyed by a world's own objects (football's scripted AI keeps `objectives[agent]`, tensors of
+its targets) have other keys in each world: their keys are matched by position (see `_twin_keys`),
+so each batched tensor has a path in the live world and one in the scratch world.
+
 `PrivateRandomState` gives each adapter its own random stream: VMAS draws from the global generators,
 swapped in from one list that every VMAS env shares.
 """
@@ -47,26 +51,32 @@ class PrivateRandomState:
 
 
 Path = tuple[Any, ...]  # keys from the scenario object down to a tensor: attribute names, list indices, dict keys
+Slot = tuple[Path, Path]  # one batched tensor's path in the live world and in the scratch world
 
 
-def batched_slots(live, scratch, probe) -> list[Path]:
-    """The paths of every batched tensor reachable from the `live` scenario object.
+def batched_slots(live, scratch, probe) -> list[Slot]:
+    """The paths (in `live` and in `scratch`) of every batched tensor reachable from the `live` scenario.
 
     Walks the attributes, lists and dicts of VMAS objects (scenario, world, entities, states, actions,
-    joints, sensors) of three worlds side by side; a tensor is batched when its first dim is
-    `num_envs` in `live` and `scratch` and the other `num_envs` in `probe`, with the same other dims.
+    joints, sensors, scripted controllers) of three worlds side by side; a tensor is batched when its
+    first dim is `num_envs` in `live` and `scratch` and the other `num_envs` in `probe`, with the same
+    other dims. Only lists, dicts and objects of VMAS's classes or the scenario file's own (football's
+    scripted AI) are walked, each once (cycles end there); the keys of dicts are matched, never walked.
     """
     num_envs, probe_envs = live.world.batch_dim, probe.world.batch_dim
-    paths: list[Path] = []
+    # VMAS loads each scenario file as a module named "", anew for each world: its classes are known by
+    # the scenario's module name, and one class of the file is a different class object in each world.
+    scenario_module = type(live).__module__
+    slots: list[Slot] = []
     seen: set[int] = set()
-    todo: list[tuple[Path, Any, Any, Any]] = [((), live, scratch, probe)]
+    todo: list[tuple[Path, Path, Any, Any, Any]] = [((), (), live, scratch, probe)]
     while todo:
-        path, node, twin, other = todo.pop()
+        path, twin_path, node, twin, other = todo.pop()
         if id(node) in seen:
             continue
         seen.add(id(node))
-        for key, value in _children(node):
-            twin_value, other_value = _child(twin, key), _child(other, key)
+        for key, twin_key, other_key in _twin_keys(node, twin, other, scenario_module):
+            value, twin_value, other_value = _child(node, key), _child(twin, twin_key), _child(other, other_key)
             if isinstance(value, torch.Tensor):
                 if (
                     isinstance(twin_value, torch.Tensor)
@@ -76,21 +86,20 @@ def batched_slots(live, scratch, probe) -> list[Path]:
                     and value.shape[0] == num_envs
                     and other_value.shape == (probe_envs, *value.shape[1:])
                 ):
-                    paths.append((*path, key))
-            elif _walkable(value) and type(twin_value) is type(value) and type(other_value) is type(value):
-                todo.append(((*path, key), value, twin_value, other_value))
-    return paths
+                    slots.append(((*path, key), (*twin_path, twin_key)))
+            elif _walkable(value, scenario_module) and _same_class(scenario_module, value, twin_value, other_value):
+                todo.append(((*path, key), (*twin_path, twin_key), value, twin_value, other_value))
+    return slots
 
 
-def copy_rows(paths: list[Path], live, scratch, mask: torch.Tensor) -> None:
+def copy_rows(slots: list[Slot], live, scratch, mask: torch.Tensor) -> None:
     """Where the bool `[B]` mask is true, replace each batched tensor of `live` by `scratch`'s."""
-    for path in paths:
-        live_parent, scratch_parent = _resolve(live, path[:-1]), _resolve(scratch, path[:-1])
-        key = path[-1]
-        old, fresh = _child(live_parent, key), _child(scratch_parent, key)
+    for path, twin_path in slots:
+        live_parent, scratch_parent = _resolve(live, path[:-1]), _resolve(scratch, twin_path[:-1])
+        old, fresh = _resolve(live_parent, path[-1:]), _resolve(scratch_parent, twin_path[-1:])
         if not isinstance(old, torch.Tensor) or not isinstance(fresh, torch.Tensor) or old.shape != fresh.shape:
             continue  # not set (yet) in one of the worlds
-        _container(live_parent)[key] = torch.where(rows(mask, old), fresh, old)
+        _container(live_parent)[path[-1]] = torch.where(rows(mask, old), fresh, old)
 
 
 def rows(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -98,10 +107,20 @@ def rows(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return mask.view(-1, *[1] * (like.dim() - 1))
 
 
-def _walkable(value) -> bool:
+def _walkable(value, scenario_module: str) -> bool:
     if isinstance(value, (list, dict)):
         return True
-    return hasattr(value, "__dict__") and type(value).__module__.startswith("vmas.")
+    module = type(value).__module__
+    return hasattr(value, "__dict__") and (module.startswith("vmas.") or module == scenario_module)
+
+
+def _same_class(scenario_module: str, *values) -> bool:
+    """Whether `values` (one per world) are of one class, or of one class of the scenario file, which
+    each world loads anew."""
+    kinds = [type(value) for value in values]
+    if all(kind is kinds[0] for kind in kinds):
+        return True
+    return all(kind.__module__ == scenario_module and kind.__qualname__ == kinds[0].__qualname__ for kind in kinds)
 
 
 def _container(node):
@@ -113,6 +132,36 @@ def _children(node):
     return list(enumerate(container) if isinstance(container, list) else container.items())
 
 
+def _twin_keys(node, twin, other, scenario_module: str) -> list[tuple[Any, Any, Any]]:
+    """Each key of `node` with the keys that name the same child in `twin` and `other` (its worlds' twins).
+
+    Attribute names, list indices and dict keys that are values (strings, numbers, tuples) are the
+    same in every world. A dict keyed by the world's own objects (`{agent: ...}`) has none of its keys
+    in the twin: its keys are paired by position, when the three dicts have as many keys and each
+    position holds objects compared by identity, of one class and one name, as dicts built by the same
+    code from the same options do. A dict that fits neither is left out.
+    """
+    keys = [key for key, _ in _children(node)]
+    if not isinstance(node, dict) or any(key in twin for key in keys):
+        return [(key, key, key) for key in keys]
+    twins, others = list(twin), list(other)  # the walk pairs a dict with dicts only
+    paired = list(zip(keys, twins, others))
+    if len(keys) == len(twins) == len(others) and all(_same_object(scenario_module, *three) for three in paired):
+        return paired
+    return []
+
+
+def _same_object(scenario_module: str, *keys) -> bool:
+    """Whether dict keys, one per world, are objects compared by identity (entities, not values) of one
+    class and one name."""
+    names = [getattr(key, "name", None) for key in keys]
+    return (
+        _same_class(scenario_module, *keys)
+        and all(type(key).__eq__ is object.__eq__ and type(key).__hash__ is object.__hash__ for key in keys)
+        and all(name == names[0] for name in names)
+    )
+
+
 def _child(node, key):
     container = _container(node)
     if isinstance(container, list):
@@ -122,5 +171,7 @@ def _child(node, key):
 
 def _resolve(node, path: Path):
     for key in path:
+        if node is None:
+            return None  # a container on the way is not set (any more) in this world
         node = _child(node, key)
     return node

@@ -1,6 +1,7 @@
 """The VMAS adapter: conformance, parity with raw VMAS (resets included), the batched masked reset
 against VMAS's own `reset_at`, and its errors."""
 
+import re
 import subprocess
 import sys
 
@@ -126,13 +127,14 @@ def test_equals_raw_vmas_over_episodes(scenario, options):
 
 @pytest.mark.parametrize(
     "scenario, options",
-    [("navigation", {"n_agents": 3}), ("transport", {}), ("balance", {})],
-    ids=["navigation", "transport", "balance"],
+    [("navigation", {"n_agents": 3}), ("transport", {}), ("balance", {}), ("football", {})],
+    ids=["navigation", "transport", "balance", "football"],
 )
 def test_masked_reset_equals_vmas_reset_at(scenario, options):
     """Envs 1, 3, 4 reset by the adapter's batched copy and by VMAS's `reset_at(i)`, with random draws
     that give every env the same numbers: then the two worlds must match, now and for 20 steps on
-    (which would show any state the copy missed, e.g. reward shaping buffers)."""
+    (which would show any state the copy missed, e.g. reward shaping buffers, or football's scripted
+    red team, whose targets live in dicts keyed by agent and in classes of the scenario's own file)."""
     B, mask = 5, torch.tensor([False, True, False, True, True])
     env = envs.make(f"vmas/{scenario}", num_envs=B, seed=0, max_steps=1000, **options)
     raw = vmas.make_env(scenario, num_envs=B, seed=0, **options)
@@ -196,6 +198,41 @@ def test_adapters_keep_their_own_random_streams():
         assert torch.equal(alone, interleaved)
 
 
+def test_state_dict_is_refused_and_resumed_training_starts_new_episodes(tmp_path, capsys):
+    """The base class's state_dict would save the adapter's tensors only, not VMAS's world: refused, so
+    that the trainer's checkpoint holds no env state and a resumed run starts new episodes."""
+    env = envs.make("vmas/balance", num_envs=2, seed=0)
+    with pytest.raises(NotImplementedError, match=r"vmas/balance: state_dict\(\) is not supported: VMAS's simulator"):
+        env.state_dict()
+    with pytest.raises(NotImplementedError, match=r"vmas/balance: load_state_dict\(\) is not supported"):
+        env.load_state_dict({})
+
+    from marl.config import AlgoConfig, EnvSettings, ModelConfig, RunConfig, TrainConfig
+    from marl.trainer import Trainer
+
+    config = TrainConfig(
+        env=EnvSettings(env="vmas/navigation", num_envs=2, env_options={"max_steps": 4, "n_agents": 2}),
+        algo=AlgoConfig(minibatch_size=8, epochs=1),
+        model=ModelConfig(hidden=(8,)),
+        run=RunConfig(
+            total_frames=2 * 4 * 2,
+            rollout_length=4,
+            device="cpu",
+            log_dir=str(tmp_path),
+            run_name="run",
+            progress=False,
+            tensorboard=False,
+        ),
+    )
+    trainer = Trainer(config, run_dir=tmp_path / "run")
+    trainer.train_iteration()
+    trainer.save()
+    resumed = Trainer.resume(trainer.checkpoint_path)
+    assert "this env cannot save its state: resumed training starts new episodes" in capsys.readouterr().out
+    resumed.train_iteration()
+    assert resumed.iteration == 2
+
+
 def test_unknown_scenario_lists_where_names_are():
     with pytest.raises(KeyError, match=r"unknown VMAS scenario 'navigatoin'.*vmas\.scenarios.*navigation"):
         envs.make("vmas/navigatoin", num_envs=2)
@@ -204,6 +241,57 @@ def test_unknown_scenario_lists_where_names_are():
 def test_unused_scenario_option_is_an_error():
     with pytest.raises(TypeError, match=r"vmas/navigation: Scenario kwargs: \{'n_agnts': 3\} passed but not used"):
         envs.make("vmas/navigation", num_envs=2, n_agnts=3)
+
+
+@pytest.mark.parametrize(
+    "value, error",
+    [
+        (0, r"AssertionError \(no message\) at vmas/scenarios/balance\.py:\d+$"),  # a bare assert
+        ("three", r"TypeError: '>' not supported between .* \(at vmas/scenarios/balance\.py:\d+\)$"),
+    ],
+    ids=["bare-assert", "bad-type"],
+)
+def test_options_the_scenario_rejects_name_the_env_options_and_error(value, error):
+    options = re.escape(repr({"n_agents": value}))
+    with pytest.raises(
+        ValueError, match=rf"^vmas/balance: the scenario rejected its options {options}: {error}"
+    ) as info:
+        envs.make("vmas/balance", num_envs=2, n_agents=value)
+    assert isinstance(info.value.__cause__, (AssertionError, TypeError))
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        ("n_agents=0", r"vmas/balance: the scenario rejected its options \{'n_agents': 0\}: AssertionError"),
+        ("continuous_actions=false", r"write continuous_actions=False, not continuous_actions=false"),
+    ],
+)
+def test_bad_options_on_the_command_line_are_one_line_errors(option, message, tmp_path, capsys):
+    from marl.cli import main
+
+    argv = ["train", "--env", "vmas/balance", "--env-option", option, "--num-envs", "2", "--minibatch-size", "32"]
+    assert main([*argv, "--log-dir", str(tmp_path), "--no-tensorboard", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("marl train: error: ")
+    assert re.search(message, err) and "Traceback" not in err
+
+
+def test_option_errors_list_only_what_the_user_can_pass():
+    """`scenario` and `scenario_kwargs` are set from the env's name and the other keywords: not listed as
+    options, and passing them is an error that says so (not Python's "got multiple values")."""
+    with pytest.raises(TypeError) as info:
+        envs.make("vmas/balance", num_envs=2, continuous_actions="false")
+    message, listing = str(info.value).split("valid options are:")
+    assert "has type str, expected bool (values are read as Python literals: write continuous_actions=False" in message
+    assert [line.split(":")[0].strip() for line in listing.strip().splitlines()] == [
+        "max_steps",
+        "continuous_actions",
+        "multidiscrete_actions",
+    ]
+    for name, value in (("scenario", "navigation"), ("scenario_kwargs", {"n_agents": 3})):
+        with pytest.raises(TypeError, match=rf"vmas/balance: \['{name}'\] are not options: the env's name gives"):
+            envs.make("vmas/balance", num_envs=2, **{name: value})
 
 
 def test_vmas_environment_arguments_are_refused():
