@@ -62,10 +62,10 @@ EXAMPLES = (
 
 @dataclasses.dataclass(frozen=True)
 class PettingZooConfig(EnvConfig):
-    env: str = "mpe2.simple_spread_v3"
-    """Importable module of the env, with a parallel_env() or env() function."""
-    env_kwargs: dict = dataclasses.field(default_factory=dict)
-    """Keyword arguments of the module's parallel_env() or env()."""
+    env: str = _options.internal(default="mpe2.simple_spread_v3")
+    """Importable module of the env, with a parallel_env() or env() function (from the env's name)."""
+    env_kwargs: dict = _options.internal(default_factory=dict)
+    """Keyword arguments of the module's parallel_env() or env(): `make`'s keywords other than max_steps."""
 
 
 class PettingZooEnv(MultiAgentEnv):
