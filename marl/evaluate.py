@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from envs.base import canonical_device
 from marl.checkpoint import load_checkpoint
 from marl.config import TrainConfig
 from marl.distributions import draw_noise
@@ -32,7 +33,7 @@ def evaluate(
         raise ValueError(f"episodes must be >= 1, got {episodes}")
     state = load_checkpoint(checkpoint)
     config = TrainConfig.from_dict(state["config"])
-    device = resolve_device(device)
+    device = canonical_device(resolve_device(device))
     batch = num_envs or min(episodes, 256)
     returns: dict[str, list[float]] = {}
     lengths: list[float] = []

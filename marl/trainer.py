@@ -47,13 +47,15 @@ class NonFiniteLossError(FloatingPointError):
 
 
 def resolve_device(device: str) -> torch.device:
-    """`--device` as a torch device in `canonical_device`'s form (`auto`: CUDA where available)."""
+    """`--device` as a torch device (`auto`: CUDA where available). The index stays as given: under
+    torchrun a bare `cuda` lets each rank take its own (`distributed.setup`); `canonical_device` then
+    gives the form the device's tensors report."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device} was asked for, but CUDA is not available; use --device cpu or auto")
-    return canonical_device(device)
+    return device
 
 
 def make_env(config: TrainConfig, device: torch.device, num_envs: int | None = None, seed: int | None = None):
@@ -167,7 +169,8 @@ class Trainer:
     def __init__(self, config: TrainConfig, run_dir: str | Path | None = None) -> None:
         self.config = config
         # Under torchrun: this rank's device and process group (marl.distributed); else a no-op World.
-        self.world, self.device = distributed.setup(resolve_device(config.run.device), config.to_dict())
+        self.world, device = distributed.setup(resolve_device(config.run.device), config.to_dict())
+        self.device = canonical_device(device)  # as its tensors report it: `cpu:0` is `cpu`
         if self.device.type == "cpu":
             retain_freed_memory()  # tensors freed every step reuse their pages (envs.allocator)
         torch.manual_seed(config.run.seed)

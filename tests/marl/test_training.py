@@ -241,9 +241,18 @@ def test_clip_grad_norms_equals_torch_per_list():
             torch.testing.assert_close(p.grad, q.grad)
 
 
-def test_resolve_device_gives_the_form_tensors_report():
-    assert resolve_device("cpu:0") == torch.device("cpu")
-    assert resolve_device("auto") == (torch.empty(0, device="cuda" if torch.cuda.is_available() else "cpu").device)
+def test_an_indexed_cpu_device_trains(tmp_path):
+    # torch.device("cpu:0") != torch.device("cpu"), the device its tensors report: the trainer keeps the
+    # latter, or the env would refuse the trainer's actions as being on another device.
+    trainer = Trainer(small_config(tmp_path, device="cpu:0"), run_dir=tmp_path / "run")
+    assert trainer.device == torch.device("cpu")
+    trainer.train_iteration()
+
+
+def test_resolve_device_keeps_the_index_as_given():
+    # Under torchrun a bare `cuda` lets each rank take cuda:LOCAL_RANK; an index chosen here would not.
+    assert resolve_device("cpu:0") == torch.device("cpu:0")
+    assert resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
             resolve_device("cuda")
