@@ -155,7 +155,13 @@ class PettingZooEnv(MultiAgentEnv):
             arrays[f"{group}/reward"][:] = 0.0
         for i, copy in enumerate(self.copies):
             actions = {agent: self._pz_action(agent, host_action, i) for agent in copy.agents}
-            observations, rewards, terminations, truncations, _ = copy.step(actions)
+            try:
+                observations, rewards, terminations, truncations, _ = copy.step(actions)
+            except (AssertionError, ValueError) as error:  # how PettingZoo's envs refuse an action
+                raise ValueError(
+                    f"{self.name}: copy {i} refused the actions {actions} ({type(error).__name__}: {error}); "
+                    "with check_values=True the adapter checks them first and names the group"
+                ) from error
             self._write_observations(i, observations)
             ended = not copy.agents
             for agent, reward in rewards.items():

@@ -170,7 +170,13 @@ class VmasEnv(MultiAgentEnv):
             for i, agent_value in zip(indices, value.unbind(1)):  # one op for the group's n views
                 per_agent[i] = agent_value
         with self._calling_vmas():
-            observations, rewards, terminated, infos = self.vmas_env.step(per_agent)
+            try:
+                observations, rewards, terminated, infos = self.vmas_env.step(per_agent)
+            except AssertionError as error:  # VMAS checks action values with asserts, before the world moves
+                raise ValueError(
+                    f"{self.name}: VMAS refused the actions: {describe_error(error)}. Their shapes and dtypes are "
+                    "right, so some value is NaN or out of range; with check_values=True the adapter names it"
+                ) from error
         # Stacked out here, so what the adapter hands on are ordinary tensors, not inference tensors.
         self._obs = self._by_group(observations)
         self._info = self._info_by_group(infos)

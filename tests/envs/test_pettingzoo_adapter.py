@@ -231,3 +231,11 @@ def test_accepts_actions_that_require_grad():
     next_td, _ = env.step(action)
     twin = envs.make("pettingzoo/mpe2.simple_speaker_listener_v4", num_envs=2, seed=0, continuous_actions=True)
     assert (next_td == twin.step(plain)[0]).all()
+
+
+def test_actions_the_wrapped_env_refuses_name_the_env_and_copy():
+    env = envs.make("pettingzoo/mpe2.simple_spread_v3", num_envs=2, seed=0)
+    action = env.sample_actions(torch.Generator().manual_seed(0))
+    action["agent"][1, 0] = 99  # outside Discrete(5): without check_values, MPE's own assert refuses it
+    with pytest.raises(ValueError, match=r"^pettingzoo/mpe2\.simple_spread_v3: copy 1 refused the actions .*99"):
+        env.step(action)

@@ -319,3 +319,18 @@ def test_importing_envs_imports_no_simulator():
 @pytest.mark.gpu
 def test_passes_check_env_on_cuda():
     envs.check_env(envs.make("vmas/navigation", num_envs=8, device="cuda", seed=0, max_steps=8))
+
+
+def test_actions_vmas_refuses_are_a_clear_error_without_value_checks():
+    """Without check_values the adapter passes values on unchecked; VMAS's bare asserts on them become
+    an error that names the env, where VMAS refused, and how to have the value named."""
+    env = envs.make("vmas/balance", num_envs=2, seed=0)
+    action = env.sample_actions(torch.Generator().manual_seed(0))
+    action["agent"][0, 0, 0] = float("nan")
+    with pytest.raises(
+        ValueError, match=r"^vmas/balance: VMAS refused the actions: AssertionError .*check_values=True"
+    ):
+        env.step(action)
+    checked = envs.make("vmas/balance", num_envs=2, seed=0, check_values=True)
+    with pytest.raises(ValueError, match=r"action for group 'agent' contains NaN"):
+        checked.step(action)
