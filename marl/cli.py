@@ -17,6 +17,7 @@ import argparse
 import ast
 import contextlib
 import dataclasses
+import os
 import sys
 import typing
 from typing import Any
@@ -76,7 +77,8 @@ def _train_parser(subparsers) -> argparse.ArgumentParser:
         "train",
         help="train a team with MAPPO or IPPO",
         description="Train every agent group of an env with PPO (MAPPO or IPPO), on the device, "
-        "batched over num_envs envs. Writes metrics.csv, checkpoints and plots to LOG_DIR/RUN_NAME.",
+        "batched over num_envs envs. Writes metrics.csv, checkpoint.pt and (with tensorboard installed) "
+        "TensorBoard events to LOG_DIR/RUN_NAME; `marl plot` draws the curves.",
         formatter_class=HelpFormatter,
     )
     titles = {"env": "environment", "algo": "algorithm (PPO)", "model": "networks", "run": "run"}
@@ -292,11 +294,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # `--imports my_envs` (and a checkpoint's imports) name modules of the current folder. `python -m
+    # marl` has it on sys.path; the `marl` console script has its own folder there instead.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         return args.func(args)
     except UsageError as error:
         print(f"marl {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: the trainer has said where its last checkpoint is
+        print(f"marl {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

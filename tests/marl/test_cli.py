@@ -1,13 +1,17 @@
 """The `marl` command as a user runs it."""
 
 import dataclasses
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from marl.cli import build_parser, config_from_args, main
 from marl.config import SECTIONS, AlgoConfig, ModelConfig
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_train_help_explains_every_option(capsys):
@@ -213,3 +217,30 @@ def test_help_shows_no_empty_defaults(command, says, capsys):
     out = capsys.readouterr().out
     assert "(default: None)" not in out and "(default: )" not in out
     assert says in " ".join(out.split())
+
+
+def test_the_console_script_imports_modules_of_the_current_folder(tmp_path):
+    # `python -m marl` puts the current folder on sys.path; the `marl` script must too, or the README's
+    # `marl train --imports my_envs` fails with "No module named 'my_envs'".
+    script = Path(sys.executable).with_name("marl")
+    if not script.exists():
+        pytest.skip("the marl console script is not installed in this environment")
+    (tmp_path / "my_envs.py").write_text(
+        "import envs\nfrom tests.envs.broken_envs import Counter\n\n"
+        "@envs.register('my_counter')\nclass MyCounter(Counter):\n    pass\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # for `tests.envs`, as the module imports it
+    listed = subprocess.run(
+        [str(script), "envs", "--imports", "my_envs"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert "my_counter" in listed.stdout
+
+
+def test_ctrl_c_ends_with_one_line_and_status_130(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("marl.cli.cmd_envs", interrupted)
+    assert main(["envs"]) == 130
+    assert capsys.readouterr().err == "marl envs: interrupted\n"
