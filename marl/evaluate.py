@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 
@@ -31,10 +32,14 @@ def evaluate(
     """
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
+    if num_envs is not None and num_envs < 1:
+        raise ValueError(f"num_envs must be >= 1 (or left out: min(episodes, 256)), got {num_envs}")
+    if render and not Path(render).parent.is_dir():  # checked now, not after the whole evaluation
+        raise ValueError(f"cannot write {render}: the folder {Path(render).parent} does not exist")
     state = load_checkpoint(checkpoint)
     config = TrainConfig.from_dict(state["config"])
     device = canonical_device(resolve_device(device))
-    batch = num_envs or min(episodes, 256)
+    batch = num_envs if num_envs is not None else min(episodes, 256)
     returns: dict[str, list[float]] = {}
     lengths: list[float] = []
     frames = []

@@ -77,6 +77,11 @@ def test_options_reach_the_config():
             "option std='net' for group 'agent' has type str, expected 'param' | 'state'",
         ),
         (["eval", "--checkpoint", "/nonexistent/checkpoint.pt"], "no checkpoint at /nonexistent/checkpoint.pt"),
+        (["eval", "--checkpoint", "c.pt", "--num-envs", "0"], "num_envs must be >= 1 (or left out"),
+        (
+            ["eval", "--checkpoint", "c.pt", "--render", "/nonexistent/x.gif"],
+            "cannot write /nonexistent/x.gif: the folder /nonexistent does not exist",
+        ),
         (["plot", "/nonexistent"], "no metrics.csv in /nonexistent"),
     ],
 )
