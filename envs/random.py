@@ -40,6 +40,16 @@ def splitmix64(z: torch.Tensor) -> torch.Tensor:
     return z ^ _shift_right(z, 31)
 
 
+def _count(shape: tuple) -> int:
+    """The number of draws for `shape`, whose sizes must be separate ints."""
+    if not all(isinstance(size, (int, torch.SymInt)) for size in shape):
+        raise TypeError(
+            f"random sizes are separate ints, e.g. rng.rand(B, n) or rng.randint(high, B, n) (not torch's "
+            f"randint(low, high, size)); got {shape}"
+        )
+    return math.prod(shape)
+
+
 class CounterRandom:
     """A seeded stream of random numbers on `device`; its state is `key` and `counter` (int64 tensors)."""
 
@@ -57,14 +67,14 @@ class CounterRandom:
 
     def bits(self, *shape: int) -> torch.Tensor:
         """Fresh random int64 bits shaped `shape`; advances the stream by their number."""
-        count = math.prod(shape)
+        count = _count(shape)
         index = self.counter + torch.arange(count, dtype=torch.int64, device=self.device)
         self.counter += count
         return splitmix64(self.key + index * GOLDEN_GAMMA).reshape(shape)
 
     def bits32(self, *shape: int) -> torch.Tensor:
         """Fresh random int32 bits shaped `shape`: both halves of each 64-bit draw (half the hashing)."""
-        count = math.prod(shape)
+        count = _count(shape)
         return self.bits((count + 1) // 2).view(torch.int32)[:count].reshape(shape)
 
     def rand(self, *shape: int) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 
 from envs.random import CounterRandom, splitmix64
@@ -71,3 +72,10 @@ def test_compiled_draws_equal_eager_ones():
             torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-6)
     assert eager.counter.item() == compiled.counter.item() == 3 * (6 + 3 + 6)  # 64-bit draws: two uniforms each
     assert math.isfinite(eager.randn(10).sum().item())
+
+
+def test_sizes_given_torch_style_are_a_clear_error():
+    rng = CounterRandom(0, "cpu")
+    with pytest.raises(TypeError, match=r"random sizes are separate ints, e.g\. rng\.rand\(B, n\).*got \(5, \(4,\)\)"):
+        rng.randint(0, 5, (4,))  # torch.randint's (low, high, size) order
+    assert rng.randint(5, 4, 2).shape == (4, 2)
