@@ -10,6 +10,7 @@ learning rate for the speaker in `speaker_listener`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -33,6 +34,7 @@ class EnvSettings:
     """Python modules to import first, e.g. your own module that registers an env (`--imports my_envs`)."""
 
     def __post_init__(self) -> None:
+        _check_finite(self)
         if self.num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {self.num_envs}")
 
@@ -79,6 +81,7 @@ class AlgoConfig:
 
     def __post_init__(self) -> None:
         _check_choices(self)
+        _check_finite(self)
         for name in ("gamma", "lmbda"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
@@ -115,6 +118,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _check_choices(self)
+        _check_finite(self)
         object.__setattr__(self, "hidden", tuple(int(h) for h in self.hidden))
         if any(h < 1 for h in self.hidden):
             raise ValueError(f"hidden sizes must be >= 1, got {self.hidden}")
@@ -150,6 +154,7 @@ class RunConfig:
     """Also log to TensorBoard when it is installed."""
 
     def __post_init__(self) -> None:
+        _check_finite(self)
         for name in ("total_frames", "rollout_length", "checkpoint_every", "compile_unroll"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -214,6 +219,16 @@ def _check_choices(config) -> None:
     for name, tp in _options.field_types(type(config)).items():
         if typing.get_origin(tp) is Literal and not _options.matches_type(getattr(config, name), tp):
             raise ValueError(f"{name} must be one of {list(typing.get_args(tp))}, got {getattr(config, name)!r}")
+
+
+def _check_finite(config) -> None:
+    """Every float field of `config` is finite. The range checks after this compare with `<` and `<=`,
+    which are False for NaN, so a NaN (or inf) would pass them and silently break training, e.g.
+    max_grad_norm=nan turns gradient clipping off."""
+    for name, tp in _options.field_types(type(config)).items():
+        value = getattr(config, name)
+        if tp is float and isinstance(value, (int, float)) and not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value}")
 
 
 def _fields(cls) -> set[str]:

@@ -1,0 +1,55 @@
+"""Every float option refuses NaN and inf, which slip through range checks such as `x <= 0`."""
+
+import dataclasses
+
+import pytest
+
+from marl.cli import main
+from marl.config import AlgoConfig, ModelConfig, TrainConfig
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    "config, name, value",
+    [
+        (AlgoConfig, "lr", INF),
+        (AlgoConfig, "lr", NAN),
+        (AlgoConfig, "adam_eps", INF),
+        (AlgoConfig, "gamma", NAN),
+        (AlgoConfig, "lmbda", NAN),
+        (AlgoConfig, "clip_eps", NAN),
+        (AlgoConfig, "entropy_coef", NAN),
+        (AlgoConfig, "value_coef", INF),
+        (AlgoConfig, "max_grad_norm", NAN),  # would silently turn gradient clipping off
+        (AlgoConfig, "max_grad_norm", INF),
+        (ModelConfig, "log_std_init", NAN),
+        (ModelConfig, "log_std_init", -INF),
+    ],
+)
+def test_non_finite_floats_are_refused(config, name, value):
+    with pytest.raises(ValueError, match=f"^{name} must be a finite number, got {value}$"):
+        config(**{name: value})
+
+
+def test_every_float_field_is_checked():
+    """A float field added later is covered too: the check is one loop over the fields' types."""
+    for config in (AlgoConfig, ModelConfig):
+        floats = [f.name for f in dataclasses.fields(config) if f.type in (float, "float")]
+        assert floats
+        for name in floats:
+            with pytest.raises(ValueError, match=f"^{name} must be a finite number"):
+                config(**{name: NAN})
+
+
+def test_non_finite_group_overrides_are_refused():
+    config = TrainConfig(group_overrides={"agent": {"lr": NAN}})
+    with pytest.raises(ValueError, match="lr must be a finite number, got nan"):
+        config.for_group("agent")
+
+
+def test_the_cli_refuses_a_nan_learning_rate(capsys):
+    assert main(["train", "--lr", "nan"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[0].startswith("marl train: error: ")
+    assert "lr must be a finite number, got nan" in err.splitlines()[0] and "Traceback" not in err
