@@ -208,7 +208,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes and budgets: a few minutes on a 2-core CPU")
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per figure (median reported)")
+    parser.add_argument(
+        "--repeats", type=_positive_int, default=3, help="timed runs per figure (median reported), at least 1"
+    )
     parser.add_argument(
         "--vmas", action=argparse.BooleanOptionalAction, default=True, help="time VMAS alongside when it is installed"
     )
@@ -222,9 +224,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--target",
-        type=float,
+        type=_fraction,
         default=0.8,
-        help="time-to-target: fraction of the way from random to the scripted yardstick",
+        help="time-to-target: fraction of the way from random to the scripted yardstick, in (0, 1]",
     )
     parser.add_argument(
         "--skip",
@@ -234,6 +236,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="sections to leave out",
     )
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+
+
+# Checked as the arguments are parsed (argparse `type`s), so that both `marl bench` and `bench.main`
+# report a bad value in one `error:` line instead of failing deep inside a section.
+def _positive_int(text: str) -> int:
+    """--repeats: every figure is a median of that many timed runs, and a median needs one."""
+    value = _parse(int, text, "a whole number")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (timed runs per figure), got {value}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    """--target: a fraction of the way from a random policy's return (0) to the scripted one's (1). 0
+    or less is reached before any training, and beyond 1 the scripted yardstick may never be matched."""
+    value = _parse(float, text, "a number")
+    if not 0 < value <= 1:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be in (0, 1] (0: a random policy, 1: the scripted one), got {text}")
+    return value
+
+
+def _parse(kind: type, text: str, expected: str):
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
 
 
 def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
@@ -295,7 +323,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
         with tempfile.TemporaryDirectory() as workdir:
             for size in sizes:
                 results, _ = bench_size(
-                    size, torch.device(device), ["auto"], 5, 1 if quick else 3, args.torchrl_python, Path(workdir)
+                    size, torch.device(device), ["auto"], repeats, 1 if quick else 3, args.torchrl_python, Path(workdir)
                 )
                 ours = next(r for r in results if r["call"].startswith("gae"))
                 label = "x".join(map(str, size))

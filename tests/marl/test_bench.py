@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from marl.bench import main as bench_main
 from marl.bench import navigation_config, time_to_target
 from marl.cli import main
 
@@ -41,3 +42,39 @@ def test_benchmarl_section_needs_a_python_with_benchmarl(tmp_path):
     missing = str(tmp_path / "no-python")
     with pytest.raises(FileNotFoundError, match="the BenchMARL interpreter .*no-python.* was not found"):
         main(["bench", "--quick", "--skip", "env", "gae", "train", "target", "--benchmarl-python", missing])
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--repeats", "0"], "argument --repeats: must be >= 1 (timed runs per figure), got 0"),
+        (["--repeats", "-2"], "argument --repeats: must be >= 1"),
+        (["--target", "2"], "argument --target: must be in (0, 1]"),
+        (["--target", "-1"], "argument --target: must be in (0, 1]"),
+        (["--target", "0"], "argument --target: must be in (0, 1]"),
+        (["--target", "nan"], "argument --target: must be in (0, 1]"),
+        (["--target", "most"], "argument --target: expected a number, got 'most'"),
+    ],
+)
+@pytest.mark.parametrize("entry", ["marl", "bench"])
+def test_bad_arguments_are_refused_before_any_section_runs(argv, message, entry, capsys):
+    argv = ["--quick", "--no-vmas", "--skip", "gae", "train", "target", *argv]
+    with pytest.raises(SystemExit) as exit:
+        main(["bench", *argv]) if entry == "marl" else bench_main(argv)
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert f"marl bench: error: {message}" in err and "Traceback" not in err
+
+
+def test_gae_section_times_each_call_repeats_times(monkeypatch, capsys):
+    import kernels.bench
+
+    counts = []
+
+    def fake_median_seconds(calls, repeats, device):
+        counts.append(repeats)
+        return {name: 1e-3 for name in calls}
+
+    monkeypatch.setattr(kernels.bench, "median_seconds", fake_median_seconds)
+    main(["bench", "--quick", "--device", "cpu", "--skip", "env", "train", "target", "--repeats", "7"])
+    assert counts == [7]
