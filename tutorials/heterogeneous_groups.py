@@ -10,7 +10,9 @@
 # 2. per-group configs on `speaker_listener` (a `Discrete` speaker and a continuous listener),
 # 3. critic scopes: what each group's critic sees, and how that changes learning.
 #
-# `VECMARL_QUICK=1` shrinks every budget to a smoke test.
+# `VECMARL_QUICK=1` shrinks every budget to a smoke test. A full run writes its figures to
+# `tutorials/figures/`; a smoke test to `runs/tutorial-figures/`, leaving the fully trained figures
+# alone (`VECMARL_TUTORIAL_OUT=DIR` picks another folder).
 
 # %%
 import os
@@ -26,7 +28,11 @@ from marl.plot import read_metrics
 from marl.trainer import Trainer
 
 QUICK = os.environ.get("VECMARL_QUICK") == "1"
-OUT = Path(os.environ.get("VECMARL_TUTORIAL_OUT", Path(__file__).parent / "figures"))
+# A full run writes the figures the README shows, to tutorials/figures; a smoke test writes its barely
+# trained ones to runs/tutorial-figures (ignored by git) instead, so that it never overwrites them.
+FIGURES = Path(__file__).resolve().parent / "figures"
+QUICK_FIGURES = Path(__file__).resolve().parents[1] / "runs" / "tutorial-figures"
+OUT = Path(os.environ.get("VECMARL_TUTORIAL_OUT", QUICK_FIGURES if QUICK else FIGURES))
 OUT.mkdir(parents=True, exist_ok=True)
 device = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -186,3 +192,4 @@ def catches(act) -> float:
 
 print("catches per episode, trained predators:", round(catches(trained(tag_trainer)), 2))
 print("catches per episode, random predators: ", round(catches(lambda obs: tag_env.sample_actions(generator)), 2))
+print(f"figures written to {OUT}")

@@ -6,7 +6,9 @@
 # the trainer is configured, and ends with learning curves and a GIF of the trained team.
 #
 # Run it as a script (`python tutorials/train_a_team.py`) or cell by cell in an editor that knows
-# `# %%` cells. `VECMARL_QUICK=1` shrinks the budgets to a smoke test (that is how CI runs it).
+# `# %%` cells. `VECMARL_QUICK=1` shrinks the budgets to a smoke test (that is how CI runs it). A full
+# run writes its figures to `tutorials/figures/`; a smoke test to `runs/tutorial-figures/`, leaving the
+# fully trained figures alone (`VECMARL_TUTORIAL_OUT=DIR` picks another folder).
 
 # %%
 import os
@@ -21,7 +23,11 @@ from marl.evaluate import evaluate
 from marl.trainer import Trainer
 
 QUICK = os.environ.get("VECMARL_QUICK") == "1"
-OUT = Path(os.environ.get("VECMARL_TUTORIAL_OUT", Path(__file__).parent / "figures"))
+# A full run writes the figures the README shows, to tutorials/figures; a smoke test writes its barely
+# trained ones to runs/tutorial-figures (ignored by git) instead, so that it never overwrites them.
+FIGURES = Path(__file__).resolve().parent / "figures"
+QUICK_FIGURES = Path(__file__).resolve().parents[1] / "runs" / "tutorial-figures"
+OUT = Path(os.environ.get("VECMARL_TUTORIAL_OUT", QUICK_FIGURES if QUICK else FIGURES))
 OUT.mkdir(parents=True, exist_ok=True)
 device = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -127,3 +133,4 @@ print("scripted controller:", round(scripted, 3))
 # %%
 result = evaluate(str(trainers["mappo"].checkpoint_path), episodes=100, render=str(OUT / "navigation_mappo.gif"))
 print("MAPPO, deterministic:", result["returns"])
+print(f"figures written to {OUT}")

@@ -11,7 +11,9 @@
 # below follows from that.
 #
 # Run it as a script (`python tutorials/write_a_gpu_env.py`) or cell by cell in an editor that knows
-# `# %%` cells. `VECMARL_QUICK=1` shrinks the budgets to a smoke test (that is how CI runs it). On a
+# `# %%` cells. `VECMARL_QUICK=1` shrinks the budgets to a smoke test (that is how CI runs it). A full
+# run writes its figures to `tutorials/figures/`; a smoke test to `runs/tutorial-figures/`, leaving the
+# fully trained figures alone (`VECMARL_TUTORIAL_OUT=DIR` picks another folder). On a
 # CPU that other jobs share, also set `OMP_NUM_THREADS=1`: torch's threads otherwise wait on each
 # other, and the many small ops of a training run get several times slower.
 
@@ -29,7 +31,11 @@ from marl.config import AlgoConfig, EnvSettings, ModelConfig, RunConfig, TrainCo
 from marl.trainer import Trainer
 
 QUICK = os.environ.get("VECMARL_QUICK") == "1"
-OUT = Path(os.environ.get("VECMARL_TUTORIAL_OUT", Path(__file__).parent / "figures"))
+# A full run writes the figures the README shows, to tutorials/figures; a smoke test writes its barely
+# trained ones to runs/tutorial-figures (ignored by git) instead, so that it never overwrites them.
+FIGURES = Path(__file__).resolve().parent / "figures"
+QUICK_FIGURES = Path(__file__).resolve().parents[1] / "runs" / "tutorial-figures"
+OUT = Path(os.environ.get("VECMARL_TUTORIAL_OUT", QUICK_FIGURES if QUICK else FIGURES))
 OUT.mkdir(parents=True, exist_ok=True)
 device = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -338,6 +344,7 @@ print(f"{'num_envs':>9}{'eager':>12}{'compiled':>12}")
 for num_envs in sizes:
     eager, compiled = (steps_per_second(num_envs, compile, steps) for compile in (False, True))
     print(f"{num_envs:>9}{eager:>12,.0f}{compiled:>12,.0f}")
+print(f"figures written to {OUT}")
 
 
 # %% [markdown]

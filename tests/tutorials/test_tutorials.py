@@ -1,13 +1,15 @@
 """Every tutorial runs as a script with the smoke-test budgets of `VECMARL_QUICK=1`, as CI runs them.
 
-Each runs in a subprocess from a temporary folder, writing its figures and runs there
-(`VECMARL_TUTORIAL_OUT`). They run as a user runs them: GAE takes the torch path on CPU tensors
+Each runs in a subprocess from a copy in a temporary folder laid out as the repository, so that what it
+writes by default lands there: in quick mode its figures and runs must go to `runs/tutorial-figures/`,
+never to `tutorials/figures/`, where the fully trained figures the README shows are tracked. They run as a user runs them: GAE takes the torch path on CPU tensors
 (`TRITON_INTERPRET`, which the test suite sets for the kernel tests, is removed), and with one torch
 thread unless `OMP_NUM_THREADS` says otherwise, because on a CPU shared with other jobs torch's
 threads wait on each other and a tutorial's many small ops run several times slower.
 """
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,12 +26,19 @@ def test_tutorials_are_found():
 
 @pytest.mark.parametrize("path", TUTORIALS, ids=lambda path: path.stem)
 def test_tutorial_runs(path: Path, tmp_path: Path):
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env.update(VECMARL_QUICK="1", VECMARL_TUTORIAL_OUT=str(tmp_path / "out"), MPLBACKEND="Agg")
+    copy = tmp_path / "tutorials" / path.name
+    (copy.parent / "figures").mkdir(parents=True)
+    shutil.copy(path, copy)
+    env = {key: value for key, value in os.environ.items() if key not in ("TRITON_INTERPRET", "VECMARL_TUTORIAL_OUT")}
+    env.update(VECMARL_QUICK="1", MPLBACKEND="Agg")
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     result = subprocess.run(
-        [sys.executable, str(path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, str(copy)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
     )
     output = (result.stdout + result.stderr)[-4000:]
     assert result.returncode == 0, f"{path.name} exited with {result.returncode}:\n{output}"
+    quick_figures = tmp_path / "runs" / "tutorial-figures"
+    assert not list((copy.parent / "figures").iterdir()), "quick mode wrote into tutorials/figures/"
+    assert any(quick_figures.glob("*.png")), f"no figures in {quick_figures}"
+    assert f"figures written to {quick_figures}" in result.stdout
