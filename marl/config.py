@@ -135,7 +135,7 @@ class RunConfig:
     device: str = "auto"
     """cpu, cuda, cuda:N, or auto (CUDA when present)."""
     log_dir: str = "runs"
-    """Each run writes its CSV log, checkpoints and plots to LOG_DIR/RUN_NAME."""
+    """Each run writes metrics.csv, checkpoint.pt and TensorBoard events to LOG_DIR/RUN_NAME."""
     run_name: str = ""
     """Name of the run's folder; default <env>-<algo>-seed<seed>-<time>."""
     checkpoint_every: int = 10
