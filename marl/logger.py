@@ -78,3 +78,23 @@ class NoLogger:
 
     def close(self) -> None:
         pass
+
+
+def drop_rows_after(csv_path: str | os.PathLike, iteration: int) -> None:
+    """Drop the rows of `csv_path` logged after `iteration` (a resumed run logs them again), rewriting
+    the file atomically (temp file, then rename): a crash mid-way leaves the old file whole."""
+    csv_path = Path(csv_path)
+    if not csv_path.exists():
+        return
+    with open(csv_path, newline="") as f:
+        reader = csv.DictReader(f)
+        columns, rows = reader.fieldnames, list(reader)
+    kept = [row for row in rows if int(float(row["iteration"])) <= iteration]
+    if columns is None or len(kept) == len(rows):
+        return
+    tmp = csv_path.with_name(csv_path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(kept)
+    os.replace(tmp, csv_path)

@@ -11,11 +11,7 @@ def print_summary(trainer, rows: list[dict[str, float]]) -> None:
         return
     last = rows[-1]
     groups = list(trainer.learners)
-    tail = rows[-max(1, len(rows) // 10) :]  # the last tenth of the run, for a steadier figure
-
-    def mean_of(key: str, part: list[dict]) -> float:
-        values = [r[key] for r in part if math.isfinite(r.get(key, math.nan))]
-        return sum(values) / len(values) if values else math.nan
+    tail = max(1, len(rows) // 10)  # the last tenth of the run, for a steadier figure
 
     lines = [
         "",
@@ -27,12 +23,7 @@ def print_summary(trainer, rows: list[dict[str, float]]) -> None:
         f"iterations     {int(last['iteration'])}",
     ]
     for g in groups:
-        key = f"{g}/episode_return"
-        finite = [r for r in rows if math.isfinite(r[key])]
-        start = f" (first: {finite[0][key]:.4f} at {int(finite[0]['frames']):,} frames)" if finite else ""
-        lines.append(
-            f"{g:<14} mean episode return {mean_of(key, tail):.4f} over the last {len(tail)} iteration(s){start}"
-        )
+        lines.append(f"{g:<14} {return_text(rows, f'{g}/episode_return', tail)}")
     phases = [k for k in ("collect_s", "advantages_s", "update_s") if k in last]
     if phases:
         total = sum(last[k] for k in phases)
@@ -45,3 +36,36 @@ def print_summary(trainer, rows: list[dict[str, float]]) -> None:
         "               marl plot " + str(trainer.run_dir),
     ]
     print("\n".join(lines))
+
+
+def return_text(rows: list[dict[str, float]], key: str, tail: int) -> str:
+    """The mean episode return of the last `tail` iterations. An iteration in which no episode ended
+    logs NaN: those are left out, and when none of the last `tail` has a return, the last `tail`
+    iterations that do are averaged instead (and named), so one long episode does not print `nan`."""
+    finite = _finite(rows, key)
+    if not finite:
+        return f"mean episode return: no episode ended in the {len(rows)} iteration(s)"
+    first = f"(first: {finite[0][key]:.4f} at {int(finite[0]['frames']):,} frames)"
+    recent = _finite(rows[-tail:], key)
+    if recent:
+        return f"mean episode return {_mean(recent, key):.4f} over the last {tail} iteration(s) {first}"
+    recent = finite[-tail:]
+    span = _iterations(recent)
+    return (
+        f"mean episode return {_mean(recent, key):.4f} over {span} "
+        f"(no episode ended in the last {tail} iteration(s)) {first}"
+    )
+
+
+def _finite(rows: list[dict[str, float]], key: str) -> list[dict[str, float]]:
+    return [r for r in rows if math.isfinite(r.get(key, math.nan))]
+
+
+def _mean(rows: list[dict[str, float]], key: str) -> float:
+    return sum(r[key] for r in rows) / len(rows)
+
+
+def _iterations(rows: list[dict[str, float]]) -> str:
+    """`iteration 7` or `iterations 3-5` (the first and last of `rows`, which may skip some)."""
+    first, last = int(rows[0]["iteration"]), int(rows[-1]["iteration"])
+    return f"iteration {first}" if first == last else f"iterations {first}-{last}"

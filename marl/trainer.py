@@ -33,7 +33,7 @@ from marl.checkpoint import load_checkpoint, save_checkpoint
 from marl.config import AlgoConfig, ModelConfig, TrainConfig
 from marl.fused_step import FusedUpdateStep
 from marl.groups import GroupedEnv
-from marl.logger import NoLogger, RunLogger
+from marl.logger import NoLogger, RunLogger, drop_rows_after
 from marl.models import Critic, CriticInput, Policy
 from marl.optim import FusedAdam, clip_factors
 from marl.ppo import explained_variance, ppo_loss
@@ -52,7 +52,10 @@ def resolve_device(device: str) -> torch.device:
     gives the form the device's tensors report."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except RuntimeError as error:  # torch's own message lists every backend it knows, not what marl runs on
+        raise ValueError(f"unknown device {device!r}; expected cpu, cuda, cuda:N or auto") from error
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device} was asked for, but CUDA is not available; use --device cpu or auto")
     return device
@@ -111,7 +114,19 @@ def build_policies(config: TrainConfig, env, device: torch.device) -> dict[str, 
     return {g: p.to(device) for g, p in policies.items()}
 
 
+def check_group_overrides(config: TrainConfig, groups) -> None:
+    """The config checks the overridden fields; only the env knows its groups (after the group map), so a
+    misspelt group is caught here instead of being silently ignored by `config.for_group`."""
+    unknown = sorted(set(config.group_overrides) - set(groups))
+    if unknown:
+        raise ValueError(
+            f"unknown group(s) {unknown} in the per-group overrides; "
+            f"the groups of {config.env.env!r} (group map {config.env.group_map!r}) are {sorted(groups)}"
+        )
+
+
 def build_learners(config: TrainConfig, env, device: torch.device) -> dict[str, Learner]:
+    check_group_overrides(config, env.groups)
     state_size = math.prod(env.state_spec.shape) if env.state_spec is not None else None
     policies = build_policies(config, env, device)
     learners = {}
@@ -166,10 +181,15 @@ class Trainer:
     On the CPU it makes the process keep freed memory for reuse (`envs.allocator`): the rollout's and
     the update's big tensors then stop faulting in fresh pages every step."""
 
-    def __init__(self, config: TrainConfig, run_dir: str | Path | None = None) -> None:
+    def __init__(self, config: TrainConfig, run_dir: str | Path | None = None, *, resuming: bool = False) -> None:
+        """`resuming` (set by `Trainer.resume`) lets the trainer reuse a run folder that holds a run;
+        a fresh run refuses one, before anything is written."""
         self.config = config
         # Under torchrun: this rank's device and process group (marl.distributed); else a no-op World.
         self.world, device = distributed.setup(resolve_device(config.run.device), config.to_dict())
+        self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
+        if not resuming and self.world.is_main:  # rank 0 writes the run folder
+            check_fresh_run_dir(self.run_dir)
         self.device = canonical_device(device)  # as its tensors report it: `cpu:0` is `cpu`
         if self.device.type == "cpu":
             retain_freed_memory()  # tensors freed every step reuse their pages (envs.allocator)
@@ -197,7 +217,6 @@ class Trainer:
             self._fused_step = FusedUpdateStep(self.learners, self._minibatch_loss_eager, self.device)
         self.frames_per_iteration = self.world.size * config.env.num_envs * config.run.rollout_length
         self.iteration, self.frames, self.elapsed = 0, 0, 0.0
-        self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
         self.timer = PhaseTimer(self.device)
 
     # ---- one iteration ---------------------------------------------------------------------------
@@ -473,8 +492,11 @@ class Trainer:
         config = TrainConfig.from_dict(state["config"])
         if run_overrides:
             config = dataclasses.replace(config, run=dataclasses.replace(config.run, **run_overrides))
-        trainer = cls(config, run_dir=Path(path).parent)
+        trainer = cls(config, run_dir=Path(path).parent, resuming=True)
         trainer.load_state_dict(state)
+        if trainer.world.is_main:
+            # Iterations logged after the checkpoint (before a Ctrl-C or a crash) are trained again.
+            drop_rows_after(trainer.run_dir / "metrics.csv", trainer.iteration)
         return trainer
 
 
@@ -483,6 +505,23 @@ def _to_device(data, device: torch.device):
     if isinstance(data, dict):
         return {k: _to_device(v, device) for k, v in data.items()}
     return data.to(device)
+
+
+def check_fresh_run_dir(run_dir: Path) -> None:
+    """A fresh run must not append to another run's metrics.csv (whose header may lack this run's
+    columns) nor overwrite its checkpoint."""
+    held = [name for name in ("metrics.csv", "checkpoint.pt") if (run_dir / name).exists()]
+    if not held:
+        return
+    checkpoint = run_dir / "checkpoint.pt"
+    advice = (
+        f"continue it with marl train --resume {checkpoint}"
+        if checkpoint.exists()
+        else "delete the folder to start it again (it has no checkpoint to resume from)"
+    )
+    raise ValueError(
+        f"run folder {run_dir} already holds a run ({', '.join(held)}); pick another --run-name, or {advice}"
+    )
 
 
 def default_run_dir(config: TrainConfig) -> Path:

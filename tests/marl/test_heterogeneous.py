@@ -144,3 +144,26 @@ def test_short_heterogeneous_training_improves_on_random(tmp_path):
     random = mean_return(env, lambda obs: env.sample_actions(generator))
     scripted = mean_return(env, scripted_actions)
     assert learned > random + 0.4 * (scripted - random), (learned, random, scripted)
+
+
+def test_unknown_groups_in_overrides_are_errors_naming_the_groups(tmp_path):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown group\(s\) \['speakr'\] in the per-group overrides; .* are \['listener', 'speaker'\]",
+    ):
+        Trainer(config(tmp_path, group_overrides={"speakr": {"lr": 1e-3}}))
+    # After the group map: `all_in_one` puts tag's agents in one group, `agents`.
+    padded = EnvSettings(env="tag", num_envs=32, group_map="all_in_one", pad=True)
+    with pytest.raises(ValueError, match=r"\['predator'\] .* are \['agents'\]"):
+        Trainer(config(tmp_path, env_settings=padded, group_overrides={"predator": {"lr": 1e-3}}))
+    Trainer(config(tmp_path, env_settings=padded, group_overrides={"agents": {"lr": 1e-3}}))
+
+
+def test_the_cli_reports_an_unknown_group_in_one_line(tmp_path, capsys):
+    from marl.cli import main
+
+    argv = ["train", "--env", "speaker_listener", "--group", "foo.lr=3e-4", "--log-dir", str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "marl train: error: unknown group(s) ['foo']" in err and "['listener', 'speaker']" in err
+    assert "Traceback" not in err

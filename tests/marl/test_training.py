@@ -256,3 +256,55 @@ def test_resolve_device_keeps_the_index_as_given():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
             resolve_device("cuda")
+
+
+def test_an_unknown_device_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown device 'tpu'; expected cpu, cuda, cuda:N or auto"):
+        resolve_device("tpu")
+
+
+def summary_rows(returns: list[float]) -> list[dict[str, float]]:
+    return [
+        {"iteration": i, "frames": 100 * i, "time_s": float(i), "agent/episode_return": r}
+        for i, r in enumerate(returns, start=1)
+    ]
+
+
+def test_summary_return_skips_iterations_without_ended_episodes():
+    from marl.summary import return_text
+
+    nan = float("nan")
+    # The tail (last 2 of 20) holds one NaN: the finite value alone is the mean.
+    assert return_text(summary_rows([1.0] * 18 + [nan, 3.0]), "agent/episode_return", 2).startswith(
+        "mean episode return 3.0000 over the last 2 iteration(s)"
+    )
+    # No episode ended in the tail: the last 2 iterations with a return (3 and 5; 4 had none).
+    text = return_text(summary_rows([1.0, 1.0, 2.0, nan, 4.0, nan, nan]), "agent/episode_return", 2)
+    assert text == (
+        "mean episode return 3.0000 over iterations 3-5 (no episode ended in the last 2 iteration(s)) "
+        "(first: 1.0000 at 100 frames)"
+    )
+    assert "over iteration 1 (" in return_text(summary_rows([2.0, nan]), "agent/episode_return", 1)
+    assert return_text(summary_rows([nan, nan]), "agent/episode_return", 1) == (
+        "mean episode return: no episode ended in the 2 iteration(s)"
+    )
+
+
+def test_the_printed_summary_has_no_nan_return(capsys):
+    from types import SimpleNamespace
+
+    from marl.summary import print_summary
+
+    trainer = SimpleNamespace(
+        run_dir="runs/x",
+        config=small_config("runs"),
+        device=torch.device("cpu"),
+        world=SimpleNamespace(size=1),
+        learners={"agent": None},
+        checkpoint_path="runs/x/checkpoint.pt",
+        env=SimpleNamespace(renders=False),
+    )
+    print_summary(trainer, summary_rows([1.0, 2.0, float("nan")]))
+    out = capsys.readouterr().out
+    assert "mean episode return 2.0000 over iteration 2 (no episode ended in the last 1 iteration(s))" in out
+    assert "nan" not in out

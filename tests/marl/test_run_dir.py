@@ -1,0 +1,76 @@
+"""The run folder: a fresh run refuses one that holds a run; a resumed run continues it without
+logging an iteration twice."""
+
+import csv
+import dataclasses
+
+import pytest
+
+from marl.cli import main
+from marl.trainer import Trainer
+from tests.marl.test_training import small_config
+
+
+@pytest.mark.parametrize("held", [("metrics.csv",), ("checkpoint.pt",), ("metrics.csv", "checkpoint.pt")])
+def test_a_fresh_run_refuses_a_folder_that_holds_a_run(tmp_path, held):
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in held:
+        (run / name).write_text("old\n")
+    with pytest.raises(ValueError, match=f"run folder {run} already holds a run \\({', '.join(held)}\\)") as error:
+        Trainer(small_config(tmp_path))
+    message = str(error.value)
+    assert "pick another --run-name" in message
+    if "checkpoint.pt" in held:
+        assert f"continue it with marl train --resume {run / 'checkpoint.pt'}" in message
+    else:
+        assert "no checkpoint to resume from" in message
+    assert all((run / name).read_text() == "old\n" for name in held)  # nothing was touched
+
+
+def test_a_folder_without_a_run_is_fine(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "learning_curve.png").write_text("")  # e.g. a plot, but no run
+    Trainer(small_config(tmp_path))
+
+
+def test_the_cli_refuses_a_used_run_name_in_one_line(tmp_path, capsys):
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "metrics.csv").write_text("iteration\n1\n")
+    assert main(["train", "--log-dir", str(tmp_path), "--run-name", "used", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "marl train: error: run folder" in err and "already holds a run" in err and "Traceback" not in err
+
+
+def iterations(run_dir) -> list[int]:
+    with open(run_dir / "metrics.csv", newline="") as f:
+        return [int(row["iteration"]) for row in csv.DictReader(f)]
+
+
+def test_resume_drops_the_iterations_logged_after_the_checkpoint(tmp_path):
+    """Interrupted at iteration 3 with the last checkpoint at 2: the resumed run logs iteration 3 again,
+    replacing the old row instead of appending a duplicate."""
+    config = small_config(tmp_path)
+    config = dataclasses.replace(config, run=dataclasses.replace(config.run, checkpoint_every=2, total_frames=10**6))
+    trainer = Trainer(config)
+    train_iteration = trainer.train_iteration
+
+    def interrupted_after_3():
+        if trainer.iteration == 3:
+            raise KeyboardInterrupt
+        return train_iteration()
+
+    trainer.train_iteration = interrupted_after_3
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    run = tmp_path / "run"
+    assert iterations(run) == [1, 2, 3]
+
+    resumed = Trainer.resume(run / "checkpoint.pt", total_frames=3 * trainer.frames_per_iteration)
+    assert resumed.iteration == 2 and iterations(run) == [1, 2]  # dropped at once, before training
+    rows = resumed.train()
+    assert [r["iteration"] for r in rows] == [3] and iterations(run) == [1, 2, 3]
+    with open(run / "metrics.csv", newline="") as f:
+        last = list(csv.DictReader(f))[-1]
+    assert float(last["time_s"]) == rows[0]["time_s"]  # the resumed run's row, not the old one
+    assert not list(run.glob("*.tmp"))
