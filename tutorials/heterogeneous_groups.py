@@ -16,6 +16,7 @@
 
 # %%
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -34,6 +35,7 @@ FIGURES = Path(__file__).resolve().parent / "figures"
 QUICK_FIGURES = Path(__file__).resolve().parents[1] / "runs" / "tutorial-figures"
 OUT = Path(os.environ.get("VECMARL_TUTORIAL_OUT", QUICK_FIGURES if QUICK else FIGURES))
 OUT.mkdir(parents=True, exist_ok=True)
+shutil.rmtree(OUT / "runs", ignore_errors=True)  # the tutorial trains from scratch: last time's runs go
 device = "cuda" if torch.cuda.is_available() else "cpu"
 
 # %% [markdown]
