@@ -2,7 +2,8 @@
 
 Each runs in a subprocess from a copy in a temporary folder laid out as the repository, so that what it
 writes by default lands there: in quick mode its figures and runs must go to `runs/tutorial-figures/`,
-never to `tutorials/figures/`, where the fully trained figures the README shows are tracked. They run as a user runs them: GAE takes the torch path on CPU tensors
+never to `tutorials/figures/`, where the fully trained figures the README shows are tracked. They run
+as a user runs them: GAE takes the torch path on CPU tensors
 (`TRITON_INTERPRET`, which the test suite sets for the kernel tests, is removed), and with one torch
 thread unless `OMP_NUM_THREADS` says otherwise, because on a CPU shared with other jobs torch's
 threads wait on each other and a tutorial's many small ops run several times slower.
