@@ -126,7 +126,8 @@ def _literal_hint(name: str, value: Any, tp: Any) -> str:
 
 
 def build(cls: type, options: dict[str, Any], what: str) -> Any:
-    """`cls(**options)`, with errors that name `what`, the bad option and every valid one."""
+    """`cls(**options)`, with errors that name `what` and the bad option; an unknown or mistyped option
+    also lists every valid one."""
     types = field_types(cls)
     valid = {f.name for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(options) - valid)
@@ -143,4 +144,5 @@ def build(cls: type, options: dict[str, Any], what: str) -> Any:
     try:
         return cls(**values)
     except (ValueError, TypeError) as error:
-        raise ValueError(f"invalid option for {what}: {error}; valid options are:\n{describe(cls)}") from None
+        # The config's own check names the option and its range: the listing of every option would bury it.
+        raise ValueError(f"invalid option for {what}: {error}") from None

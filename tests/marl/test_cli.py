@@ -249,3 +249,17 @@ def test_ctrl_c_ends_with_one_line_and_status_130(monkeypatch, capsys):
     monkeypatch.setattr("marl.cli.cmd_envs", interrupted)
     assert main(["envs"]) == 130
     assert capsys.readouterr().err == "marl envs: interrupted\n"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "--gamma", "1.5"], "invalid option for algo options: gamma must be in [0, 1], got 1.5"),
+        (["train", "--env-option", "n_agents=0"], "invalid option for env 'navigation': n_agents must be in [1, "),
+    ],
+)
+def test_a_value_out_of_range_is_exactly_one_line(argv, message, capsys):
+    # The check names the option and its range; a listing of every other option would bury it.
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and message in err
