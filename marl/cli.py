@@ -49,7 +49,7 @@ def _add_field(group: argparse._ArgumentGroup, cls: type, field: dataclasses.Fie
     flag = "--" + field.name.replace("_", "-")
     default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
     shown = " ".join(map(str, default)) if isinstance(default, tuple) else default
-    help_text = doc if default is None or default == "" else f"{doc} (default: {shown})"  # as HelpFormatter
+    help_text = f"{doc} (default: {shown})" if shows_default(default) else doc
     kwargs: dict[str, Any] = {"dest": field.name, "default": argparse.SUPPRESS, "help": help_text}
     if tp is bool:
         group.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
@@ -62,14 +62,17 @@ def _add_field(group: argparse._ArgumentGroup, cls: type, field: dataclasses.Fie
         group.add_argument(flag, type=tp, metavar=tp.__name__.upper(), **kwargs)
 
 
+def shows_default(default: Any) -> bool:
+    """Whether --help shows an option's default: not an empty one (None or ""), where the help says what
+    leaving the option out does and "(default: None)" would only repeat it less clearly."""
+    return default is not None and default != ""
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows each option's default, except an empty one (None or ""): there the help says what
-    leaving the option out does, and "(default: None)" would only repeat it less clearly."""
+    """Shows each option's default where `shows_default`."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or action.default == "":
-            return action.help
-        return super()._get_help_string(action)
+        return super()._get_help_string(action) if shows_default(action.default) else action.help
 
 
 def _train_parser(subparsers) -> argparse.ArgumentParser:
