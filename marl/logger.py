@@ -11,7 +11,8 @@ from tqdm.auto import tqdm
 
 
 class RunLogger:
-    """Appends one row per iteration to `run_dir/metrics.csv` and mirrors it to TensorBoard."""
+    """Appends one row per iteration to `run_dir/metrics.csv` and mirrors it to TensorBoard (step: frames).
+    `start_frames`: the frames of the checkpoint a run resumes from (0 for a new run)."""
 
     def __init__(
         self,
@@ -33,7 +34,10 @@ class RunLogger:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._writer = SummaryWriter(str(self.run_dir / "tensorboard"))
+                # A resumed run logs again the frames after its checkpoint: `purge_step` makes TensorBoard
+                # drop the old events at those steps (as `drop_rows_after` does for the CSV).
+                purge_step = start_frames + 1 if start_frames > 0 else None
+                self._writer = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=purge_step)
             except ImportError:
                 pass
         self.bar = tqdm(

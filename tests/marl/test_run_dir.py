@@ -74,3 +74,37 @@ def test_resume_drops_the_iterations_logged_after_the_checkpoint(tmp_path):
         last = list(csv.DictReader(f))[-1]
     assert float(last["time_s"]) == rows[0]["time_s"]  # the resumed run's row, not the old one
     assert not list(run.glob("*.tmp"))
+
+
+def tensorboard_scalars(run_dir, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of `tag` as TensorBoard shows it: events at purged steps are dropped."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    return [(event.step, event.value) for event in events.Scalars(tag)]
+
+
+def test_resume_drops_the_tensorboard_steps_logged_after_the_checkpoint(tmp_path):
+    """As the CSV: TensorBoard shows iteration 3 once, from the resumed run, not twice."""
+    config = small_config(tmp_path)
+    run_config = dataclasses.replace(config.run, checkpoint_every=2, total_frames=10**6, tensorboard=True)
+    trainer = Trainer(dataclasses.replace(config, run=run_config))
+    train_iteration = trainer.train_iteration
+
+    def interrupted_after_3():
+        if trainer.iteration == 3:
+            raise KeyboardInterrupt
+        return train_iteration()
+
+    trainer.train_iteration = interrupted_after_3
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    run, frames = tmp_path / "run", trainer.frames_per_iteration
+    assert [step for step, _ in tensorboard_scalars(run, "iteration")] == [frames, 2 * frames, 3 * frames]
+
+    resumed = Trainer.resume(run / "checkpoint.pt", total_frames=4 * frames)
+    rows = resumed.train()
+    assert tensorboard_scalars(run, "iteration") == [(k * frames, float(k)) for k in (1, 2, 3, 4)]
+    resumed_time = [value for step, value in tensorboard_scalars(run, "time_s") if step == 3 * frames]
+    assert resumed_time == [pytest.approx(rows[0]["time_s"])]
