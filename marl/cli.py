@@ -158,7 +158,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         groups = ", ".join(f"{g}: {_count(s.n_agents, 'agent')}" for g, s in trainer.env.groups.items())
         print(
             f"training {config.env.env} ({groups}) "
-            f"with {config.algo.algo.upper()} on {trainer.device}, {envs_text}, "
+            f"with {algorithms_text(config, trainer.env.groups)} on {trainer.device}, {envs_text}, "
             f"{config.run.total_frames:,} frames; logging to {trainer.run_dir}"
         )
     rows = trainer.train()
@@ -166,6 +166,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         print_summary(trainer, rows)
     world.close()
     return 0
+
+
+def algorithms_text(config, groups) -> str:
+    """ "MAPPO" or "IPPO" by what each group's critic sees (its overrides applied: `--algo mappo` with
+    `--group g.critic_scope=agent` trains g as IPPO); one name if all groups agree, else one per group."""
+    names = {g: "IPPO" if config.for_group(g)[0].scope() == "agent" else "MAPPO" for g in groups}
+    if len(set(names.values())) == 1:
+        return next(iter(names.values()))
+    return ", ".join(f"{name} ({g})" for g, name in names.items())
 
 
 def _make_trainer(args: argparse.Namespace):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from marl.cli import build_parser, config_from_args, main
-from marl.config import SECTIONS, AlgoConfig, ModelConfig
+from marl.cli import algorithms_text, build_parser, config_from_args, main
+from marl.config import SECTIONS, AlgoConfig, ModelConfig, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -263,3 +263,12 @@ def test_a_value_out_of_range_is_exactly_one_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and message in err
+
+
+def test_the_startup_line_names_what_each_groups_critic_sees():
+    groups = ["speaker", "listener"]
+    assert algorithms_text(TrainConfig(), groups) == "MAPPO"
+    assert algorithms_text(TrainConfig(algo=AlgoConfig(algo="ippo")), groups) == "IPPO"
+    assert algorithms_text(TrainConfig(algo=AlgoConfig(critic_scope="agent")), groups) == "IPPO"
+    overridden = TrainConfig(group_overrides={"listener": {"critic_scope": "agent"}})
+    assert algorithms_text(overridden, groups) == "MAPPO (speaker), IPPO (listener)"
