@@ -19,3 +19,27 @@ def test_the_scripted_controller_beats_random_actions(monkeypatch, capsys, name)
     scripted = demo_return(monkeypatch, capsys, name, "scripted")
     random = demo_return(monkeypatch, capsys, name, "random")
     assert scripted > random + 1.0, (name, scripted, random)
+
+
+def test_a_demo_too_short_for_an_episode_says_why_its_return_is_nan(monkeypatch, capsys):
+    from envs import navigation
+
+    monkeypatch.setattr("sys.argv", ["navigation", "--num-envs", "4", "--steps", "5"])
+    navigation._main()
+    out, err = capsys.readouterr()
+    assert "mean episode return nan" in out
+    assert "no episode ended in 5 steps (episodes last up to 100)" in err and "--steps 100 or more" in err
+
+
+def test_running_a_demo_as_a_module_prints_no_runpy_warning():
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "envs.navigation", "--num-envs", "4", "--steps", "100"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "mean episode return" in result.stdout
+    assert "Warning" not in result.stderr, result.stderr
