@@ -13,7 +13,7 @@ import warnings
 
 # Importing registers the native envs and the adapters' prefixes.
 from envs import navigation, pettingzoo_adapter, speaker_listener, spread, tag, vmas_adapter  # noqa: F401
-from envs.base import EnvConfig, MultiAgentEnv
+from envs.base import EnvConfig, EnvOutputError, MultiAgentEnv
 from envs.check import CheckError, check_env
 from envs.registry import describe, make, names, register, register_prefix
 from envs.specs import Box, Discrete, GroupSpec, MultiDiscrete
@@ -40,6 +40,7 @@ __all__ = [
     "CheckError",
     "Discrete",
     "EnvConfig",
+    "EnvOutputError",
     "GroupSpec",
     "HostSyncError",
     "MultiAgentEnv",

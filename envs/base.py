@@ -20,13 +20,15 @@ An env author subclasses `MultiAgentEnv` and writes only the physics:
   the whole batch from `self.rng`, the env's counter-based stream (`envs.random`), and select with
   `torch.where`, so no shape depends on data and the step compiles into one graph);
 - `_step(action) -> (reward, terminated)`: advance every env and agent at once; `reward` is
-  `{group: [B, n]}`, `terminated` a bool `[B]`;
-- `_observe() -> {group: [B, n, *obs_shape]}`; optionally `_action_mask()`, `_state()`,
+  float32 `{group: [B, n]}` (one per agent, also for a team reward), `terminated` a bool `[B]`;
+- `_observe() -> {group: [B, n, *obs_shape]}` of the observation spec's dtype (never a state tensor
+  that `_reset` or `_step` then update in place); optionally `_action_mask()`, `_state()`,
   `_agent_terminated()` and `_render(index)`.
 
 The base class owns step counting, truncation at `max_steps`, masked auto-reset, seeding and the
-argument checks. Shape, dtype and device checks cost no host sync and always run; NaN/inf and
-out-of-bounds action values need one, so they run only when the env is built with `check_values=True`.
+argument checks. Shape, dtype and device checks of the actions and of what the env author's methods
+return cost no host sync and always run; NaN/inf and out-of-bounds action values need one, so they run
+only when the env is built with `check_values=True`.
 """
 
 from __future__ import annotations
@@ -52,6 +54,22 @@ def canonical_device(device: torch.device | str) -> torch.device:
         return torch.empty(0, device=torch.device(device)).device
     except (RuntimeError, AssertionError) as error:  # an unknown device type, or one this build lacks
         raise ValueError(f"device {str(device)!r} cannot hold tensors here: {error}") from error
+
+
+_OUTPUTS = {  # key -> (the env author's method that returns it, the layout of each group's tensor)
+    "observation": ("_observe()", "[num_envs, n_agents, *observation.shape]"),
+    "action_mask": ("_action_mask()", "bool [num_envs, n_agents, n_actions]"),
+    "reward": ("_step()'s reward", "float32 [num_envs, n_agents]"),
+}
+
+
+class EnvOutputError(ValueError):
+    """A method the env author writes (`_step`, `_observe`, `_action_mask`, ...) returned data that breaks
+    the env contract: a missing group, a wrong shape, dtype or device. `group` and `key` say where."""
+
+    def __init__(self, message: str, group: str | None = None, key: str | None = None) -> None:
+        super().__init__(message)
+        self.group, self.key = group, key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +133,12 @@ class MultiAgentEnv:
         self.rng = CounterRandom(self.seed, self.device)
         self.groups: dict[str, GroupSpec] = dict(self._make_groups())
         self.state_spec: Box | None = self._state_spec()
+        specs = self.groups.items()
+        self._output_layouts = {  # what `_observe`, `_action_mask` and `_step` return: {group: (shape, dtype)}
+            "observation": {g: ((num_envs, s.n_agents, *s.observation.shape), s.observation.dtype) for g, s in specs},
+            "action_mask": {g: ((num_envs, s.n_agents, s.action.n), torch.bool) for g, s in specs if s.has_action_mask},
+            "reward": {g: ((num_envs, s.n_agents), torch.float32) for g, s in specs},
+        }
         self.step_count = torch.zeros(num_envs, dtype=torch.long, device=self.device)  # [B]
         self._action_bounds = {
             g: spec.action.bounds(self.device) for g, spec in self.groups.items() if isinstance(spec.action, Box)
@@ -205,11 +229,24 @@ class MultiAgentEnv:
         rollout's hot path, which skips building two TensorDicts per step."""
         action = self._check_action(action)
         reward, terminated = self._step(action)
+        self._check_outputs("reward", reward)
+        self._check_output(
+            "_step()'s terminated (bool [num_envs])", terminated, (self.num_envs,), torch.bool, key="terminated"
+        )
         self.step_count += 1
         truncated = (self.step_count >= self.max_steps) & ~terminated  # [B]
         done = terminated | truncated
         next_data = self._observation_data()
         agent_terminated = self._agent_terminated() or {}
+        for group, value in agent_terminated.items():
+            if group not in self.groups:
+                raise EnvOutputError(
+                    f"{self.name}: _agent_terminated() has unknown group {group!r}; groups: {list(self.groups)}"
+                )
+            what = f"_agent_terminated()['{group}'] (bool [num_envs, n_agents])"
+            self._check_output(
+                what, value, (self.num_envs, self.groups[group].n_agents), torch.bool, group, "terminated"
+            )
         for group, spec in self.groups.items():
             n = spec.n_agents
             agent_term = agent_terminated.get(group)
@@ -278,15 +315,59 @@ class MultiAgentEnv:
     def _observation_data(self) -> dict:
         observations = self._observe()
         masks = self._action_mask()
+        self._check_outputs("observation", observations)
+        self._check_outputs("action_mask", masks)
         data: dict = {}
         for group in self.groups:
             data[group] = {"observation": observations[group]}
             if group in masks:
                 data[group]["action_mask"] = masks[group]
         state = self._state()
+        if (state is None) != (self.state_spec is None):
+            raise EnvOutputError(
+                f"{self.name}: _state() returned {'None' if state is None else 'a tensor'} but _state_spec() "
+                f"returned {self.state_spec}: an env with a global state writes both, an env without one neither",
+                key="state",
+            )
         if state is not None:
+            shape = (self.num_envs, *self.state_spec.shape)
+            self._check_output(
+                "_state() ([num_envs, *state_spec.shape])", state, shape, self.state_spec.dtype, key="state"
+            )
             data["state"] = state
         return data
+
+    def _check_outputs(self, key: str, values) -> None:
+        """`values`, what an env author's method returned for `key` ("observation", "action_mask" or
+        "reward"), is `{group: tensor}` for exactly the groups that need one, each of the shape and dtype
+        the specs give (`_output_layouts`). Metadata only, no host sync; messages are built on failure."""
+        expected = self._output_layouts[key]
+        method, layout = _OUTPUTS[key]
+        if not isinstance(values, Mapping):
+            raise EnvOutputError(
+                f"{self.name}: {method} must be a dict {{group: tensor}}, got a {type(values).__name__}", key=key
+            )
+        if values.keys() != expected.keys():
+            need = "the groups whose action spec is Discrete(masked=True)" if key == "action_mask" else "every group"
+            raise EnvOutputError(
+                f"{self.name}: {method} has groups {sorted(values)}, expected {need}: {list(expected)}", key=key
+            )
+        for group, (shape, dtype) in expected.items():
+            value = values[group]
+            if not (
+                isinstance(value, torch.Tensor)
+                and value.shape == shape
+                and value.dtype == dtype
+                and value.device == self.device
+            ):
+                self._check_output(f"{method}['{group}'] ({layout})", value, shape, dtype, group, key)
+
+    def _check_output(self, what, value, shape, dtype, group: str | None = None, key: str | None = None) -> None:
+        """`_check_tensor` for data an env author's method returned: raises `EnvOutputError`."""
+        try:
+            self._check_tensor(what, value, shape, dtype)
+        except (TypeError, ValueError) as error:
+            raise EnvOutputError(str(error), group, key) from None
 
     def _as_tensordict(self, data: dict) -> TensorDict:
         """Nested dicts of tensors (made by this class, so already checked) as TensorDicts, skipping

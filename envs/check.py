@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from envs.base import MultiAgentEnv
+from envs.base import EnvOutputError, MultiAgentEnv
 from envs.specs import Box, Discrete, GroupSpec, MultiDiscrete
 from envs.sync import HostSyncError, forbid_host_sync
 
@@ -48,7 +48,7 @@ def check_env(
     """Run every conformance check on `env`; raise `CheckError` naming the first property that fails.
 
     Args:
-        env: the env to check; it is reset and stepped (with value checks on) and left reset.
+        env: the env to check; it is reset and stepped (with value checks on) and, if it passes, left reset.
         seed: the seed used for its runs.
         max_check_steps: the longest run; the truncation check needs `max_steps + 2` steps.
         random_reset: the env's starts are random, so different seeds must give different starts.
@@ -65,9 +65,11 @@ def check_env(
         checker.truncation_and_auto_reset()
         checker.masked_reset()
         checker.render()
+    except EnvOutputError as error:  # the base class's own checks of what `_step`, `_observe`, ... return
+        raise CheckError(env, "data", str(error), error.group, error.key) from error
     finally:
         env.check_values = previous
-        env.reset(seed=seed)
+    env.reset(seed=seed)  # not in `finally`: an env that failed may fail to reset too, hiding the CheckError
 
 
 class _Checker:
@@ -298,7 +300,14 @@ class _Checker:
                 final, fresh = next_td[group, "observation"], obs[group, "observation"]
                 not_done = ~done
                 if not torch.equal(final[not_done], fresh[not_done]):
-                    self.fail("auto_reset", "obs differs from next's observation in an env that is not done", group)
+                    self.fail(
+                        "auto_reset",
+                        "obs differs from next's observation in an env that is not done: either _reset changed "
+                        "envs outside its mask (select every state tensor with torch.where(mask, fresh, old)) or "
+                        "_observe draws random numbers, which it does twice per step (draw them in _step and "
+                        "keep them in the state)",
+                        group,
+                    )
                 if torch.equal(final[done], fresh[done]):
                     unchanged.append(group)
             # A fresh start may repeat one group's observation (a speaker shown the same target again), so
@@ -309,7 +318,9 @@ class _Checker:
                     self.fail(
                         "auto_reset",
                         f"at step {t + 1} a finished env's next observation equals its obs in every group: either "
-                        "next was overwritten by the reset observation or the env was not reset",
+                        "next was overwritten by the reset observation (as when _observe returns a state tensor "
+                        "that _reset then updates in place: return a new tensor, e.g. .clone()) or the env was "
+                        "not reset",
                         unchanged[0],
                         "observation",
                     )

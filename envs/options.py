@@ -62,6 +62,8 @@ def type_name(tp: Any) -> str:
         return " | ".join(repr(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
         return " | ".join(type_name(a) for a in typing.get_args(tp))
+    if typing.get_args(tp):  # tuple[float, float], not just "tuple"
+        return str(tp).replace("typing.", "").replace("NoneType", "None")
     return getattr(tp, "__name__", str(tp)).replace("NoneType", "None")
 
 
@@ -105,8 +107,12 @@ def matches_type(value: Any, tp: Any) -> bool:
     if tp is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if origin in (tuple, list):
-        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
-        return isinstance(value, (tuple, list)) and all(matches_type(v, args[0]) for v in value) if args else True
+        args = typing.get_args(tp)
+        if not isinstance(value, (tuple, list)):
+            return False
+        if origin is tuple and args and args[-1] is not Ellipsis:  # tuple[float, float]: that many, each its type
+            return len(value) == len(args) and all(matches_type(v, a) for v, a in zip(value, args))
+        return all(matches_type(v, args[0]) for v in value) if args else True
     if origin is dict or tp is dict:
         return isinstance(value, dict)
     if isinstance(tp, type):

@@ -6,6 +6,7 @@ with a factory that receives the rest of the name.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import torch
 
 from envs import options as _options
-from envs.base import MultiAgentEnv
+from envs.base import EnvConfig, MultiAgentEnv
 
 _ENVS: dict[str, type[MultiAgentEnv]] = {}
 _PREFIXES: dict[str, tuple[Callable[..., MultiAgentEnv], str]] = {}
@@ -21,8 +22,11 @@ _PREFIXES: dict[str, tuple[Callable[..., MultiAgentEnv], str]] = {}
 
 def register(name: str) -> Callable[[type[MultiAgentEnv]], type[MultiAgentEnv]]:
     """Class decorator: make a `MultiAgentEnv` subclass available as `make(name, ...)`."""
+    if not isinstance(name, str):  # `@register` without the name: it would bind the class's name to `decorate`
+        raise TypeError(f"register takes the env's name: write @envs.register('my_env'), got {name!r}")
 
     def decorate(cls: type[MultiAgentEnv]) -> type[MultiAgentEnv]:
+        _check_env_class(name, cls)
         if name in _ENVS and _rerun_as_main(_ENVS[name], cls):
             cls.name = name  # `python -m envs.<module>`: the package import registered the class already
             return cls
@@ -35,6 +39,25 @@ def register(name: str) -> Callable[[type[MultiAgentEnv]], type[MultiAgentEnv]]:
         return cls
 
     return decorate
+
+
+def _check_env_class(name: str, cls: type) -> None:
+    """Refuse at registration what would otherwise fail later and far away: a class that is not an env,
+    a `Config` that is not an `EnvConfig` dataclass (its fields would not be options)."""
+    if not (isinstance(cls, type) and issubclass(cls, MultiAgentEnv)):
+        raise TypeError(f"register({name!r}): {getattr(cls, '__qualname__', cls)} must subclass envs.MultiAgentEnv")
+    config = cls.Config
+    if not (isinstance(config, type) and issubclass(config, EnvConfig)):
+        raise TypeError(
+            f"register({name!r}): {cls.__qualname__}.Config must be a frozen dataclass subclassing envs.EnvConfig "
+            f"(which holds max_steps), got {getattr(config, '__qualname__', config)}"
+        )
+    own = inspect.get_annotations(config)
+    if own and "__dataclass_fields__" not in vars(config):
+        raise TypeError(
+            f"register({name!r}): {config.__qualname__} declares {sorted(own)} but is not a dataclass, so they are "
+            "not options: decorate it with @dataclasses.dataclass(frozen=True)"
+        )
 
 
 def _rerun_as_main(registered: type, cls: type) -> bool:

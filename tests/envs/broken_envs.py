@@ -170,3 +170,80 @@ class SharedAgentNames(Counter):
         groups = super()._make_groups()
         groups["picker"] = GroupSpec(["mover_0"], Box((1,)), Discrete(3, masked=True))
         return groups
+
+
+# Mistakes in what the author's methods return: the base class names them on the first reset or step,
+# in `check_env` and in training alike (before, some crashed deep in torch or trained on wrong data).
+
+
+class PerEnvReward(Counter):
+    """A team reward `[B]` where the contract asks for one per agent, `[B, n]`."""
+
+    def _step(self, action):
+        reward, terminated = super()._step(action)
+        reward["mover"] = reward["mover"].mean(-1)
+        return reward, terminated
+
+
+class MissingRewardGroup(Counter):
+    def _step(self, action):
+        reward, terminated = super()._step(action)
+        del reward["picker"]
+        return reward, terminated
+
+
+class PerAgentTerminated(Counter):
+    """Terminated `[B, n]` per agent instead of one flag per env `[B]`."""
+
+    def _step(self, action):
+        reward, terminated = super()._step(action)
+        return reward, (self.pos - self.target).abs() < 0.05
+
+
+class FloatTerminated(Counter):
+    def _step(self, action):
+        reward, terminated = super()._step(action)
+        return reward, terminated.float()
+
+
+class IntActionMask(Counter):
+    def _action_mask(self):
+        return {"picker": super()._action_mask()["picker"].long()}
+
+
+class UndeclaredActionMask(Counter):
+    """Publishes an action mask for a group whose spec is not `Discrete(masked=True)`: samplers and
+    policies would ignore it."""
+
+    def _make_groups(self):
+        groups = super()._make_groups()
+        groups["picker"] = GroupSpec(["picker_0"], Box((1,)), Discrete(3))
+        return groups
+
+
+class AliasedObservation(Counter):
+    """`_observe` hands out the state tensor itself, and `_reset` updates it in place: the auto-reset
+    overwrites `next`'s final observation."""
+
+    def _make_groups(self):
+        groups = super()._make_groups()
+        groups["mover"] = GroupSpec(groups["mover"].agents, Box((1,)), groups["mover"].action)
+        return groups
+
+    def _init_state(self):
+        super()._init_state()
+        self.pos = torch.zeros(self.num_envs, self.config.n_agents, 1, device=self.device)  # [B, n, 1]
+
+    def _reset(self, mask):
+        target = self.rng.rand(self.num_envs, self.config.n_agents)
+        self.target = torch.where(mask[:, None], target, self.target)
+        self.pos.copy_(torch.where(mask[:, None, None], target[..., None], self.pos))
+        self.picks = torch.where(mask, 0.0, self.picks)
+
+    def _step(self, action):
+        self.pos.add_(action["mover"])
+        distance = (self.pos[..., 0] - self.target).abs()
+        return {"mover": -distance, "picker": -distance.mean(-1, keepdim=True)}, (distance < 0.05).all(-1)
+
+    def _observe(self):
+        return {"mover": self.pos, "picker": self.picks[:, None, None]}

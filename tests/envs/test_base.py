@@ -1,10 +1,14 @@
 """The base class's argument checks, auto-reset and flags, on the toy env and on navigation."""
 
+import dataclasses
+
 import pytest
 import torch
 
 import envs
-from tests.envs.broken_envs import Counter
+from envs import registry
+from envs.base import EnvOutputError
+from tests.envs.broken_envs import Counter, CounterConfig, PerEnvReward, WrongDtype, WrongShape
 
 
 def make(**kwargs):
@@ -182,8 +186,6 @@ def define_toy(reward: float) -> type:
 
 
 def test_register_again_replaces_a_redefinition_and_refuses_another_class():
-    from envs import registry
-
     try:
         envs.register("toy_redefined")(define_toy(1.0))
         envs.register("toy_redefined")(define_toy(2.0))  # the cell is run again after an edit
@@ -194,3 +196,73 @@ def test_register_again_replaces_a_redefinition_and_refuses_another_class():
             envs.register("toy_redefined")(type("Other", (Counter,), {}))
     finally:
         registry._ENVS.pop("toy_redefined", None)
+
+
+def test_what_the_author_methods_return_is_checked_on_every_reset_and_step():
+    # Without check_env, as `marl train` runs an env: a per-env reward [B] used to be broadcast into
+    # every agent's slot without a word, a wrong observation crashed deep in the policy's matmul.
+    env = PerEnvReward(num_envs=4, seed=0)
+    with pytest.raises(EnvOutputError, match=r"_step\(\)'s reward\['mover'\] .* has shape \(4,\), expected \(4, 2\)"):
+        env.step(good_action(env))
+    with pytest.raises(EnvOutputError, match=r"_observe\(\)\['mover'\] .* has shape \(4, 2, 1\), expected \(4, 2, 2\)"):
+        WrongShape(num_envs=4, seed=0).reset()
+    with pytest.raises(
+        EnvOutputError, match=r"_observe\(\)\['mover'\] .* has dtype torch.float64, expected torch.float32"
+    ):
+        WrongDtype(num_envs=4, seed=0).reset()
+
+
+def test_state_must_match_its_spec():
+    class Undeclared(Counter):
+        def _state(self):
+            return self.pos
+
+    class WrongState(Counter):
+        def _state_spec(self):
+            return envs.Box((3,))
+
+        def _state(self):
+            return self.pos
+
+    with pytest.raises(EnvOutputError, match=r"_state\(\) returned a tensor but _state_spec\(\) returned None"):
+        Undeclared(num_envs=4).reset()
+    with pytest.raises(EnvOutputError, match=r"_state\(\) .* has shape \(4, 2\), expected \(4, 3\)"):
+        WrongState(num_envs=4).reset()
+
+
+def test_register_refuses_what_would_fail_later():
+    with pytest.raises(TypeError, match=r"write @envs.register\('my_env'\)"):
+        envs.register(Counter)  # `@envs.register` without the name
+
+    with pytest.raises(TypeError, match=r"register\('not_env'\): NotAnEnv must subclass envs.MultiAgentEnv"):
+        envs.register("not_env")(type("NotAnEnv", (), {}))
+
+    class NotADataclass(envs.EnvConfig):  # forgot @dataclass: its fields were not options, yet were read
+        n_agents: int = 2
+
+    with pytest.raises(TypeError, match=r"NotADataclass declares \['n_agents'\] but is not a dataclass"):
+        envs.register("undecorated")(type("Undecorated", (Counter,), {"Config": NotADataclass}))
+
+    @dataclasses.dataclass(frozen=True)
+    class Plain:  # not an EnvConfig: no max_steps, which the base class reads on the first step
+        n_agents: int = 2
+
+    with pytest.raises(TypeError, match=r"Config must be a frozen dataclass subclassing envs.EnvConfig"):
+        envs.register("plain_config")(type("PlainConfig", (Counter,), {"Config": Plain}))
+    assert not {"not_env", "undecorated", "plain_config"} & set(registry._ENVS)
+
+
+def test_fixed_length_tuple_option():
+    @dataclasses.dataclass(frozen=True)
+    class GoalConfig(CounterConfig):
+        goal: tuple[float, float] = (0.5, 0.5)
+
+    try:
+        envs.register("goal_toy")(type("GoalToy", (Counter,), {"Config": GoalConfig}))
+        assert envs.make("goal_toy", num_envs=2, goal=(1, 2)).config.goal == (1, 2)
+        with pytest.raises(TypeError, match=r"option goal=\(1, 2, 3\) .* expected tuple\[float, float\]"):
+            envs.make("goal_toy", num_envs=2, goal=(1, 2, 3))
+        with pytest.raises(TypeError, match=r"option goal=\(1, 'a'\) .* expected tuple\[float, float\]"):
+            envs.make("goal_toy", num_envs=2, goal=(1, "a"))
+    finally:
+        registry._ENVS.pop("goal_toy", None)

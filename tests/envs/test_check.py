@@ -30,6 +30,13 @@ def test_navigation_passes(num_envs, n_agents):
         (broken.TimeLimitAsTermination, "truncation", "truncated"),
         (broken.BadRender, "render", None),
         (broken.SharedAgentNames, "specs", None),
+        (broken.PerEnvReward, "data", "reward"),
+        (broken.MissingRewardGroup, "data", "reward"),
+        (broken.PerAgentTerminated, "data", "terminated"),
+        (broken.FloatTerminated, "data", "terminated"),
+        (broken.IntActionMask, "data", "action_mask"),
+        (broken.UndeclaredActionMask, "data", "action_mask"),
+        (broken.AliasedObservation, "auto_reset", "observation"),
     ],
     ids=lambda v: v.__name__ if isinstance(v, type) else str(v),
 )
@@ -41,3 +48,37 @@ def test_catches_broken_env(env_class, prop, key):
     if key is not None:
         assert error.value.key == key, str(error.value)
     assert f"property '{prop}' failed" in str(error.value)
+
+
+def test_names_what_the_env_returned_and_what_was_expected():
+    # Mistakes in what `_step`, `_observe` or `_action_mask` return were crashes deep in torch (a per-agent
+    # `terminated`, an int mask), or passed (a mask the spec does not declare, which training then lost).
+    cases = [
+        (
+            broken.PerAgentTerminated,
+            r"_step\(\)'s terminated \(bool \[num_envs\]\) has shape \(4, 2\), expected \(4,\)",
+        ),
+        (broken.IntActionMask, r"_action_mask\(\)\['picker'\] .* has dtype torch.int64, expected torch.bool"),
+        (
+            broken.UndeclaredActionMask,
+            r"_action_mask\(\) has groups \['picker'\], expected the groups whose action spec ",
+        ),
+        (
+            broken.MissingRewardGroup,
+            r"_step\(\)'s reward has groups \['mover'\], expected every group: \['mover', 'picker'\]",
+        ),
+    ]
+    for env_class, message in cases:
+        with pytest.raises(envs.CheckError, match=message):
+            envs.check_env(env_class(num_envs=4, seed=0))
+
+
+def test_aliased_observation_names_the_in_place_update():
+    with pytest.raises(envs.CheckError, match="_observe returns a state tensor that _reset then updates in place"):
+        envs.check_env(broken.AliasedObservation(num_envs=4, seed=0))
+
+
+def test_auto_reset_failure_names_the_likely_causes():
+    # ResetsEveryEnv's _reset ignores its mask; the message used to name no cause.
+    with pytest.raises(envs.CheckError, match=r"_reset changed envs outside its mask .* or _observe draws random"):
+        envs.check_env(broken.ResetsEveryEnv(num_envs=4, seed=0))
