@@ -213,10 +213,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
             seed=args.seed,
             deterministic=not args.stochastic,
         )
+    episodes = _count(result["episodes"], "episode")
     for group, value in result["returns"].items():
-        print(
-            f"{group}: mean episode return {value['mean']:.4f} +- {value['std']:.4f} over {result['episodes']} episodes"
-        )
+        # The spread of single episodes' returns, named: "+-" reads as the mean's uncertainty, which is
+        # sqrt(episodes) times smaller; one episode has no spread to show.
+        spread = f" (std across episodes {value['std']:.4f})" if result["episodes"] > 1 else ""
+        print(f"{group}: mean episode return {value['mean']:.4f} over {episodes}{spread}")
     print(f"mean episode length {result['episode_length']:.1f}")
     if args.render:
         print(f"wrote {args.render}")
@@ -233,8 +235,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from marl.bench import run
+    from marl.bench import check_args, run
 
+    with usage_errors():
+        check_args(args)
     run(args, sys.argv[2:])
     return 0
 
@@ -251,7 +255,36 @@ def cmd_envs(args: argparse.Namespace) -> int:
         print(name)
         if "/" not in name:
             print(envs.describe(name))
+        elif name.split("/")[0] in ADAPTERS:
+            print(adapter_text(name.split("/")[0]))
     return 0
+
+
+# What `marl envs` says under an adapter's pattern, which has no options of its own to list: an example,
+# the options, and the extra to install (the README's "VMAS and PettingZoo environments" has the details).
+ADAPTERS = {
+    "vmas": (
+        "vmas",
+        "vmas",
+        "any VMAS scenario, e.g. vmas/navigation (an unknown name lists them); options: max_steps, "
+        "continuous_actions, multidiscrete_actions, and every other KEY=VALUE goes to the scenario",
+    ),
+    "pettingzoo": (
+        "pettingzoo",
+        "pettingzoo",
+        "a PettingZoo env by its module, e.g. pettingzoo/mpe2.simple_spread_v3; options: max_steps "
+        "(the time limit; MPE's max_cycles), and every other KEY=VALUE goes to the env",
+    ),
+}
+
+
+def adapter_text(prefix: str) -> str:
+    import importlib.util
+
+    module, extra, text = ADAPTERS[prefix]
+    if importlib.util.find_spec(module) is None:
+        text += f' (not installed: pip install "vecmarl[{extra}]")'
+    return f"  {text}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -279,9 +312,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     plot = subparsers.add_parser("plot", help="plot the learning curves of one or more runs to a PNG")
     plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders (holding metrics.csv), overlaid")
-    plot.add_argument("--out", default=None, help="PNG path (default: the first RUN_DIR/learning_curve.png)")
     plot.add_argument(
-        "--x", choices=sorted(X_AXES), default="frames", help="x axis: frames, or training time in seconds"
+        "--out",
+        default=None,
+        help="PNG path, or a folder to write learning_curve.png in (default: the first RUN_DIR/learning_curve.png)",
+    )
+    plot.add_argument(
+        "--x",
+        choices=sorted(X_AXES),
+        default="frames",
+        help="x axis: frames, or training time in seconds (default: frames)",
     )
     plot.set_defaults(func=cmd_plot)
 

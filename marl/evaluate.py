@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 from pathlib import Path
 
@@ -34,10 +35,11 @@ def evaluate(
         raise ValueError(f"episodes must be >= 1, got {episodes}")
     if num_envs is not None and num_envs < 1:
         raise ValueError(f"num_envs must be >= 1 (or left out: min(episodes, 256)), got {num_envs}")
-    if render and not Path(render).parent.is_dir():  # checked now, not after the whole evaluation
-        raise ValueError(f"cannot write {render}: the folder {Path(render).parent} does not exist")
+    if render:
+        check_render_path(render)  # now, not after the whole evaluation
     state = load_checkpoint(checkpoint)
     config = TrainConfig.from_dict(state["config"])
+    _import_env_modules(config)
     device = canonical_device(resolve_device(device))
     batch = num_envs if num_envs is not None else min(episodes, 256)
     returns: dict[str, list[float]] = {}
@@ -86,6 +88,37 @@ def evaluate(
         save_gif(frames, render)
     summary = {g: {"mean": _mean(v), "std": _std(v)} for g, v in returns.items()}
     return {"returns": summary, "episodes": len(lengths), "episode_length": _mean(lengths)}
+
+
+def _import_env_modules(config: TrainConfig) -> None:
+    """The modules the run was trained with `--imports` (they register its env); a bare "No module named
+    'my_envs'" would not say why eval wants it, nor what to do when eval runs from another folder."""
+    for module in config.env.imports:
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            origin = f"the checkpoint's env {config.env.env!r} comes from the module {module!r} (--imports {module})"
+            if error.name is not None and f"{module}.".startswith(f"{error.name}."):  # the module (or its package)
+                raise ImportError(
+                    f"{origin}, which is not found here: run marl eval from the folder that holds it, "
+                    "or add that folder to PYTHONPATH"
+                ) from error
+            raise ImportError(f"{origin}; importing it failed: {error}") from error
+
+
+def check_render_path(render: str) -> None:
+    """Refuse a `--render` path that the GIF could not be written to: a missing folder, a folder, or a
+    name whose extension Pillow cannot write an animation in (it would say only "unknown file extension")."""
+    from PIL import Image
+
+    path = Path(render)
+    if path.is_dir():
+        raise ValueError(f"cannot write {render}: it is a folder; give a file name such as {path / 'episode.gif'}")
+    if not path.parent.is_dir():
+        raise ValueError(f"cannot write {render}: the folder {path.parent} does not exist")
+    Image.init()
+    if Image.registered_extensions().get(path.suffix.lower()) not in Image.SAVE_ALL:
+        raise ValueError(f"cannot write {render}: --render writes an animated GIF, so give a name ending in .gif")
 
 
 def _mean(values: list[float]) -> float:

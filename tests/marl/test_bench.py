@@ -34,14 +34,16 @@ def test_gae_section_prints_and_writes_json(tmp_path, capsys):
     assert all(r["vecmarl"] > 0 for r in rows)
 
 
-def test_benchmarl_section_needs_a_python_with_benchmarl(tmp_path):
-    """Without `--benchmarl-python` the section prints nothing; a missing interpreter is named."""
+def test_benchmarl_section_needs_a_python_with_benchmarl(tmp_path, capsys):
+    """Without `--benchmarl-python` the section prints nothing; a missing interpreter is named, in one
+    line, before any section runs."""
     out = tmp_path / "bench.json"
     main(["bench", "--quick", "--device", "cpu", "--skip", "env", "gae", "train", "target", "--json", str(out)])
     assert json.loads(out.read_text()) == []
+    capsys.readouterr()
     missing = str(tmp_path / "no-python")
-    with pytest.raises(FileNotFoundError, match="the BenchMARL interpreter .*no-python.* was not found"):
-        main(["bench", "--quick", "--skip", "env", "gae", "train", "target", "--benchmarl-python", missing])
+    assert main(["bench", "--quick", "--skip", "env", "gae", "train", "target", "--benchmarl-python", missing]) == 2
+    assert f"marl bench: error: --benchmarl-python {missing}: no such interpreter" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
