@@ -47,22 +47,28 @@ def iterations(run_dir) -> list[int]:
         return [int(row["iteration"]) for row in csv.DictReader(f)]
 
 
-def test_resume_drops_the_iterations_logged_after_the_checkpoint(tmp_path):
-    """Interrupted at iteration 3 with the last checkpoint at 2: the resumed run logs iteration 3 again,
-    replacing the old row instead of appending a duplicate."""
+def interrupted_after_3(tmp_path, **run_options) -> Trainer:
+    """A run checkpointed every 2 iterations, interrupted (Ctrl-C) after logging iteration 3."""
     config = small_config(tmp_path)
-    config = dataclasses.replace(config, run=dataclasses.replace(config.run, checkpoint_every=2, total_frames=10**6))
-    trainer = Trainer(config)
+    run_config = dataclasses.replace(config.run, checkpoint_every=2, total_frames=10**6, **run_options)
+    trainer = Trainer(dataclasses.replace(config, run=run_config))
     train_iteration = trainer.train_iteration
 
-    def interrupted_after_3():
+    def iteration_or_interrupt():
         if trainer.iteration == 3:
             raise KeyboardInterrupt
         return train_iteration()
 
-    trainer.train_iteration = interrupted_after_3
+    trainer.train_iteration = iteration_or_interrupt
     with pytest.raises(KeyboardInterrupt):
         trainer.train()
+    return trainer
+
+
+def test_resume_drops_the_iterations_logged_after_the_checkpoint(tmp_path):
+    """Interrupted at iteration 3 with the last checkpoint at 2: the resumed run logs iteration 3 again,
+    replacing the old row instead of appending a duplicate."""
+    trainer = interrupted_after_3(tmp_path)
     run = tmp_path / "run"
     assert iterations(run) == [1, 2, 3]
 
@@ -87,19 +93,7 @@ def tensorboard_scalars(run_dir, tag: str) -> list[tuple[int, float]]:
 
 def test_resume_drops_the_tensorboard_steps_logged_after_the_checkpoint(tmp_path):
     """As the CSV: TensorBoard shows iteration 3 once, from the resumed run, not twice."""
-    config = small_config(tmp_path)
-    run_config = dataclasses.replace(config.run, checkpoint_every=2, total_frames=10**6, tensorboard=True)
-    trainer = Trainer(dataclasses.replace(config, run=run_config))
-    train_iteration = trainer.train_iteration
-
-    def interrupted_after_3():
-        if trainer.iteration == 3:
-            raise KeyboardInterrupt
-        return train_iteration()
-
-    trainer.train_iteration = interrupted_after_3
-    with pytest.raises(KeyboardInterrupt):
-        trainer.train()
+    trainer = interrupted_after_3(tmp_path, tensorboard=True)
     run, frames = tmp_path / "run", trainer.frames_per_iteration
     assert [step for step, _ in tensorboard_scalars(run, "iteration")] == [frames, 2 * frames, 3 * frames]
 
