@@ -124,6 +124,15 @@ class ModelConfig:
             raise ValueError(f"hidden sizes must be >= 1, got {self.hidden}")
 
 
+MAX_SEED = 2**63 - 1  # torch's generators take a signed 64-bit seed; PettingZoo's envs refuse negative ones
+
+
+def check_seed(seed: int) -> None:
+    """A seed every env family and torch accept: an int in [0, 2**63 - 1]."""
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed must be in [0, 2**63 - 1], got {seed}")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     total_frames: int = 2_000_000
@@ -162,6 +171,7 @@ class RunConfig:
             raise ValueError(
                 f"compile_unroll ({self.compile_unroll}) must divide rollout_length ({self.rollout_length})"
             )
+        check_seed(self.seed)
 
 
 @dataclass(frozen=True)

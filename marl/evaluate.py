@@ -10,7 +10,7 @@ import torch
 
 from envs.base import canonical_device
 from marl.checkpoint import load_checkpoint
-from marl.config import TrainConfig
+from marl.config import TrainConfig, check_seed
 from marl.distributions import draw_noise
 from marl.trainer import build_policies, make_env, resolve_device
 
@@ -33,6 +33,7 @@ def evaluate(
     """
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
+    check_seed(seed)
     if num_envs is not None and num_envs < 1:
         raise ValueError(f"num_envs must be >= 1 (or left out: min(episodes, 256)), got {num_envs}")
     if render:

@@ -53,3 +53,19 @@ def test_the_cli_refuses_a_nan_learning_rate(capsys):
     err = capsys.readouterr().err
     assert err.splitlines()[0].startswith("marl train: error: ")
     assert "lr must be a finite number, got nan" in err.splitlines()[0] and "Traceback" not in err
+
+
+@pytest.mark.parametrize("seed", [-1, 2**63, 10**20])
+def test_a_seed_out_of_range_is_one_line_in_train_and_eval(seed, tmp_path, capsys):
+    # 10**20 overflowed deep in torch ("Overflow when unpacking long long"); -1 worked on native envs
+    # but PettingZoo's refuse it: one range for every env family.
+    assert main(["train", "--seed", str(seed), "--log-dir", str(tmp_path), "--no-progress"]) == 2
+    assert f"seed must be in [0, 2**63 - 1], got {seed}" in capsys.readouterr().err
+    assert main(["eval", "--checkpoint", str(tmp_path / "none.pt"), "--seed", str(seed)]) == 2
+    assert f"seed must be in [0, 2**63 - 1], got {seed}" in capsys.readouterr().err
+
+
+def test_the_largest_seed_is_accepted():
+    from marl.config import MAX_SEED, RunConfig
+
+    assert RunConfig(seed=MAX_SEED).seed == MAX_SEED
