@@ -66,14 +66,21 @@ def check_inputs(
     owner: str,
     values: dict[str, torch.Tensor | None],
     flags: dict[str, torch.Tensor | None],
+    optional: tuple[str, ...] = (),
 ) -> tuple[torch.Size, torch.device]:
     """Check the time-major inputs of `op` and return the output shape (the owner's) and the device.
 
     `values` (rewards, values) must be floating point; `flags` bool or floating point (0.0 or 1.0). Every
     input has the owner's number of dims and its `T`; each batch dim equals the owner's or is 1 (read
     through a zero stride, e.g. an env-level flag `[T, B, 1, 1]` against per-agent values `[T, B, n, 1]`).
-    None entries are optional inputs that were not given.
+    Only the inputs named in `optional` may be None (not given); any other input must be a tensor.
     """
+    given = {name: x for name, x in {**values, **flags}.items() if x is not None or name not in optional}
+    for name, x in given.items():
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.layout != torch.strided:
+            raise TypeError(f"{op}: {name} is a {x.layout} tensor; expected a dense (torch.strided) tensor")
     reference = values[owner]
     shape, device = reference.shape, reference.device
     shown = tuple(shape)
@@ -81,10 +88,7 @@ def check_inputs(
         raise ValueError(f"{op}: {owner} is a 0-d tensor; expected a time-major tensor [T, *batch]")
     if shape[0] == 0:
         raise ValueError(f"{op}: {owner} has T = 0 time steps (shape {shown}); expected at least one step")
-    given = {name: x for name, x in {**values, **flags}.items() if x is not None}
     for name, x in given.items():
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(x).__name__}")
         if x.device != device:
             raise ValueError(f"{op}: {name} is on {x.device}, expected {device} like {owner}")
         if name in values and not x.is_floating_point():
@@ -201,7 +205,10 @@ def decay(flag: torch.Tensor, scale: float, out: torch.Tensor) -> torch.Tensor:
 
     The scale is a CPU scalar tensor, which CUDA ops also accept without a copy.
     """
-    return torch.sub(torch.tensor(scale), flag_as_number(flag).expand(out.shape), alpha=scale, out=out)
+    number = flag_as_number(flag)
+    if number.dtype in (torch.float16, torch.bfloat16):  # computed in their dtype, the scale would be rounded
+        number = number.float()
+    return torch.sub(torch.tensor(scale), number.expand(out.shape), alpha=scale, out=out)
 
 
 def scratch(buffer: torch.Tensor, shape: torch.Size) -> torch.Tensor:

@@ -234,10 +234,52 @@ def format_table(rows: list[dict], peak: float | None) -> str:
 
 
 def parse_sizes(text: str) -> list[tuple[int, ...]]:
-    sizes = [tuple(int(x) for x in item.strip().lower().split("x")) for item in text.split(",") if item.strip()]
+    try:
+        sizes = [tuple(int(x) for x in item.strip().lower().split("x")) for item in text.split(",") if item.strip()]
+    except ValueError:
+        sizes = []
     if not sizes or any(len(size) < 1 or min(size) < 1 for size in sizes):
         raise argparse.ArgumentTypeError(f"sizes {text!r}: expected e.g. 100x1024x3x1,128x4096x4x1")
     return sizes
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
+    return value
+
+
+def check_args(args: argparse.Namespace) -> tuple[torch.device, list[str]]:
+    """The device and the backends to time, or a ValueError saying what is wrong, before anything runs."""
+    from kernels._common import resolve_backend
+    from kernels.gae import _gae_kernel
+
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise ValueError(f"--device {args.device!r}: expected cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {args.device!r}: expected cpu, cuda or cuda:N")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {args.device}: CUDA is not available here; use --device cpu")
+    default_backends = ["auto", "torch"] if device.type == "cuda" else ["auto"]
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()] if args.backends else default_backends
+    for backend in backends:
+        try:
+            resolve_backend(backend, device, _gae_kernel)
+        except (ValueError, RuntimeError) as error:
+            raise ValueError(f"--backends {args.backends}: {error}") from None
+    if args.peak_gbps is not None and not args.peak_gbps > 0:
+        raise ValueError(f"--peak-gbps {args.peak_gbps}: expected a positive number of GB/s")
+    if args.peer_python and not (Path(args.peer_python).is_file() and os.access(args.peer_python, os.X_OK)):
+        raise ValueError(f"--peer-python {args.peer_python}: not an executable file")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        raise ValueError(f"--json {args.json}: its folder does not exist")
+    return device, backends
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -248,9 +290,11 @@ def main(argv: list[str] | None = None) -> None:
         default=parse_sizes(DEFAULT_SIZES),
         help=f"comma-separated TxBxnx1 rollout shapes (default {DEFAULT_SIZES})",
     )
-    parser.add_argument("--repeats", type=int, default=7, help="timed calls per measurement; the median is kept")
     parser.add_argument(
-        "--rounds", type=int, default=1, help="repeat every measurement this many rounds; report medians"
+        "--repeats", type=positive_int, default=7, help="timed calls per measurement; the median is kept"
+    )
+    parser.add_argument(
+        "--rounds", type=positive_int, default=1, help="repeat every measurement this many rounds; report medians"
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
@@ -264,15 +308,16 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="a Python with torchrl, to time TorchRL in a subprocess when it is not importable here",
     )
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--peak-gbps", type=float, default=None, help="peak memory bandwidth, if not in the table")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON to PATH")
     args = parser.parse_args(argv)
+    try:
+        device, backends = check_args(args)
+    except ValueError as error:
+        parser.error(str(error))
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    default_backends = ["auto", "torch"] if device.type == "cuda" else ["auto"]
-    backends = args.backends.split(",") if args.backends else default_backends
     peak = peak_bandwidth(device, args.peak_gbps)
     command = "python -m kernels.bench " + shlex.join(sys.argv[1:] if argv is None else argv)
     header = [

@@ -242,6 +242,7 @@ def discounted_returns(
         )
     values = {"reward": reward, "next_value": next_value}
     flags = {"done": done, "terminated": terminated}
-    shape, device = check_inputs("discounted_returns", "reward", values, flags)
+    optional = ("next_value", "terminated")
+    shape, device = check_inputs("discounted_returns", "reward", values, flags, optional)
     run = _IMPLEMENTATIONS[resolve_backend(backend, device, _returns_kernel)]
     return run(reward, next_value, done, terminated, gamma=gamma, lmbda=1.0, shape=shape)

@@ -74,6 +74,16 @@ GAE_ERRORS = {
         "gae: terminated has dtype torch.int64; expected bool (or float 0.0/1.0)",
     ),
     "not-a-tensor": (dict(reward=[0.0] * T), TypeError, "gae: reward must be a torch.Tensor, got list"),
+    # the shape owner is checked like the others, before its shape is read
+    "value-not-a-tensor": (dict(value=[0.0] * T), TypeError, "gae: value must be a torch.Tensor, got list"),
+    # None is no "optional input not given": every gae input is required
+    "terminated-none": (dict(terminated=None), TypeError, "gae: terminated must be a torch.Tensor, got NoneType"),
+    "next-value-none": (dict(next_value=None), TypeError, "gae: next_value must be a torch.Tensor, got NoneType"),
+    "sparse-reward": (
+        dict(reward=torch.zeros(T, B, N).to_sparse()),
+        TypeError,
+        "gae: reward is a torch.sparse_coo tensor; expected a dense (torch.strided) tensor",
+    ),
     "different-devices": (
         dict(done=torch.zeros(T, B, N, dtype=torch.bool, device="meta")),
         ValueError,
@@ -98,10 +108,11 @@ GAE_ERRORS = {
 }
 
 
+@pytest.mark.parametrize("backend", ["triton", "torch", "reference"])
 @pytest.mark.parametrize("changes, error, message", GAE_ERRORS.values(), ids=GAE_ERRORS.keys())
-def test_gae_errors(changes, error, message):
+def test_gae_errors(changes, error, message, backend):
     with pytest.raises(error, match=re.escape(message)):
-        call_gae(**changes)
+        call_gae(**{"backend": backend, **changes})
 
 
 def test_td_lambda_returns_errors_name_next_value_as_the_shape_owner():
@@ -130,3 +141,20 @@ def test_discounted_returns_errors():
         discounted_returns(data["reward"], torch.zeros(T, 1, 2, dtype=torch.bool), gamma=0.9)
     with pytest.raises(ValueError, match=re.escape("discounted_returns: gamma = 1.01 is outside [0, 1]")):
         discounted_returns(data["reward"], data["done"], gamma=1.01)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch", "reference"])
+def test_missing_required_inputs_are_named(backend):
+    data = inputs()
+    with pytest.raises(
+        TypeError, match=re.escape("td_lambda_returns: terminated must be a torch.Tensor, got NoneType")
+    ):
+        td_lambda_returns(data["reward"], data["next_value"], data["done"], None, gamma=0.9, lmbda=0.9, backend=backend)
+    with pytest.raises(TypeError, match=re.escape("td_lambda_returns: next_value must be a torch.Tensor, got list")):
+        td_lambda_returns(
+            data["reward"], [0.0], data["done"], data["terminated"], gamma=0.9, lmbda=0.9, backend=backend
+        )
+    with pytest.raises(TypeError, match=re.escape("discounted_returns: done must be a torch.Tensor, got NoneType")):
+        discounted_returns(data["reward"], None, gamma=0.9, backend=backend)
+    with pytest.raises(TypeError, match=re.escape("discounted_returns: reward must be a torch.Tensor, got NoneType")):
+        discounted_returns(None, data["done"], gamma=0.9, backend=backend)

@@ -83,9 +83,11 @@ def test_bf16_inputs_accumulate_in_fp32(dtype):
         assert_close(got, want)
 
 
-def test_float_flags_match_bool_flags():
+@pytest.mark.parametrize("flag_dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_float_flags_match_bool_flags(flag_dtype):
+    # In bf16 or fp16, gamma * lmbda * (1 - done) would round gamma * lmbda = 0.855 (to 0.8555 in bf16).
     data = rollout(30, (5, 3), density=0.2)
-    float_flags = {**data, "done": data["done"].float(), "terminated": data["terminated"].float()}
+    float_flags = {**data, "done": data["done"].to(flag_dtype), "terminated": data["terminated"].to(flag_dtype)}
     expected = gae_by("reference", data)
     for backend in (*FAST, "reference"):
         for got, want in zip(gae_by(backend, float_flags), expected, strict=True):

@@ -77,6 +77,17 @@ def test_env_level_flags_bf16_and_non_contiguous_inputs(op):
     assert_matches_reference(op, views)
 
 
+@pytest.mark.parametrize("flag_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("op", OPS.values(), ids=OPS.keys())
+def test_half_precision_float_flags_match_bool_flags(op, flag_dtype):
+    # In bf16, gamma * (1 - done) would round gamma = 0.9 to 0.8984.
+    data = rollout(30, (5, 3), density=0.2)
+    half_flags = {**data, "done": data["done"].to(flag_dtype), "terminated": data["terminated"].to(flag_dtype)}
+    expected = op("reference", data)
+    for backend in (*FAST, "reference"):
+        assert_close(op(backend, half_flags), expected)
+
+
 def test_hand_computed_four_steps_with_one_truncation_and_one_termination():
     # The case of test_gae: t = 1 truncated (bootstraps from 99), t = 2 terminated, t = 3 ends the rollout.
     reward = torch.tensor([1.0, 2.0, 3.0, 4.0])[:, None]
