@@ -27,7 +27,8 @@ class EnvSettings:
     env_options: dict = field(default_factory=dict)
     """The env's own options (`--env-option n_agents=5`); see `marl envs` for each env's."""
     group_map: str = "by_type"
-    """Which agents train together: by_type, all_in_one or per_agent."""
+    """Which agents train together: by_type, all_in_one or per_agent (from Python also an explicit
+    dict {group: [agent names]}, as `marl.groups.GroupedEnv` takes)."""
     pad: bool = False
     """With group_map=all_in_one, zero-pad observations of different sizes and tag each agent's type."""
     imports: tuple[str, ...] = ()
@@ -72,7 +73,8 @@ class AlgoConfig:
     value_coef: float = 0.5
     """Weight of the value loss."""
     max_grad_norm: float = 1.0
-    """Clip the gradient norm of each group's policy, and of its critic, to this (0 disables)."""
+    """Clip the gradient norm of each group's policy, and of its critic, to this (0 disables clipping;
+    the group's logged gradient norms then read nan: they are measured by the clipping)."""
     normalize_advantage: bool = True
     """Normalise each group's advantages per minibatch."""
     normalize_value: bool = True
@@ -214,8 +216,12 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        env = {**data["env"], "imports": tuple(data["env"].get("imports", ()))}
+        # An explicit group map (a dict, given in Python) is not the `str` the command line takes: the
+        # settings are built without it and it is put back as saved (GroupedEnv checks it).
+        group_map = env.pop("group_map", "by_type")
         return cls(
-            env=_options.build(EnvSettings, {**data["env"], "imports": tuple(data["env"].get("imports", ()))}, "env"),
+            env=dataclasses.replace(_options.build(EnvSettings, env, "env"), group_map=group_map),
             algo=_options.build(AlgoConfig, data["algo"], "algo config"),
             model=_options.build(ModelConfig, {**data["model"], "hidden": tuple(data["model"]["hidden"])}, "model"),
             run=_options.build(RunConfig, data["run"], "run config"),

@@ -28,6 +28,7 @@ import kernels
 from envs.allocator import retain_freed_memory
 from envs.base import canonical_device
 from envs.compile import maybe_compile
+from envs.specs import Box
 from marl import distributed
 from marl.checkpoint import load_checkpoint, save_checkpoint
 from marl.config import AlgoConfig, ModelConfig, TrainConfig
@@ -123,6 +124,15 @@ def check_group_overrides(config: TrainConfig, groups) -> None:
             f"unknown group(s) {unknown} in the per-group overrides; "
             f"the groups of {config.env.env!r} (group map {config.env.group_map!r}) are {sorted(groups)}"
         )
+    for group, overrides in config.group_overrides.items():
+        # The std of continuous actions: a group with discrete actions has none, and would ignore it.
+        ignored = sorted(set(overrides) & {"std", "log_std_init"})
+        action = groups[group].action
+        if ignored and not isinstance(action, Box):
+            raise ValueError(
+                f"group {group!r} has {type(action).__name__} actions, which have no std: the override(s) "
+                f"{ignored} apply to continuous (Box) actions only; leave them out for {group!r}"
+            )
 
 
 def build_learners(config: TrainConfig, env, device: torch.device) -> dict[str, Learner]:
@@ -312,6 +322,9 @@ class Trainer:
                         clipped = clip_grad_norms_(net_parameters[g], learner.algo.max_grad_norm)
                         sums[g][len(LOSS_TERMS) :] += torch.stack(clipped)
                     learner.optimizer.step()
+        for g, learner in self.learners.items():
+            if learner.algo.max_grad_norm <= 0:  # not clipped, so not measured: NaN, not a norm of 0
+                sums[g][len(LOSS_TERMS) :] = math.nan
         means = {g: (vector / (algo.epochs * count)).unbind() for g, vector in sums.items()}
         return {g: dict(zip(names, values)) for g, values in means.items()}
 
