@@ -66,8 +66,8 @@ except ValueError as error:
 # In `speaker_listener` the speaker sees the colour of the target and says one of three words; the
 # listener hears the word, sees the landmarks and moves. The reward is shared. Each group gets its own
 # policy head (categorical for the speaker, tanh-Gaussian for the listener) and, here, its own
-# learning rate: `group_overrides` (`--group speaker.lr=1e-3` on the command line) changes any
-# algorithm or network field for one group.
+# hidden sizes (the speaker's task is simpler: 32x32): `group_overrides` (`--group speaker.hidden=[32,32]`
+# on the command line) changes any algorithm or network field for one group.
 
 # %%
 frames = 20_000 if QUICK else 2_000_000
