@@ -95,7 +95,9 @@ config.sampling_device = config.train_device = config.buffer_device = "cpu"
 config.loggers, config.create_json = [], False
 config.evaluation, config.render = False, False
 config.checkpoint_interval, config.checkpoint_at_end = 0, False
-config.save_folder = tempfile.mkdtemp(prefix="bench_benchmarl_")
+# BenchMARL writes its run folder here; removed when this process exits (mkdtemp left one per run).
+save_folder = tempfile.TemporaryDirectory(prefix="bench_benchmarl_")
+config.save_folder = save_folder.name
 sizes = a.get("sizes")
 if sizes:
     config.on_policy_n_envs_per_worker = sizes["num_envs"]
