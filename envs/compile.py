@@ -14,7 +14,9 @@ _warned = False
 
 
 def maybe_compile(fn: Callable, enabled: bool, device: torch.device) -> Callable:
-    """`fn` compiled when `enabled` (falling back to `fn` itself if compilation fails), else `fn`."""
+    """`fn` compiled when `enabled` (falling back to `fn` itself if compilation fails), else `fn`. When
+    the compiled call raises, `fn` runs eagerly: if that raises too, the error is `fn`'s own and is
+    raised without the fallback warning."""
     if not enabled:
         return fn
     mode = "reduce-overhead" if device.type == "cuda" else None
@@ -28,9 +30,13 @@ def maybe_compile(fn: Callable, enabled: bool, device: torch.device) -> Callable
         except Exception as error:  # noqa: BLE001  (any compiler failure falls back, once, loudly)
             if state["call"] is fn:
                 raise
-            _warn(fn, error)
-            state["call"] = fn
-            return fn(*args, **kwargs)
+            compile_error = error
+        # Outside the `except`: an error `fn` raises eagerly too (the env's own, a bad input) is its own,
+        # raised as is, neither blamed on torch.compile nor chained to the compiler's traceback.
+        result = fn(*args, **kwargs)
+        _warn(fn, compile_error)
+        state["call"] = fn
+        return result
 
     return call
 

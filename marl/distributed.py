@@ -31,7 +31,7 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -57,6 +57,11 @@ class World:
 
     def check_same(self, value: Any, what: str) -> None:
         """Raise on every rank when `value` (JSON-able) differs between ranks."""
+
+    def check_on_main(self, check: Callable[[], None]) -> None:
+        """Run `check` on rank 0 only (e.g. of its run folder); if it raises ValueError, every rank raises
+        the same one, instead of the others failing later in a collective that rank 0 never joins."""
+        check()
 
     def broadcast_parameters(self, parameters: Iterable[torch.Tensor]) -> None:
         """Copy rank 0's `parameters` to every rank."""
@@ -121,6 +126,18 @@ class DistributedWorld(World):
         raise ValueError(
             f"the ranks disagree on the {what}: {'; '.join(lines)}. Launch every rank with the same options"
         )
+
+    def check_on_main(self, check: Callable[[], None]) -> None:
+        message: list[str | None] = [None]
+        if self.is_main:
+            try:
+                check()
+            except ValueError as error:
+                message[0] = str(error)
+        with self._collective("rank 0's check"):
+            torch.distributed.broadcast_object_list(message, src=0)
+        if message[0] is not None:
+            raise ValueError(message[0])
 
     def broadcast_parameters(self, parameters: Iterable[torch.Tensor]) -> None:
         tensors = [p.data for p in parameters]
@@ -214,6 +231,13 @@ def setup(device: torch.device, config: Mapping[str, Any]) -> tuple[World, torch
         if device.index is not None and device.index != local_rank:
             raise ValueError(
                 f"under torchrun each rank uses cuda:LOCAL_RANK; got --device {device}, use --device cuda or auto"
+            )
+        count = torch.cuda.device_count()
+        if local_rank >= count:
+            raise ValueError(
+                f"rank {rank} has LOCAL_RANK={local_rank}, but this node has {count} CUDA device(s) and each rank "
+                f"uses cuda:LOCAL_RANK: launch at most {count} process(es) per node (--nproc-per-node {count}), "
+                "or train on the CPU with --device cpu"
             )
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)

@@ -53,7 +53,10 @@ class EpisodeStats:
         return {"running": self.running, "length": self.length}
 
     def load_state_dict(self, state: dict) -> None:
-        self.running, self.length = dict(state["running"]), state["length"]
+        # Checkpoints load on the CPU (and gathered ranks' states are sent there): back to this device.
+        device = self.length.device
+        self.running = {g: value.to(device) for g, value in state["running"].items()}
+        self.length = state["length"].to(device)
 
 
 class Collector:
