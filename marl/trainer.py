@@ -198,8 +198,8 @@ class Trainer:
         # Under torchrun: this rank's device and process group (marl.distributed); else a no-op World.
         self.world, device = distributed.setup(resolve_device(config.run.device), config.to_dict())
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
-        if not resuming and self.world.is_main:  # rank 0 writes the run folder
-            check_fresh_run_dir(self.run_dir)
+        if not resuming:  # rank 0 writes the run folder; every rank stops if it holds a run
+            self.world.check_on_main(lambda: check_fresh_run_dir(self.run_dir))
         self.device = canonical_device(device)  # as its tensors report it: `cpu:0` is `cpu`
         if self.device.type == "cpu":
             retain_freed_memory()  # tensors freed every step reuse their pages (envs.allocator)

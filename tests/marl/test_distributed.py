@@ -183,3 +183,17 @@ def test_a_hung_rank_stops_the_job_after_the_collective_timeout(tmp_path):
     code, output, seconds = torchrun(WORKER, "hang", *CLI_ARGS, "--log-dir", str(tmp_path), timeout_variable="3")
     assert code != 0 and seconds < 60, (seconds, output[-3000:])
     assert "rank 0 of 2: the gradient all-reduce failed" in output, output[-3000:]
+
+
+def test_a_used_run_folder_stops_every_rank_with_one_error_line(tmp_path):
+    """Rank 0 checks the run folder; the other ranks used to wait in the parameter broadcast and die with
+    a long traceback. Now each rank prints the same one line and no traceback comes from the ranks."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.csv").write_text("iteration\n1\n")
+    code, output, _ = torchrun("-m", "marl", "train", *CLI_ARGS, "--log-dir", str(tmp_path))
+    assert code != 0
+    assert output.count("marl train: error: run folder") == RANKS, output[-3000:]
+    # torchrun's own ChildFailedError traceback follows; no frame of it, or of any other, is vecmarl's.
+    frames = [line for line in output.splitlines() if line.strip().startswith('File "')]
+    assert not [line for line in frames if "/marl/" in line or "/envs/" in line], output[-3000:]
+    assert (tmp_path / "run" / "metrics.csv").read_text() == "iteration\n1\n"
