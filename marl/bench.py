@@ -52,6 +52,7 @@ import envs
 from envs import bench as env_bench
 from envs.allocator import GLIBC_ENVIRONMENT, retain_freed_memory
 from marl.config import AlgoConfig, EnvSettings, ModelConfig, RunConfig, TrainConfig
+from marl.paths import check_output_file
 from marl.trainer import Trainer
 
 JAXMARL_STEP = r"""
@@ -303,11 +304,7 @@ def check_args(args: argparse.Namespace) -> None:
 
     resolve_device(args.device)
     if args.json:
-        path = Path(args.json)
-        if path.is_dir():
-            raise ValueError(f"--json {args.json}: it is a folder; give a file name such as {path / 'bench.json'}")
-        if not path.parent.is_dir():
-            raise ValueError(f"--json {args.json}: the folder {path.parent} does not exist")
+        check_output_file(args.json, f"--json {args.json}", example="bench.json")
     for dest, (flag, modules) in PEER_PYTHONS.items():
         python = getattr(args, dest)
         if python is None:

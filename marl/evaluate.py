@@ -12,6 +12,7 @@ from envs.base import canonical_device
 from marl.checkpoint import load_checkpoint
 from marl.config import TrainConfig, check_seed
 from marl.distributions import draw_noise
+from marl.paths import check_output_file
 from marl.trainer import build_policies, make_env, resolve_device
 
 
@@ -112,11 +113,8 @@ def check_render_path(render: str) -> None:
     name whose extension Pillow cannot write an animation in (it would say only "unknown file extension")."""
     from PIL import Image
 
+    check_output_file(render, f"cannot write {render}", example="episode.gif")
     path = Path(render)
-    if path.is_dir():
-        raise ValueError(f"cannot write {render}: it is a folder; give a file name such as {path / 'episode.gif'}")
-    if not path.parent.is_dir():
-        raise ValueError(f"cannot write {render}: the folder {path.parent} does not exist")
     Image.init()
     if Image.registered_extensions().get(path.suffix.lower()) not in Image.SAVE_ALL:
         raise ValueError(f"cannot write {render}: --render writes an animated GIF, so give a name ending in .gif")

@@ -7,6 +7,8 @@ import math
 import os
 from pathlib import Path
 
+from marl.paths import check_output_file
+
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:
     path = Path(run_dir) / "metrics.csv"
@@ -42,8 +44,7 @@ def output_path(out: str | Path | None, first_run: str | Path) -> Path:
     out = Path(out)
     if not out.suffix:
         out = out.with_name(out.name + ".png")
-    if not out.parent.is_dir():
-        raise ValueError(f"cannot write {out}: the folder {out.parent} does not exist")
+    check_output_file(out, f"cannot write {out}")
     return out
 
 
