@@ -136,10 +136,11 @@ def play(
             running[g] = torch.where(done, 0.0, running[g])
     if gif:
         save_gif(frames, gif, fps)
-    if finished.item() == 0:
+    count = finished.item()  # read back once
+    if count == 0:
         print(
             f"note: no episode ended in {steps} steps (episodes last up to {env.config.max_steps}); "
             f"so no return to report (nan): run --steps {env.config.max_steps} or more",
             file=sys.stderr,
         )
-    return {g: (total[g] / finished).item() if finished > 0 else float("nan") for g in env.groups}
+    return {g: (total[g] / count).item() if count > 0 else float("nan") for g in env.groups}
