@@ -11,7 +11,12 @@ Two tables.
    - vecmarl with BenchMARL's default MAPPO/IPPO settings on `vmas/navigation` (the VMAS adapter) and on
      the native `navigation`, and BenchMARL itself on VMAS navigation.
 2. Equal work (issue 6): frames/s over a whole run of `--frames` frames and the mean episode return at
-   its end, vecmarl's runs against BenchMARL's, with the ratio to BenchMARL's frames/s from this run.
+   its end, vecmarl's runs against BenchMARL's, with the ratio to BenchMARL's frames/s from this run;
+   also each run's first iteration (its one-off costs) and the ratio of the median iterations.
+
+With `--compile`, vecmarl also runs as `marl train --compile` (rows marked so). Compiling happens in
+the first iteration of each run: the whole-run frames/s include it, so it pays off only over runs long
+enough (BenchMARL's own default run is 3M frames; try `--frames 120000`).
 
 Settings. BenchMARL runs from its own yaml defaults (checked at run time, a mismatch is printed):
 6000 frames per batch from 10 envs (rollout length 600), 45 passes (`on_policy_n_minibatch_iters`) over
@@ -123,8 +128,11 @@ EXPECTED_DEFAULTS = {
 }
 
 
-def benchmarl_config(env: str, algo: str, frames: int, seed: int, sizes: Sizes = BENCHMARL_SIZES) -> TrainConfig:
-    """vecmarl's `TrainConfig` for BenchMARL's default MAPPO/IPPO settings on `env`."""
+def benchmarl_config(
+    env: str, algo: str, frames: int, seed: int, sizes: Sizes = BENCHMARL_SIZES, compile: bool = False
+) -> TrainConfig:
+    """vecmarl's `TrainConfig` for BenchMARL's default MAPPO/IPPO settings on `env` (`compile`: as
+    `marl train --compile`)."""
     return TrainConfig(
         env=EnvSettings(env=env, num_envs=sizes.num_envs, env_options=dict(TASK_OPTIONS[env])),
         algo=AlgoConfig(
@@ -146,7 +154,7 @@ def benchmarl_config(env: str, algo: str, frames: int, seed: int, sizes: Sizes =
         ),
         # BenchMARL's policies output their std through a biased softplus starting at 1 (`scale_mapping`).
         model=ModelConfig(hidden=sizes.hidden, activation="tanh", share_params=True, std="state"),
-        run=_run_config(frames, sizes.rollout_length, seed),
+        run=_run_config(frames, sizes.rollout_length, seed, compile),
     )
 
 
@@ -164,9 +172,15 @@ def default_config(algo: str, iterations: int, seed: int, quick: bool = False) -
     return dataclasses.replace(config, run=_run_config(frames, config.run.rollout_length, seed))
 
 
-def _run_config(frames: int, rollout_length: int, seed: int) -> RunConfig:
+def _run_config(frames: int, rollout_length: int, seed: int, compile: bool = False) -> RunConfig:
     return RunConfig(
-        total_frames=frames, rollout_length=rollout_length, seed=seed, device="cpu", progress=False, tensorboard=False
+        total_frames=frames,
+        rollout_length=rollout_length,
+        seed=seed,
+        device="cpu",
+        progress=False,
+        tensorboard=False,
+        compile=compile,
     )
 
 
@@ -213,6 +227,7 @@ class Case:
     env: str
     algo: str
     settings: str  # "default" or "BenchMARL"
+    compile: bool = False  # vecmarl with `marl train --compile`
     runs: list[dict] = dataclasses.field(default_factory=list)
 
     def summary(self) -> dict:
@@ -220,16 +235,20 @@ class Case:
         phases = {p: statistics.median(it[p] for it in iterations) for p in PHASES}
         iteration_s = sum(phases.values())
         frames_per_iteration = iterations[0]["frames"]
+        # The first iteration of a run holds its one-off costs: with --compile, compiling.
+        first_s = statistics.median(sum(run["iterations"][0][p] for p in PHASES) for run in self.runs)
         return {
             "name": self.name,
             "side": self.side,
             "env": self.env,
             "algo": self.algo,
             "settings": self.settings,
+            "compile": self.compile,
             "frames_per_iteration": frames_per_iteration,
             **phases,
             "iteration_s": iteration_s,
             "iteration_frames_per_s": frames_per_iteration / iteration_s,
+            "first_iteration_s": first_s,
             "frames": self.runs[0]["frames"],
             "frames_per_s": statistics.median(r["frames"] / r["seconds"] for r in self.runs),
             "episode_return": statistics.median(r["iterations"][-1]["episode_return"] for r in self.runs),
@@ -263,29 +282,36 @@ def check_defaults(reported: dict) -> list[str]:
 
 def print_tables(rows: list[dict]) -> None:
     print("\n1. one iteration (median over iterations): seconds per phase and frames/s")
-    header = f"{'run':<36}{'frames/iter':>12}{'collect':>9}{'advant.':>9}{'update':>9}{'iter':>9}{'frames/s':>10}"
+    header = f"{'run':<46}{'frames/iter':>12}{'collect':>9}{'advant.':>9}{'update':>9}{'iter':>9}{'frames/s':>10}"
     print(header)
     print("-" * len(header))
     for r in rows:
         print(
-            f"{r['name']:<36}{r['frames_per_iteration']:>12,}{r['collect_s']:>9.3f}{r['advantages_s']:>9.3f}"
+            f"{r['name']:<46}{r['frames_per_iteration']:>12,}{r['collect_s']:>9.3f}{r['advantages_s']:>9.3f}"
             f"{r['update_s']:>9.3f}{r['iteration_s']:>9.3f}{r['iteration_frames_per_s']:>10,.0f}"
         )
     matched = [r for r in rows if r["settings"] == "BenchMARL"]
     if not matched:
         return
     print("\n2. equal work, BenchMARL's settings: whole runs from the first frame (median over repeats)")
-    header = f"{'run':<36}{'frames':>8}{'frames/s':>10}{'vs BenchMARL':>14}{'return':>9}{'BenchMARL return':>18}"
+    header = (
+        f"{'run':<46}{'frames':>9}{'1st iter':>10}{'frames/s':>10}{'vs BenchMARL':>14}{'per iter':>10}"
+        f"{'return':>9}{'BenchMARL return':>18}"
+    )
     print(header)
     print("-" * len(header))
     peer = {r["algo"]: r for r in matched if r["side"] == "BenchMARL"}
     for r in matched:
         theirs = peer.get(r["algo"])
-        ratio = f"{r['frames_per_s'] / theirs['frames_per_s']:>13.2f}x" if theirs else f"{'-':>14}"
-        their_return = f"{theirs['episode_return']:>18.3f}" if theirs else f"{'-':>18}"
+        if theirs:
+            ratio = f"{r['frames_per_s'] / theirs['frames_per_s']:>13.2f}x"
+            per_iteration = f"{r['iteration_frames_per_s'] / theirs['iteration_frames_per_s']:>9.2f}x"
+            their_return = f"{theirs['episode_return']:>18.3f}"
+        else:
+            ratio, per_iteration, their_return = f"{'-':>14}", f"{'-':>10}", f"{'-':>18}"
         print(
-            f"{r['name']:<36}{r['frames']:>8,}{r['frames_per_s']:>10,.0f}{ratio}{r['episode_return']:>9.3f}"
-            f"{their_return}"
+            f"{r['name']:<46}{r['frames']:>9,}{r['first_iteration_s']:>9.1f}s{r['frames_per_s']:>10,.0f}{ratio}"
+            f"{per_iteration}{r['episode_return']:>9.3f}{their_return}"
         )
 
 
@@ -298,6 +324,9 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
             )
         for env in args.envs:
             cases.append(Case(f"vecmarl {algo.upper()} {env}", "vecmarl", env, algo, "BenchMARL"))
+            if args.compile:
+                name = f"vecmarl {algo.upper()} {env} --compile"
+                cases.append(Case(name, "vecmarl", env, algo, "BenchMARL", compile=True))
     if args.default_iterations:
         for algo in args.algos:
             cases.append(Case(f"vecmarl default {algo.upper()} navigation", "vecmarl", "navigation", algo, "default"))
@@ -312,7 +341,7 @@ def run_case(case: Case, args: argparse.Namespace, seed: int, threads: int) -> d
         )
     if case.settings == "default":
         return run_vecmarl(default_config(case.algo, args.default_iterations, seed, args.quick))
-    return run_vecmarl(benchmarl_config(case.env, case.algo, args.frames, seed, sizes))
+    return run_vecmarl(benchmarl_config(case.env, case.algo, args.frames, seed, sizes, case.compile))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -327,6 +356,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--envs", nargs="+", choices=ENVS, default=list(ENVS), help="vecmarl envs to run")
     parser.add_argument(
         "--default-iterations", type=int, default=3, help="iterations of the default-config rows (0 skips them)"
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also run vecmarl as `marl train --compile` (rows marked --compile); compiling happens in a run's "
+        "first iteration, so the whole-run frames/s include it and '1st iter' shows it",
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run at tiny sizes (numbers mean nothing)")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")

@@ -1,10 +1,12 @@
 """`python -m marl.bench_train`: the vecmarl side on a tiny budget, without BenchMARL (no timings checked)."""
 
+import dataclasses
 import json
 
 import pytest
 import torch
 
+from marl import bench_train
 from marl.bench_train import EXPECTED_DEFAULTS, benchmarl_config, check_defaults, main
 from marl.trainer import build_learners, make_env
 
@@ -76,3 +78,28 @@ def test_a_changed_benchmarl_default_is_reported():
     assert check_defaults(reported) == []
     reported["algorithm"]["lmbda"] = 0.95
     assert check_defaults(reported) == ["BenchMARL algorithm.lmbda = 0.95, vecmarl's matched config assumes 0.9"]
+
+
+def test_compile_adds_compiled_vecmarl_rows_next_to_the_eager_ones(monkeypatch, capsys, restore_threads):
+    compiled, run_vecmarl = [], bench_train.run_vecmarl
+
+    def run_eagerly(config):  # records what the trainer was asked for; compiling itself is tested elsewhere
+        compiled.append(config.run.compile)
+        return run_vecmarl(dataclasses.replace(config, run=dataclasses.replace(config.run, compile=False)))
+
+    monkeypatch.setattr(bench_train, "run_vecmarl", run_eagerly)
+    result = main(["--quick", "--threads", "1", "--algos", "ippo", "--envs", "navigation", "--default-iterations", "0",
+                   "--compile"])  # fmt: skip
+    assert compiled == [False, True]
+    rows = {r["name"]: r for r in result["rows"]}
+    assert set(rows) == {"vecmarl IPPO navigation", "vecmarl IPPO navigation --compile"}
+    assert [r["compile"] for r in rows.values()] == [False, True]
+    # A run's one-off costs (compiling, with --compile) fall in its first iteration, shown apart.
+    assert all(r["first_iteration_s"] > 0 for r in rows.values())
+    out = capsys.readouterr().out
+    assert "1st iter" in out and "per iter" in out and "vecmarl IPPO navigation --compile" in out
+
+
+def test_compile_reaches_the_trainer_config():
+    assert benchmarl_config("vmas/navigation", "mappo", frames=6000, seed=0, compile=True).run.compile
+    assert not benchmarl_config("vmas/navigation", "mappo", frames=6000, seed=0).run.compile
