@@ -14,9 +14,12 @@ Two tables.
    its end, vecmarl's runs against BenchMARL's, with the ratio to BenchMARL's frames/s from this run;
    also each run's first iteration (its one-off costs) and the ratio of the median iterations.
 
-With `--compile`, vecmarl also runs as `marl train --compile` (rows marked so). Compiling happens in
-the first iteration of each run: the whole-run frames/s include it, so it pays off only over runs long
-enough (BenchMARL's own default run is 3M frames; try `--frames 120000`).
+`--modes eager compile` also runs vecmarl as `marl train --compile` (rows marked so). Compiling
+happens in the first iteration of each run: the whole-run frames/s include it, so it pays off only
+over runs long enough (BenchMARL's own default run is 3M frames; try `--frames 120000`). Each compiled
+run starts in a fresh process, as `marl train --compile` does, with torch's compile cache on disk as
+earlier runs left it: in one process, a run after the first would reuse its compiled code and pay
+almost nothing.
 
 Settings. BenchMARL runs from its own yaml defaults (checked at run time, a mismatch is printed):
 6000 frames per batch from 10 envs (rollout length 600), 45 passes (`on_policy_n_minibatch_iters`) over
@@ -61,6 +64,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import multiprocessing
 import os
 import statistics
 import sys
@@ -323,8 +327,9 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
                 Case(f"BenchMARL {algo.upper()} vmas navigation", "BenchMARL", "vmas/navigation", algo, "BenchMARL")
             )
         for env in args.envs:
-            cases.append(Case(f"vecmarl {algo.upper()} {env}", "vecmarl", env, algo, "BenchMARL"))
-            if args.compile:
+            if "eager" in args.modes:
+                cases.append(Case(f"vecmarl {algo.upper()} {env}", "vecmarl", env, algo, "BenchMARL"))
+            if "compile" in args.modes:
                 name = f"vecmarl {algo.upper()} {env} --compile"
                 cases.append(Case(name, "vecmarl", env, algo, "BenchMARL", compile=True))
     if args.default_iterations:
@@ -341,7 +346,15 @@ def run_case(case: Case, args: argparse.Namespace, seed: int, threads: int) -> d
         )
     if case.settings == "default":
         return run_vecmarl(default_config(case.algo, args.default_iterations, seed, args.quick))
-    return run_vecmarl(benchmarl_config(case.env, case.algo, args.frames, seed, sizes, case.compile))
+    config = benchmarl_config(case.env, case.algo, args.frames, seed, sizes, case.compile)
+    return run_in_fresh_process(config) if case.compile else run_vecmarl(config)
+
+
+def run_in_fresh_process(config: TrainConfig) -> dict:
+    """`run_vecmarl(config)` in a new interpreter, as a `marl train` command runs: a compiled run then
+    compiles as a user's would (from torch's compile cache on disk), not reusing this process's."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(run_vecmarl, (config,))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -358,10 +371,12 @@ def main(argv: list[str] | None = None) -> dict:
         "--default-iterations", type=int, default=3, help="iterations of the default-config rows (0 skips them)"
     )
     parser.add_argument(
-        "--compile",
-        action="store_true",
-        help="also run vecmarl as `marl train --compile` (rows marked --compile); compiling happens in a run's "
-        "first iteration, so the whole-run frames/s include it and '1st iter' shows it",
+        "--modes",
+        nargs="+",
+        choices=("eager", "compile"),
+        default=["eager"],
+        help="how vecmarl runs: eager, and/or as `marl train --compile` (rows marked --compile; each such run in a "
+        "fresh process, its compiling in its first iteration, which the whole-run frames/s include)",
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run at tiny sizes (numbers mean nothing)")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")

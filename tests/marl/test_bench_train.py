@@ -52,7 +52,7 @@ def test_help_explains_what_is_measured(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
-    for flag in ("--json", "--repeats", "--peer-python", "--frames", "--threads", "--quick"):
+    for flag in ("--json", "--repeats", "--peer-python", "--frames", "--threads", "--quick", "--modes"):
         assert flag in out
     assert "not timed" in out
 
@@ -80,17 +80,17 @@ def test_a_changed_benchmarl_default_is_reported():
     assert check_defaults(reported) == ["BenchMARL algorithm.lmbda = 0.95, vecmarl's matched config assumes 0.9"]
 
 
-def test_compile_adds_compiled_vecmarl_rows_next_to_the_eager_ones(monkeypatch, capsys, restore_threads):
-    compiled, run_vecmarl = [], bench_train.run_vecmarl
+def test_compile_mode_adds_compiled_vecmarl_rows_next_to_the_eager_ones(monkeypatch, capsys, restore_threads):
+    compiled = []
 
     def run_eagerly(config):  # records what the trainer was asked for; compiling itself is tested elsewhere
         compiled.append(config.run.compile)
-        return run_vecmarl(dataclasses.replace(config, run=dataclasses.replace(config.run, compile=False)))
+        return bench_train.run_vecmarl(dataclasses.replace(config, run=dataclasses.replace(config.run, compile=False)))
 
-    monkeypatch.setattr(bench_train, "run_vecmarl", run_eagerly)
+    monkeypatch.setattr(bench_train, "run_in_fresh_process", run_eagerly)
     result = main(["--quick", "--threads", "1", "--algos", "ippo", "--envs", "navigation", "--default-iterations", "0",
-                   "--compile"])  # fmt: skip
-    assert compiled == [False, True]
+                   "--modes", "eager", "compile"])  # fmt: skip
+    assert compiled == [True]  # the eager row ran in this process
     rows = {r["name"]: r for r in result["rows"]}
     assert set(rows) == {"vecmarl IPPO navigation", "vecmarl IPPO navigation --compile"}
     assert [r["compile"] for r in rows.values()] == [False, True]
@@ -98,6 +98,17 @@ def test_compile_adds_compiled_vecmarl_rows_next_to_the_eager_ones(monkeypatch, 
     assert all(r["first_iteration_s"] > 0 for r in rows.values())
     out = capsys.readouterr().out
     assert "1st iter" in out and "per iter" in out and "vecmarl IPPO navigation --compile" in out
+
+    compiled.clear()
+    result = main(["--quick", "--threads", "1", "--algos", "ippo", "--envs", "navigation", "--default-iterations", "0",
+                   "--modes", "compile"])  # fmt: skip
+    assert compiled == [True] and [r["name"] for r in result["rows"]] == ["vecmarl IPPO navigation --compile"]
+
+
+def test_a_run_in_a_fresh_process_returns_its_figures():
+    config = benchmarl_config("navigation", "ippo", frames=200, seed=0, sizes=bench_train.QUICK_SIZES)
+    run = bench_train.run_in_fresh_process(config)
+    assert run["frames"] == 200 and len(run["iterations"]) == 1 and run["seconds"] > 0
 
 
 def test_compile_reaches_the_trainer_config():
