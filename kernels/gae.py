@@ -33,7 +33,6 @@ from ._common import (
     check_unit_interval,
     column_offsets,
     decay,
-    flag_as_number,
     launch_columns,
     resolve_backend,
     reverse_recurrence_,
@@ -106,13 +105,15 @@ def _gae_triton(reward, value, next_value, done, terminated, *, gamma, lmbda):
 def _gae_torch(reward, value, next_value, done, terminated, *, gamma, lmbda):
     advantage = torch.empty(value.shape, dtype=torch.float32, device=value.device)  # contiguous rows
     value_target = torch.empty_like(advantage)
-    trace = scratch(value_target, done.shape)  # gamma * lmbda * (1 - done), until value_target is written
-    # delta = reward - value + gamma * next_value - gamma * next_value * terminated, in fp32; value has the
-    # output's shape, so the first op writes all of delta (reward and next_value may be broadcast)
+    # delta = reward - value + gamma * (1 - terminated) * next_value, in fp32; value has the output's
+    # shape, so the first op writes all of delta (reward and next_value may be broadcast)
     delta = advantage
     torch.sub(reward.float(), value, out=delta)
-    delta.add_(next_value, alpha=gamma)
-    delta.addcmul_(next_value, flag_as_number(terminated), value=-gamma)
+    # The bootstrap as next_value times gamma * (1 - terminated), exactly 0 where terminated: adding
+    # gamma * next_value and taking it off again rounded the reward away under a large next_value.
+    # value_target is scratch until it is written last (flags have at most the output's size).
+    delta.addcmul_(next_value, decay(terminated, gamma, out=scratch(value_target, terminated.shape)))
+    trace = scratch(value_target, done.shape)  # gamma * lmbda * (1 - done), until value_target is written
     decay(done, gamma * lmbda, out=trace)
     reverse_recurrence_(advantage, trace)
     torch.add(advantage, value, out=value_target)

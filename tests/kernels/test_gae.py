@@ -152,6 +152,15 @@ def test_hand_computed_four_steps_with_one_truncation_and_one_termination():
         torch.testing.assert_close(value_target[:, 0], expected_target, rtol=0, atol=0)
 
 
+def test_a_large_next_value_at_a_terminated_step_does_not_swamp_the_reward():
+    # A terminated step's next_value is not used; the torch path added gamma * next_value and took it
+    # off again, which at 1e6 kept the reward only to float32's spacing there (0.0625): off by ~1e-2.
+    data = rollout(6, (4, 3))
+    data["terminated"][2] = data["done"][2] = True
+    data["next_value"][2] = 1e6
+    assert_matches_reference(data)
+
+
 def test_one_dim_input_without_batch_dims():
     data = rollout(9, ())
     assert_matches_reference(data)
