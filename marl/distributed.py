@@ -44,11 +44,21 @@ SEED_STRIDE = 1000
 RANK_KEYS = ("generator", "env", "obs", "stats")
 
 
+def launcher(size: int, local_size: int) -> str:
+    """The command that starts `marl` on `size` ranks, `local_size` per node (what a resume needs)."""
+    if size <= 1:
+        return "marl"
+    if local_size >= size:
+        return f"torchrun --nproc-per-node {size} -m marl"
+    return f"torchrun --nnodes {size // local_size} --nproc-per-node {local_size} (and your rendezvous options) -m marl"
+
+
 class World:
     """One process: every hook is a no-op."""
 
     rank = 0
     size = 1
+    local_size = 1  # ranks per node
     is_main = True
 
     def seed(self, seed: int) -> int:
@@ -85,9 +95,10 @@ class World:
         """This rank's view of a loaded checkpoint."""
         saved = state.get("world_size", 1)
         if saved != 1:
+            command = launcher(saved, state.get("local_world_size", saved))
             raise ValueError(
                 f"this checkpoint was written by {saved} ranks; resume it with torchrun on {saved} ranks "
-                f"(e.g. torchrun --nproc-per-node {saved} -m marl train --resume ...), not in one process"
+                f"(e.g. {command} train --resume ...), not in one process"
             )
         return state
 
@@ -100,6 +111,7 @@ class DistributedWorld(World):
 
     def __init__(self, rank: int, size: int, device: torch.device) -> None:
         self.rank, self.size, self.device = rank, size, device
+        self.local_size = int(os.environ.get("LOCAL_WORLD_SIZE", size))  # set by torchrun
         self.is_main = rank == 0
 
     def seed(self, seed: int) -> int:
@@ -187,14 +199,15 @@ class DistributedWorld(World):
             torch.distributed.gather_object(own, gathered, dst=0)
         if not self.is_main:
             return None
-        return {**state, "world_size": self.size, "ranks": gathered}
+        return {**state, "world_size": self.size, "local_world_size": self.local_size, "ranks": gathered}
 
     def own_checkpoint(self, state: dict) -> dict:
         saved = state.get("world_size", 1)
         if saved != self.size:
             raise ValueError(
                 f"this checkpoint was written by {saved} rank(s), but this job has {self.size}; resume it on "
-                f"{saved} rank(s) (torchrun --nnodes * --nproc-per-node = {saved}) so every rank's envs continue"
+                f"{saved} rank(s) (e.g. {launcher(saved, state.get('local_world_size', saved))}) so every rank's "
+                "envs continue"
             )
         self.check_same({"iteration": state["iteration"], "frames": state["frames"]}, "checkpoint to resume")
         return {**state, **state["ranks"][self.rank]}

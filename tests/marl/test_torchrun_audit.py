@@ -78,3 +78,20 @@ def test_more_ranks_per_node_than_cuda_devices_is_one_clear_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: pytest.fail(f"set_device({device}) was called"))
     with pytest.raises(ValueError, match=r"LOCAL_RANK=1, but this node has 1 CUDA device.*--nproc-per-node 1"):
         distributed.setup(torch.device("cuda"), {})
+
+
+def test_resume_hints_name_nodes_and_processes_per_node(monkeypatch):
+    """A job of 2 nodes x 4 ranks was told to resume with `torchrun --nproc-per-node 8`, which starts 8
+    processes on one node: the hints now say `--nnodes 2 --nproc-per-node 4` (torchrun's
+    LOCAL_WORLD_SIZE, saved in the checkpoint)."""
+    assert distributed.launcher(1, 1) == "marl"
+    assert distributed.launcher(4, 4) == "torchrun --nproc-per-node 4 -m marl"
+    assert distributed.launcher(8, 4).startswith("torchrun --nnodes 2 --nproc-per-node 4 ")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    world = distributed.DistributedWorld(rank=0, size=8, device=torch.device("cpu"))
+    assert world.local_size == 4
+    saved = {"world_size": 8, "local_world_size": 4}
+    with pytest.raises(ValueError, match="torchrun --nnodes 2 --nproc-per-node 4 .*-m marl train --resume"):
+        distributed.World().own_checkpoint(saved)
+    with pytest.raises(ValueError, match=r"this job has 2; resume it on 8 rank\(s\) \(e.g. torchrun --nnodes 2"):
+        distributed.DistributedWorld(rank=0, size=2, device=torch.device("cpu")).own_checkpoint(saved)
