@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import math
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from marl.checkpoint import load_checkpoint
 from marl.config import TrainConfig, check_seed
 from marl.distributions import draw_noise
 from marl.paths import check_output_file
-from marl.trainer import build_policies, make_env, resolve_device
+from marl.trainer import build_policies, import_env_modules, make_env, resolve_device
 
 
 @torch.no_grad()
@@ -41,7 +40,7 @@ def evaluate(
         check_render_path(render)  # now, not after the whole evaluation
     state = load_checkpoint(checkpoint)
     config = TrainConfig.from_dict(state["config"])
-    _import_env_modules(config)
+    import_env_modules(config.env)  # first: a missing module is named before any other work
     device = canonical_device(resolve_device(device))
     batch = num_envs if num_envs is not None else min(episodes, 256)
     returns: dict[str, list[float]] = {}
@@ -90,22 +89,6 @@ def evaluate(
         save_gif(frames, render)
     summary = {g: {"mean": _mean(v), "std": _std(v)} for g, v in returns.items()}
     return {"returns": summary, "episodes": len(lengths), "episode_length": _mean(lengths)}
-
-
-def _import_env_modules(config: TrainConfig) -> None:
-    """The modules the run was trained with `--imports` (they register its env); a bare "No module named
-    'my_envs'" would not say why eval wants it, nor what to do when eval runs from another folder."""
-    for module in config.env.imports:
-        try:
-            importlib.import_module(module)
-        except ImportError as error:
-            origin = f"the checkpoint's env {config.env.env!r} comes from the module {module!r} (--imports {module})"
-            if error.name is not None and f"{module}.".startswith(f"{error.name}."):  # the module (or its package)
-                raise ImportError(
-                    f"{origin}, which is not found here: run marl eval from the folder that holds it, "
-                    "or add that folder to PYTHONPATH"
-                ) from error
-            raise ImportError(f"{origin}; importing it failed: {error}") from error
 
 
 def check_render_path(render: str) -> None:

@@ -31,7 +31,7 @@ from envs.compile import maybe_compile
 from envs.specs import Box
 from marl import distributed
 from marl.checkpoint import load_checkpoint, save_checkpoint
-from marl.config import AlgoConfig, ModelConfig, TrainConfig
+from marl.config import AlgoConfig, EnvSettings, ModelConfig, TrainConfig
 from marl.fused_step import FusedUpdateStep
 from marl.groups import GroupedEnv
 from marl.logger import NoLogger, RunLogger, drop_rows_after
@@ -62,11 +62,27 @@ def resolve_device(device: str) -> torch.device:
     return device
 
 
+def import_env_modules(settings: EnvSettings) -> None:
+    """Import the `--imports` modules that register the env. A bare "No module named 'my_envs'" would
+    not say why it is wanted, nor what to do when `marl train --resume` or `marl eval` runs from
+    another folder than the run was started in."""
+    for module in settings.imports:
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            origin = f"the env {settings.env!r} comes from the module {module!r} (--imports {module})"
+            if error.name is not None and f"{module}.".startswith(f"{error.name}."):  # the module (or its package)
+                raise ImportError(
+                    f"{origin}, which is not found here: run marl from the folder that holds it, "
+                    "or add that folder to PYTHONPATH"
+                ) from error
+            raise ImportError(f"{origin}; importing it failed: {error}") from error
+
+
 def make_env(config: TrainConfig, device: torch.device, num_envs: int | None = None, seed: int | None = None):
     """The configured env, regrouped by the configured group map."""
     settings = config.env
-    for module in settings.imports:
-        importlib.import_module(module)
+    import_env_modules(settings)
     env = envs.make(
         settings.env,
         num_envs=num_envs or settings.num_envs,
@@ -447,8 +463,8 @@ class Trainer:
     def _last_checkpoint_text(self) -> str:
         if not self.checkpoint_path.exists():
             return "no checkpoint was written yet"
-        launcher = f"torchrun --nproc-per-node {self.world.size} -m marl" if self.world.size > 1 else "marl"
-        return f"the last checkpoint is {self.checkpoint_path} (resume with {launcher} train --resume {self.checkpoint_path})"
+        command = distributed.launcher(self.world.size, self.world.local_size)
+        return f"the last checkpoint is {self.checkpoint_path} (resume with {command} train --resume {self.checkpoint_path})"
 
     # ---- checkpoints -----------------------------------------------------------------------------
 

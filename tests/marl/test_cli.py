@@ -194,7 +194,10 @@ def test_train_an_env_registered_by_the_users_own_module(tmp_path, monkeypatch, 
     assert "my_counter does not render: run marl eval without --render" in capsys.readouterr().err
     assert not gif.exists()
     assert main(["train", "--imports", "no_such_module", "--env", "my_counter"]) == 2
-    assert "No module named 'no_such_module'" in capsys.readouterr().err
+    assert (
+        "the env 'my_counter' comes from the module 'no_such_module' (--imports no_such_module), which is not "
+        "found here: run marl from the folder that holds it, or add that folder to PYTHONPATH"
+    ) in capsys.readouterr().err
 
 
 def test_plot_overlays_runs_against_time(tmp_path, capsys):

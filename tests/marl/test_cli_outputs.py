@@ -111,8 +111,8 @@ def test_eval_says_which_module_registers_the_checkpoints_env(monkeypatch, capsy
     assert main(["eval", "--checkpoint", "c.pt"]) == 2
     err = capsys.readouterr().err
     assert (
-        "the checkpoint's env 'my_counter' comes from the module 'my_envs_not_here' (--imports my_envs_not_here), "
-        "which is not found here: run marl eval from the folder that holds it" in err
+        "the env 'my_counter' comes from the module 'my_envs_not_here' (--imports my_envs_not_here), "
+        "which is not found here: run marl from the folder that holds it" in err
     )
     # Found, but one of its own imports is missing: that is what the message names.
     (tmp_path / "my_envs_broken.py").write_text("import a_dependency_not_installed\n")
