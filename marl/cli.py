@@ -18,7 +18,9 @@ import ast
 import contextlib
 import dataclasses
 import os
+import signal
 import sys
+import threading
 import typing
 from typing import Any
 
@@ -147,6 +149,29 @@ def usage_errors():
         raise UsageError(str(message)) from error
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: what a scheduler sends at a job's time limit, and torchrun to the ranks left when one
+    fails. Raised as an interruption, so the trainer says where its last checkpoint is, as on Ctrl-C."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """Raise `Terminated` on SIGTERM inside the block (from the main thread only, where signal
+    handlers run); the previous handler is restored after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from marl.summary import print_summary
 
@@ -161,7 +186,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"with {algorithms_text(config, trainer.env.groups)} on {trainer.device}, {envs_text}, "
             f"{config.run.total_frames:,} frames; logging to {trainer.run_dir}"
         )
-    rows = trainer.train()
+    with sigterm_as_interrupt():
+        rows = trainer.train()
     if world.is_main:
         print_summary(trainer, rows)
     world.close()
@@ -355,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         print(f"marl {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except Terminated:  # the trainer has said where its last checkpoint is
+        print(f"marl {args.command}: terminated (SIGTERM)", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:  # Ctrl-C: the trainer has said where its last checkpoint is
         print(f"marl {args.command}: interrupted", file=sys.stderr)
         return 130

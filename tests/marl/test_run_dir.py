@@ -3,6 +3,10 @@ logging an iteration twice."""
 
 import csv
 import dataclasses
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -102,3 +106,23 @@ def test_resume_drops_the_tensorboard_steps_logged_after_the_checkpoint(tmp_path
     assert tensorboard_scalars(run, "iteration") == [(k * frames, float(k)) for k in (1, 2, 3, 4)]
     resumed_time = [value for step, value in tensorboard_scalars(run, "time_s") if step == 3 * frames]
     assert resumed_time == [pytest.approx(rows[0]["time_s"])]
+
+
+def test_sigterm_stops_a_run_saying_where_its_last_checkpoint_is(tmp_path):
+    """A scheduler's time limit (and torchrun, to the ranks left when one fails) sends SIGTERM: the run
+    used to die without a word; now it stops as on Ctrl-C, naming the checkpoint to resume from."""
+    command = [sys.executable, "-m", "marl", "train", "--env", "navigation", "--num-envs", "32",
+               "--rollout-length", "16", "--minibatch-size", "256", "--epochs", "2", "--hidden", "32", "32",
+               "--total-frames", "100000000", "--checkpoint-every", "1", "--log-dir", str(tmp_path),
+               "--run-name", "run", "--no-progress", "--no-tensorboard"]  # fmt: skip
+    checkpoint = tmp_path / "run" / "checkpoint.pt"
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
+        deadline = time.monotonic() + 120
+        while not checkpoint.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert f"the last checkpoint is {checkpoint} (resume with marl train --resume {checkpoint})" in out, out
+    assert err.strip().splitlines()[-1] == "marl train: terminated (SIGTERM)", err[-2000:]
+    assert "Traceback" not in err
