@@ -63,7 +63,9 @@ class AlgoConfig:
     epochs: int = 4
     """PPO epochs over each rollout."""
     minibatch_size: int = 4096
-    """Frames (env steps, all agents of the group) per minibatch; at most num_envs * rollout_length."""
+    """Frames (env steps, all agents of the group) per minibatch; at most num_envs * rollout_length. Each
+    epoch shuffles the iteration's frames into frames // minibatch_size minibatches; a remainder sits
+    that epoch out (other frames each epoch)."""
     clip_eps: float = 0.2
     """PPO ratio clip."""
     clip_value: bool = True
