@@ -353,8 +353,12 @@ def run_case(case: Case, args: argparse.Namespace, seed: int, threads: int) -> d
 def run_in_fresh_process(config: TrainConfig) -> dict:
     """`run_vecmarl(config)` in a new interpreter, as a `marl train` command runs: a compiled run then
     compiles as a user's would (from torch's compile cache on disk), not reusing this process's."""
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
+    pool = multiprocessing.get_context("spawn").Pool(1)
+    try:
         return pool.apply(run_vecmarl, (config,))
+    finally:  # closed and joined, not terminated (as `with` does): that left a semaphore to warn about
+        pool.close()
+        pool.join()
 
 
 def main(argv: list[str] | None = None) -> dict:
