@@ -53,6 +53,12 @@ def launcher(size: int, local_size: int) -> str:
     return f"torchrun --nnodes {size // local_size} --nproc-per-node {local_size} (and your rendezvous options) -m marl"
 
 
+def checkpoint_launcher(state: dict) -> str:
+    """`launcher` for the ranks that wrote the checkpoint `state` (one node where it does not say)."""
+    size = state.get("world_size", 1)
+    return launcher(size, state.get("local_world_size", size))
+
+
 class World:
     """One process: every hook is a no-op."""
 
@@ -95,10 +101,9 @@ class World:
         """This rank's view of a loaded checkpoint."""
         saved = state.get("world_size", 1)
         if saved != 1:
-            command = launcher(saved, state.get("local_world_size", saved))
             raise ValueError(
                 f"this checkpoint was written by {saved} ranks; resume it with torchrun on {saved} ranks "
-                f"(e.g. {command} train --resume ...), not in one process"
+                f"(e.g. {checkpoint_launcher(state)} train --resume ...), not in one process"
             )
         return state
 
@@ -206,8 +211,7 @@ class DistributedWorld(World):
         if saved != self.size:
             raise ValueError(
                 f"this checkpoint was written by {saved} rank(s), but this job has {self.size}; resume it on "
-                f"{saved} rank(s) (e.g. {launcher(saved, state.get('local_world_size', saved))}) so every rank's "
-                "envs continue"
+                f"{saved} rank(s) (e.g. {checkpoint_launcher(state)}) so every rank's envs continue"
             )
         self.check_same({"iteration": state["iteration"], "frames": state["frames"]}, "checkpoint to resume")
         return {**state, **state["ranks"][self.rank]}
