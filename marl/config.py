@@ -154,13 +154,13 @@ class RunConfig:
     checkpoint_every: int = 10
     """Write a checkpoint every this many iterations (and at the end)."""
     compile: bool = False
-    """torch.compile the rollout step (policy, and the physics of native envs) and each PPO minibatch
-    step as one graph (loss, gradients, clipping, Adam); CUDA graphs on a GPU. The first iteration
-    then spends a while compiling."""
+    """torch.compile the rollout step of native envs (policy and physics; VMAS and PettingZoo envs are
+    collected eagerly) and each PPO minibatch step as one graph (loss, gradients, clipping, Adam); CUDA
+    graphs on a GPU. The first iteration then spends a while compiling."""
     compile_unroll: int = 1
-    """With --compile: env steps per compiled rollout call. The call itself costs ~60 us on the CPU
-    (guards, wrapper), which matters at small batches (16 envs: 4 cuts collection by a third); each
-    doubling roughly doubles the rollout's compile time. Must divide rollout_length."""
+    """With --compile, on native envs: env steps per compiled rollout call. The call itself costs ~60 us
+    on the CPU (guards, wrapper), which matters at small batches (16 envs: 4 cuts collection by a
+    third); each doubling roughly doubles the rollout's compile time. Must divide rollout_length."""
     progress: bool = True
     """Show a progress bar."""
     tensorboard: bool = True

@@ -89,10 +89,13 @@ class FusedUpdateStep:
         params = dict(self.module.named_parameters())
         adam = {}
         for g, optimizer in self.optimizers.items():
+            exp_avgs, exp_avg_sqs, steps = optimizer.state_lists()
+            steps.add_(1)
             lr = self.lrs[g].fill_(optimizer.param_groups[0]["lr"])
-            adam[g] = (*optimizer.state_lists(), lr)
+            beta1, beta2, _ = self.adam_constants[g]
+            adam[g] = (exp_avgs, exp_avg_sqs, *adam_step_scalars(steps, lr, beta1, beta2))
             if self.device.type == "cuda":  # CUDA graphs replay on fixed addresses (parameters already are)
-                for tensor in (*(t for ts in adam[g][:3] for t in ts), lr):
+                for tensor in (*exp_avgs, *exp_avg_sqs):
                     torch._dynamo.mark_static_address(tensor)
         self._step(params, adam, flat, state, index, sums)
 
@@ -113,18 +116,39 @@ class FusedUpdateStep:
             _adam_(group_params, [x for gs in net_grads for x in gs], *adam[g], *self.adam_constants[g])
 
 
+def adam_step_scalars(
+    steps: torch.Tensor, lr: torch.Tensor, beta1: float, beta2: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each parameter's Adam step size `lr / (1 - beta1^step)` and `sqrt(1 - beta2^step)`, `[params]`
+    each, from the step counts `steps` `[params]` (this step included) and the float64 `lr` `[]`.
+
+    Computed in float64, as torch's fused kernel computes them: in float32 (the lr, `beta ** step`) they
+    differed from it systematically, and the run drifted away from the eager one within 15 iterations
+    instead of staying equal to ~1e-7. Computed eagerly, before the compiled step: inside it, Inductor
+    recomputed them (two float64 `pow`s) for every 16 elements of every parameter, and Adam's kernel
+    took 230-270 us a step instead of 92 us (IPPO at BenchMARL's sizes on the Xeon dev box)."""
+    counts = steps.double()
+    step_sizes = (lr / (1 - beta1**counts)).float()
+    bias_correction2_sqrts = (1 - beta2**counts).sqrt_().float()
+    return step_sizes, bias_correction2_sqrts
+
+
 def _adam_(
-    params, grads, exp_avgs, exp_avg_sqs, steps, lr: torch.Tensor, beta1: float, beta2: float, eps: float
+    params,
+    grads,
+    exp_avgs,
+    exp_avg_sqs,
+    step_sizes: torch.Tensor,
+    bias_correction2_sqrts: torch.Tensor,
+    beta1: float,
+    beta2: float,
+    eps: float,
 ) -> None:
     """torch's fused Adam step written out, in place, traceable (`torch._fused_adam_` with a tensor lr
-    cannot be compiled). Its per-step scalars are computed in float64 as the fused kernel computes
-    them: in float32 (the lr, `beta ** step`) they differed from it systematically, and the run drifted
-    away from the eager one within 15 iterations instead of staying equal to ~1e-7."""
-    for param, g, exp_avg, exp_avg_sq, step in zip(params, grads, exp_avgs, exp_avg_sqs, steps):
-        step.add_(1)
+    cannot be compiled), with the per-parameter scalars of `adam_step_scalars`."""
+    for param, g, exp_avg, exp_avg_sq, step_size, bias_correction2_sqrt in zip(
+        params, grads, exp_avgs, exp_avg_sqs, step_sizes.unbind(), bias_correction2_sqrts.unbind()
+    ):
         exp_avg.lerp_(g, 1 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        count = step.double()
-        step_size = (lr / (1 - beta1**count)).float()
-        bias_correction2_sqrt = (1 - beta2**count).sqrt().float()
         param.sub_(step_size * exp_avg / (exp_avg_sq.sqrt() / bias_correction2_sqrt + eps))

@@ -57,10 +57,10 @@ class FusedAdam(torch.optim.Adam):
             )
         return None
 
-    def state_lists(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-        """The moments and step counts of the (one) parameter group, in its parameters' order, for an
-        update written out elsewhere (`marl.fused_step`); missing state is created as Adam's first step
-        would create it."""
+    def state_lists(self) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+        """The moments of the (one) parameter group, in its parameters' order, and its step counts as one
+        tensor `[params]` (each state's `step` is a view of an element), for an update written out
+        elsewhere (`marl.fused_step`); missing state is created as Adam's first step would create it."""
         if len(self.param_groups) != 1:
             raise ValueError(f"state_lists needs one parameter group, this optimiser has {len(self.param_groups)}")
         if self._lists is None:
@@ -72,8 +72,8 @@ class FusedAdam(torch.optim.Adam):
                         "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
                     }
             self._lists = self._gather()
-        ((_, exp_avgs, exp_avg_sqs, steps, _),) = self._lists
-        return exp_avgs, exp_avg_sqs, steps
+        ((_, exp_avgs, exp_avg_sqs, _, all_steps),) = self._lists
+        return exp_avgs, exp_avg_sqs, all_steps
 
     def _gather(self) -> list[tuple[list, list, list, list, torch.Tensor]] | None:
         """Every group's parameters and their state, or None while some parameter has no state yet.

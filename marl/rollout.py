@@ -65,8 +65,8 @@ class Collector:
     One step (act, write the buffer, step the env, count episodes) is one function, `_step`, of
     tensors only; with `compile=True` `unroll` steps at a time go through `torch.compile` as a whole.
     The env's resets draw from its generator, which a graph cannot hold, so the compiler splits the
-    step there and runs the draw eagerly; everything else fuses. An env torch.compile cannot trace
-    (`env.traceable` False: VMAS, PettingZoo) steps eagerly between the compiled acting and bookkeeping.
+    step there and runs the draw eagerly; everything else fuses. With an env torch.compile cannot trace
+    (`env.traceable` False: VMAS, PettingZoo) the collector runs eagerly: see `__init__`.
     """
 
     def __init__(
@@ -92,12 +92,11 @@ class Collector:
         if rollout_length % unroll:
             raise ValueError(f"unroll ({unroll}) must divide rollout_length ({rollout_length})")
         self.unroll = unroll
-        # Compiled, an env torch.compile cannot trace (VMAS, PettingZoo) steps eagerly between the compiled
-        # parts (acting before, bookkeeping after); tried inside the graph it fails and everything runs
-        # eagerly. Eager runs call the env directly.
-        untraceable = compile and not env.traceable
-        self._env_step = torch.compiler.disable(env.step_data) if untraceable else env.step_data
-        self._steps = maybe_compile(self._steps_eager, compile, self.device)
+        # An env torch.compile cannot trace (VMAS, PettingZoo) would split each step's graph in two, the
+        # acting before it and the bookkeeping after. Compiled so, collection on vmas/navigation on the CPU took
+        # as long as eager collection (10 envs x 600 steps: 2.14 vs 2.24 s; 256 envs: 0.16 vs 0.14 s; the
+        # simulator's own step is most of it) after ~4 s of compiling; so such envs are collected eagerly.
+        self._steps = maybe_compile(self._steps_eager, compile and env.traceable, self.device)
 
     def _allocate(self) -> TensorDict:
         env, T, B = self.env, self.T, self.env.num_envs
@@ -158,7 +157,7 @@ class Collector:
             actions[g] = dist.env_action(raw)
         if self.state_leaves:
             _write(self.state_leaves["state"], t, obs["state"])
-        next_data, obs = self._env_step(actions)
+        next_data, obs = self.env.step_data(actions)
         rewards = {}
         for g in self.env.groups:
             leaf, transition = self.leaves[g], next_data[g]

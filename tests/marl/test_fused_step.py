@@ -4,7 +4,7 @@
 import torch
 
 from marl.config import AlgoConfig, EnvSettings, ModelConfig, RunConfig, TrainConfig
-from marl.fused_step import FusedUpdateStep, _adam_
+from marl.fused_step import FusedUpdateStep, _adam_, adam_step_scalars
 from marl.trainer import LOSS_TERMS, Trainer
 
 
@@ -48,15 +48,15 @@ def test_fused_step_equals_the_eager_update(tmp_path):
 
 
 def test_written_out_adam_follows_torchs_fused_adam_over_many_steps():
-    """`_adam_` against `torch.optim.Adam(fused=True)` over 1000 annealed steps: no systematic drift
-    (computing the lr and `beta ** step` in float32 drifted here past the tolerance)."""
+    """`_adam_` with `adam_step_scalars` against `torch.optim.Adam(fused=True)` over 1000 annealed steps:
+    no systematic drift (computing the lr and `beta ** step` in float32 drifted here past the tolerance)."""
     generator = torch.Generator().manual_seed(0)
     params = [torch.randn(64, 64, generator=generator), torch.randn(64, generator=generator)]
     reference = [p.clone().requires_grad_() for p in params]
     optimizer = torch.optim.Adam(reference, lr=2.5e-4, eps=1e-5, fused=True)
     ours = [p.clone() for p in params]
     exp_avgs, exp_avg_sqs = [torch.zeros_like(p) for p in ours], [torch.zeros_like(p) for p in ours]
-    steps = [torch.zeros(()) for _ in ours]
+    steps = torch.zeros(len(ours))
     lr = torch.zeros((), dtype=torch.float64)
     for step in range(1000):
         grads = [torch.randn(p.shape, generator=generator) * 1e-3 for p in params]
@@ -65,6 +65,8 @@ def test_written_out_adam_follows_torchs_fused_adam_over_many_steps():
             p.grad = g.clone()
         optimizer.step()
         lr.fill_(optimizer.param_groups[0]["lr"])
-        _adam_(ours, grads, exp_avgs, exp_avg_sqs, steps, lr, 0.9, 0.999, 1e-5)
+        steps.add_(1)
+        scalars = adam_step_scalars(steps, lr, 0.9, 0.999)
+        _adam_(ours, grads, exp_avgs, exp_avg_sqs, *scalars, 0.9, 0.999, 1e-5)
     for a, b in zip(reference, ours):
         torch.testing.assert_close(a.detach(), b, rtol=0, atol=2e-7)

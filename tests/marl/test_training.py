@@ -179,10 +179,10 @@ def test_compiled_training_matches_eager(tmp_path):
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # the compile fallback's warning fails the test
-def test_compiled_collection_steps_an_untraceable_env_eagerly(tmp_path):
-    """`--compile` on `vmas/navigation`: VMAS's step cannot be traced, so the collector compiles the
-    acting and the bookkeeping around it (before, the whole step was tried, failed after ~30 s and fell
-    back to eager). The buffer equals the eager collector's within float tolerance."""
+def test_compiled_training_collects_an_untraceable_env_eagerly(tmp_path):
+    """`--compile` on `vmas/navigation`: VMAS's step cannot be traced, and compiling the acting and the
+    bookkeeping around it saved nothing, so the collector compiles no graph (the update still does) and
+    fills the buffer the eager collector fills, exactly."""
     pytest.importorskip("vmas")
     torch._dynamo.reset()
     buffers = []
@@ -194,14 +194,11 @@ def test_compiled_collection_steps_an_untraceable_env_eagerly(tmp_path):
             algo=dataclasses.replace(config.algo, minibatch_size=32),
         )
         trainer = Trainer(config, run_dir=tmp_path / f"vmas-{compile}")
-        buffers.append([trainer.collector.collect().clone() for _ in range(2)])
-        # Compiled once per case the graphs guard on (a step with and without a reset), not per call.
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-        buffers[-1].append(trainer.collector.collect().clone())
+        buffers.append([trainer.collector.collect().clone() for _ in range(2)])
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
     for eager, compiled in zip(*buffers):
-        for key, value in eager.items(include_nested=True, leaves_only=True):
-            torch.testing.assert_close(compiled[key], value, rtol=1e-4, atol=1e-5, msg=str(key))
+        assert (eager == compiled).all()
 
 
 def test_unrolled_collection_fills_the_same_buffer(tmp_path):
