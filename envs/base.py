@@ -93,8 +93,8 @@ class MultiAgentEnv:
     traceable: ClassVar[bool] = True
     """Whether torch.compile can trace `step_data` into a graph. The compiled rollout (`marl train
     --compile`) traces the env's step with the policy; an env that cannot be traced (an adapter of a
-    simulator that branches on data in Python, or runs on the host) says False, and its step then runs
-    eagerly between the compiled parts."""
+    simulator that branches on data in Python, or runs on the host) says False, and is then collected
+    eagerly."""
 
     def __init__(
         self,
