@@ -110,15 +110,18 @@ def _returns_torch(reward, next_value, done, terminated, *, gamma, lmbda, shape)
     if next_value is None:
         decay(done, gamma, out=trace)
     else:
-        terminated_number = flag_as_number(terminated)
+        # The bootstrap as next_value times gamma * (1 - terminated), exactly 0 where terminated (as in
+        # GAE): adding gamma * next_value and taking it off again rounded the reward away under a large
+        # next_value.
+        bootstrap = decay(
+            terminated, gamma, out=torch.empty(terminated.shape, dtype=torch.float32, device=reward.device)
+        )
         decay(done, gamma * lmbda, out=trace)
-        trace.addcmul_(trace, terminated_number, value=-1.0)
-        returns.add_(next_value, alpha=gamma)
-        returns.addcmul_(next_value, terminated_number, value=-gamma)
+        trace.addcmul_(trace, flag_as_number(terminated), value=-1.0)
+        returns.addcmul_(next_value, bootstrap)
         returns.addcmul_(next_value, trace, value=-1.0)
         # G[T - 1] = reward + gamma * (1 - terminated) * next_value: no trace
-        last = torch.add(reward[-1].float(), next_value[-1], alpha=gamma, out=returns[-1])
-        last.addcmul_(next_value[-1], terminated_number[-1], value=-gamma)
+        torch.addcmul(reward[-1].float(), next_value[-1], bootstrap[-1], out=returns[-1])
     return reverse_recurrence_(returns, trace)
 
 

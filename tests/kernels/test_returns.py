@@ -77,6 +77,17 @@ def test_env_level_flags_bf16_and_non_contiguous_inputs(op):
     assert_matches_reference(op, views)
 
 
+@pytest.mark.parametrize("op", [td_lambda_by, bootstrapped_by], ids=["td_lambda", "bootstrapped"])
+def test_a_large_next_value_at_a_terminated_step_does_not_swamp_the_reward(op):
+    # As in GAE's test of the same name: a terminated step's next_value is not used; the torch path added
+    # gamma * next_value and took it off again, which at 1e6 kept the reward only to float32's spacing there.
+    data = rollout(6, (4, 3))
+    for t in (2, 5):  # a middle step, and the last, which the torch path computes apart
+        data["terminated"][t] = data["done"][t] = True
+        data["next_value"][t] = 1e6
+    assert_matches_reference(op, data)
+
+
 @pytest.mark.parametrize("flag_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("op", OPS.values(), ids=OPS.keys())
 def test_half_precision_float_flags_match_bool_flags(op, flag_dtype):
