@@ -58,7 +58,7 @@ class FusedUpdateStep:
         self.optimizers = {g: lr.optimizer for g, lr in learners.items()}
         self.max_grad_norms = {g: lr.algo.max_grad_norm for g, lr in learners.items()}
         # Adam's constants per group, read once: the compiled graph must not guard on the param group
-        # (its lr changes every iteration and arrives as a tensor instead).
+        # (its lr changes every iteration and arrives inside the per-parameter step sizes instead).
         self.adam_constants = {
             g: (*optimizer.param_groups[0]["betas"], optimizer.param_groups[0]["eps"])
             for g, optimizer in self.optimizers.items()
@@ -73,8 +73,6 @@ class FusedUpdateStep:
             ours = [named[name] for net_names in self.names[g] for name in net_names]
             if [id(p) for p in ours] != [id(p) for p in optimizer.param_groups[0]["params"]]:
                 raise ValueError(f"group {g!r}: the optimiser must hold the policy's then the critic's parameters")
-        # The learning rate as a tensor filled before each call: the annealed schedule must not recompile.
-        self.lrs = {g: torch.zeros((), dtype=torch.float64, device=device) for g in self.optimizers}
         self.device = device
         self._step = maybe_compile(self._step_eager, compile, device)
 
@@ -91,9 +89,9 @@ class FusedUpdateStep:
         for g, optimizer in self.optimizers.items():
             exp_avgs, exp_avg_sqs, steps = optimizer.state_lists()
             steps.add_(1)
-            lr = self.lrs[g].fill_(optimizer.param_groups[0]["lr"])
             beta1, beta2, _ = self.adam_constants[g]
-            adam[g] = (exp_avgs, exp_avg_sqs, *adam_step_scalars(steps, lr, beta1, beta2))
+            scalars = adam_step_scalars(steps, optimizer.param_groups[0]["lr"], beta1, beta2)
+            adam[g] = (exp_avgs, exp_avg_sqs, *scalars)
             if self.device.type == "cuda":  # CUDA graphs replay on fixed addresses (parameters already are)
                 for tensor in (*exp_avgs, *exp_avg_sqs):
                     torch._dynamo.mark_static_address(tensor)
@@ -116,11 +114,9 @@ class FusedUpdateStep:
             _adam_(group_params, [x for gs in net_grads for x in gs], *adam[g], *self.adam_constants[g])
 
 
-def adam_step_scalars(
-    steps: torch.Tensor, lr: torch.Tensor, beta1: float, beta2: float
-) -> tuple[torch.Tensor, torch.Tensor]:
+def adam_step_scalars(steps: torch.Tensor, lr: float, beta1: float, beta2: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Each parameter's Adam step size `lr / (1 - beta1^step)` and `sqrt(1 - beta2^step)`, `[params]`
-    each, from the step counts `steps` `[params]` (this step included) and the float64 `lr` `[]`.
+    each, from the step counts `steps` `[params]` (this step included) and the learning rate `lr`.
 
     Computed in float64, as torch's fused kernel computes them: in float32 (the lr, `beta ** step`) they
     differed from it systematically, and the run drifted away from the eager one within 15 iterations

@@ -57,16 +57,14 @@ def test_written_out_adam_follows_torchs_fused_adam_over_many_steps():
     ours = [p.clone() for p in params]
     exp_avgs, exp_avg_sqs = [torch.zeros_like(p) for p in ours], [torch.zeros_like(p) for p in ours]
     steps = torch.zeros(len(ours))
-    lr = torch.zeros((), dtype=torch.float64)
     for step in range(1000):
         grads = [torch.randn(p.shape, generator=generator) * 1e-3 for p in params]
         optimizer.param_groups[0]["lr"] = 2.5e-4 * (1 - step / 1000)
         for p, g in zip(reference, grads):
             p.grad = g.clone()
         optimizer.step()
-        lr.fill_(optimizer.param_groups[0]["lr"])
         steps.add_(1)
-        scalars = adam_step_scalars(steps, lr, 0.9, 0.999)
+        scalars = adam_step_scalars(steps, optimizer.param_groups[0]["lr"], 0.9, 0.999)
         _adam_(ours, grads, exp_avgs, exp_avg_sqs, *scalars, 0.9, 0.999, 1e-5)
     for a, b in zip(reference, ours):
         torch.testing.assert_close(a.detach(), b, rtol=0, atol=2e-7)
