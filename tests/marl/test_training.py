@@ -158,8 +158,10 @@ def test_eager_minibatches_are_slices_of_the_shuffled_epoch(tmp_path):
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # the compile fallback's warning fails the test
 def test_compiled_training_matches_eager(tmp_path):
     """`--compile`: the same seed gives the same iterations as eager, within float tolerance; the
-    compiled functions compile once (the annealed learning rate must not recompile the update)."""
+    compiled functions compile once (the annealed learning rate must not recompile the update), and
+    AOTAutograd's on-disk cache can keep every graph (the next run loads them instead of retracing)."""
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     runs = {}
     for compile in (False, True):
         # Compiled with 2 steps per compiled rollout call: the unrolled graph must equal eager too.
@@ -170,6 +172,8 @@ def test_compiled_training_matches_eager(tmp_path):
             rows = [trainer.train_iteration() for _ in range(3)]
         runs[compile] = (trainer, rows)
     (eager, eager_rows), (compiled, compiled_rows) = runs[False], runs[True]
+    aot = torch._dynamo.utils.counters["aot_autograd"]
+    assert aot["total"] > 0 and aot["autograd_cache_bypass"] == 0, dict(aot)
     for key in ("agent/episode_return", "agent/policy_loss", "agent/value_loss", "agent/entropy"):
         for a, b in zip(eager_rows, compiled_rows):
             assert a[key] == pytest.approx(b[key], rel=1e-3, abs=1e-4, nan_ok=True), key
