@@ -99,8 +99,13 @@ class FusedUpdateStep:
 
     @torch.no_grad()
     def _step_eager(self, params, adam, flat, state, index, sums) -> None:
-        # d(total loss)/d(parameters); the per-group loss terms ride along as the auxiliary output.
-        grads, terms = grad(lambda p: functional_call(self.module, p, (flat, state, index)), has_aux=True)(params)
+        # d(total loss)/d(parameters); the per-group loss terms ride along as the auxiliary output. No
+        # weights are tied, and looking for ties walks every buffer: traced, the critic's float64 target
+        # count became a symbolic float, and AOTAutograd restarted the whole trace to specialise it.
+        def loss(p):
+            return functional_call(self.module, p, (flat, state, index), tie_weights=False)
+
+        grads, terms = grad(loss, has_aux=True)(params)
         for g, names in self.names.items():
             sums[g][: terms[g].shape[0]] += terms[g]
             net_grads = [[grads[name] for name in net_names] for net_names in names]  # [policy, critic]

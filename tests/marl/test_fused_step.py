@@ -68,3 +68,25 @@ def test_written_out_adam_follows_torchs_fused_adam_over_many_steps():
         _adam_(ours, grads, exp_avgs, exp_avg_sqs, *scalars, 0.9, 0.999, 1e-5)
     for a, b in zip(reference, ours):
         torch.testing.assert_close(a.detach(), b, rtol=0, atol=2e-7)
+
+
+def test_the_step_compiles_in_one_trace(tmp_path):
+    """The compiled step is traced once. A Python float met while tracing (the critic's float64 target
+    count was one, reached by `functional_call`'s search for tied weights) becomes a symbol that
+    AOTAutograd specialises by restarting the whole trace: ~3 s more of compiling with a cold cache."""
+    torch._dynamo.reset()
+    trainer = Trainer(config(tmp_path), run_dir=tmp_path / "run")
+    traces = []
+
+    def counting_aot_eager(graph, example_inputs):  # AOTAutograd's passes without Inductor's codegen
+        traces.append(graph)
+        return torch._dynamo.lookup_backend("aot_eager")(graph, example_inputs)
+
+    step = FusedUpdateStep(trainer.learners, trainer._minibatch_loss_eager, trainer.device, compile=False)
+    step._step = torch.compile(step._step_eager, backend=counting_aot_eager, dynamic=False)
+    buffer = trainer.collector.collect()
+    trainer.compute_advantages(buffer)
+    flat, state = trainer.update_inputs(buffer)
+    sums = {g: torch.zeros(len(LOSS_TERMS) + 2) for g in flat}
+    step(flat, state, torch.arange(128), sums)
+    assert len(traces) == 1
