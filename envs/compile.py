@@ -48,9 +48,9 @@ def maybe_compile(fn: Callable, enabled: bool, device: torch.device) -> Callable
 def _inductor_cpu(graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
     """torch's Inductor backend, with AOTAutograd's on-disk cache allowed to keep graphs that hold a
     custom autograd Function (`marl.networks`' tanh on the CPU). torch bypasses that cache for them by
-    default, so every `marl train --compile` retraced and re-partitioned its update's graph before
-    loading Inductor's cached code: on vmas/navigation at BenchMARL's sizes (AMD EPYC dev box) the
-    compiling took ~7 s a run with a warm cache, ~4 s with this. The cache key holds the graph the
+    default, so every `marl train --compile` traced its update's graph through AOTAutograd again
+    before loading Inductor's cached code: on vmas/navigation at BenchMARL's sizes (AMD EPYC dev box)
+    compiling took ~7.8 s a run with a warm cache, ~4-5 s with this. The cache key holds the graph the
     Function's forward and backward were traced into, so an edited Function is a new key."""
     from torch._inductor.compile_fx import compile_fx
 
