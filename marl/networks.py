@@ -14,12 +14,16 @@ import torch
 from torch import nn
 
 
+def _sigmoid_tanh(x: torch.Tensor) -> torch.Tensor:
+    return torch.sigmoid(x * 2.0).mul_(2.0).sub_(1.0)
+
+
 class _SigmoidTanh(torch.autograd.Function):
     """tanh(x) as `2 * sigmoid(2x) - 1`, with tanh's own backward `grad * (1 - y^2)`."""
 
     @staticmethod
     def forward(x: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(x * 2.0).mul_(2.0).sub_(1.0)
+        return _sigmoid_tanh(x)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:  # apart from forward, as torch.func's grad needs
@@ -65,6 +69,11 @@ class Tanh(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type == "cpu" and (EAGER_TANH_VIA_SIGMOID or torch.compiler.is_compiling()):
+            if not torch.is_grad_enabled():
+                # Acting: the same arithmetic without the Function, whose every eager call binds its
+                # arguments through `inspect.signature` (98 against 36 us on a [30, 256] tensor, the
+                # policy's two activations at each step of a 10-env rollout on the AMD EPYC dev box).
+                return _sigmoid_tanh(x)
             return _SigmoidTanh.apply(x)
         return torch.tanh(x)
 

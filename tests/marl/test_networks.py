@@ -72,6 +72,10 @@ def test_tanh_activation_equals_torch_tanh_with_its_gradient(monkeypatch, via_si
     reference.sum().backward()
     torch.testing.assert_close(ours, reference, atol=3e-7, rtol=0)
     torch.testing.assert_close(grad, x.grad, atol=1e-6, rtol=0)
+    # Acting (no gradient): the same numbers, without the autograd Function's per-call cost.
+    monkeypatch.setattr(networks._SigmoidTanh, "apply", None)
+    with torch.no_grad():
+        assert torch.equal(Tanh()(x), ours.detach())
 
 
 @pytest.mark.parametrize(
