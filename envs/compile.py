@@ -15,16 +15,21 @@ import torch
 _warned = False
 
 
-def maybe_compile(fn: Callable, enabled: bool, device: torch.device) -> Callable:
+def maybe_compile(fn: Callable, enabled: bool, device: torch.device, cpp_wrapper: bool = False) -> Callable:
     """`fn` compiled when `enabled` (falling back to `fn` itself if compilation fails), else `fn`. When
     the compiled call raises, `fn` runs eagerly: if that raises too, the error is `fn`'s own and is
-    raised without the fallback warning."""
+    raised without the fallback warning. `cpp_wrapper` (CPU): Inductor's C++ wrapper calls the graph's
+    kernels, for a function run on a second thread: Inductor's Python wrapper calls its fused C++
+    kernels with Python's GIL held (torch 2.13), and a thread running it stalls every other thread's
+    Python (a VMAS rollout beside it: +50-57% its time; with the C++ wrapper +13-32%). Not the default:
+    no faster alone, and a cold compile takes longer."""
     if not enabled:
         return fn
     if device.type == "cuda":
         compiled = torch.compile(fn, dynamic=False, mode="reduce-overhead")
     else:
-        compiled = torch.compile(fn, dynamic=False, backend=_inductor_cpu)
+        backend = functools.partial(_inductor_cpu, cpp_wrapper=True) if cpp_wrapper else _inductor_cpu
+        compiled = torch.compile(fn, dynamic=False, backend=backend)
     state = {"call": compiled}
 
     @functools.wraps(fn)
@@ -45,7 +50,7 @@ def maybe_compile(fn: Callable, enabled: bool, device: torch.device) -> Callable
     return call
 
 
-def _inductor_cpu(graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
+def _inductor_cpu(graph: torch.fx.GraphModule, example_inputs: list, cpp_wrapper: bool = False) -> Callable:
     """torch's Inductor backend, with AOTAutograd's on-disk cache allowed to keep graphs that hold a
     custom autograd Function (`marl.networks`' tanh on the CPU). torch bypasses that cache for them by
     default, so every `marl train --compile` traced its update's graph through AOTAutograd again
@@ -60,7 +65,7 @@ def _inductor_cpu(graph: torch.fx.GraphModule, example_inputs: list) -> Callable
     else:
         allow = contextlib.nullcontext()
     with allow:
-        return compile_fx(graph, example_inputs)
+        return compile_fx(graph, example_inputs, config_patches={"cpp_wrapper": cpp_wrapper})
 
 
 def _warn(fn: Callable, error: Exception) -> None:

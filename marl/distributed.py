@@ -86,7 +86,7 @@ class World:
         """Replace each gradient by its mean over the ranks."""
 
     def reduce_metrics(self, values: dict[str, torch.Tensor], stats) -> dict[str, torch.Tensor]:
-        """An iteration's metrics over all ranks; `stats` is the collector's `EpisodeStats`."""
+        """An iteration's metrics over all ranks; `stats` the batch's `marl.rollout.FinishedEpisodes`."""
         return values
 
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,8 @@ from torch.func import functional_call, grad
 from envs.compile import maybe_compile
 from marl.optim import clip_factors
 
+NETS = ("policy", "critic")  # a group's nets, in its optimiser's order
+
 
 class _Nets(nn.Module):
     """Every group's policy and critic under one module, whose forward is the trainer's loss: so
@@ -42,21 +44,38 @@ class _Nets(nn.Module):
 
 
 class FusedUpdateStep:
-    """`step(flat, state, index, sums)`: one minibatch step of every group, in place, compiled.
+    """`step(flat, state, index, sums)`: one minibatch step of every group's nets, in place, compiled.
 
     Args:
         learners: per group, its `marl.trainer.Learner`: the policy and critic (each net's gradients
             clipped apart, at `algo.max_grad_norm`; 0 or less: no clipping) and the `FusedAdam` over
             the policy's then the critic's parameters.
-        loss: `loss(flat, state, index) -> (total, {group: loss terms})`, computed with the networks.
+        loss: `loss(flat, state, index, nets) -> (total, {group: loss terms})`, computed with the networks
+            (of `nets` only).
         device: where the step runs (CUDA: `mode="reduce-overhead"`, CUDA graphs; not yet run on a GPU).
         compile: `torch.compile` the step (else it runs the same function eagerly, for tests).
+        nets: which of every group's nets the step trains, `NETS` or one of them: a policy step and a
+            critic step in turn do what the step of both does (tested), so the two can run apart.
+        cpp_wrapper: compile with Inductor's C++ wrapper, for a step run on a second thread
+            (`envs.compile.maybe_compile`).
     """
 
-    def __init__(self, learners: Mapping, loss: Callable, device: torch.device, compile: bool = True) -> None:
+    def __init__(
+        self,
+        learners: Mapping,
+        loss: Callable,
+        device: torch.device,
+        compile: bool = True,
+        nets: tuple[str, ...] = NETS,
+        cpp_wrapper: bool = False,
+    ) -> None:
         self.module = _Nets(learners, loss)
         self.optimizers = {g: lr.optimizer for g, lr in learners.items()}
         self.max_grad_norms = {g: lr.algo.max_grad_norm for g, lr in learners.items()}
+        if not nets or any(net not in NETS for net in nets) or list(nets) != sorted(nets, key=NETS.index):
+            raise ValueError(f"nets must be some of {NETS} in that order, got {nets}")
+        self.nets = tuple(nets)
+        self.net_indices = [NETS.index(net) for net in self.nets]  # contiguous: (0,), (1,) or (0, 1)
         # Adam's constants per group, read once: the compiled graph must not guard on the param group
         # (its lr changes every iteration and arrives inside the per-parameter step sizes instead).
         self.adam_constants = {
@@ -65,16 +84,21 @@ class FusedUpdateStep:
         }
         # Per group: the parameter names of its policy and of its critic, in `module`'s naming.
         self.names = {
-            g: [[f"groups.{g}.{net}.{name}" for name, _ in nets[net].named_parameters()] for net in nets]
+            g: [[f"groups.{g}.{net}.{name}" for name, _ in nets[net].named_parameters()] for net in NETS]
             for g, nets in self.module.groups.items()
         }
+        # Per group: where the stepped nets' parameters lie in the optimiser's list (policy's, then critic's).
+        self.spans = {}
         named = dict(self.module.named_parameters())
         for g, optimizer in self.optimizers.items():
             ours = [named[name] for net_names in self.names[g] for name in net_names]
             if [id(p) for p in ours] != [id(p) for p in optimizer.param_groups[0]["params"]]:
                 raise ValueError(f"group {g!r}: the optimiser must hold the policy's then the critic's parameters")
+            sizes = [len(net_names) for net_names in self.names[g]]
+            start = sum(sizes[: self.net_indices[0]])
+            self.spans[g] = (start, start + sum(sizes[i] for i in self.net_indices))
         self.device = device
-        self._step = maybe_compile(self._step_eager, compile, device)
+        self._step = maybe_compile(self._step_eager, compile, device, cpp_wrapper)
 
     def __call__(
         self,
@@ -83,39 +107,46 @@ class FusedUpdateStep:
         index: torch.Tensor,
         sums: dict[str, torch.Tensor],
     ) -> None:
-        """Adds each group's loss terms and gradient norms to `sums[g]` (`[terms + 2]`)."""
-        params = dict(self.module.named_parameters())
+        """Adds each group's loss terms (those of the stepped nets; the others' are 0) and the stepped
+        nets' gradient norms to `sums[g]` (`[terms + 2]`)."""
+        named = dict(self.module.named_parameters())
+        params = {name: named[name] for names in self.names.values() for i in self.net_indices for name in names[i]}
         adam = {}
         for g, optimizer in self.optimizers.items():
             exp_avgs, exp_avg_sqs, steps = optimizer.state_lists()
+            start, end = self.spans[g]
+            steps = steps[start:end]  # a view: the stepped nets' counts advance in the optimiser's state
             steps.add_(1)
             beta1, beta2, _ = self.adam_constants[g]
             scalars = adam_step_scalars(steps, optimizer.param_groups[0]["lr"], beta1, beta2)
-            adam[g] = (exp_avgs, exp_avg_sqs, *scalars)
+            adam[g] = (exp_avgs[start:end], exp_avg_sqs[start:end], *scalars)
             if self.device.type == "cuda":  # CUDA graphs replay on fixed addresses (parameters already are)
-                for tensor in (*exp_avgs, *exp_avg_sqs):
+                for tensor in (*adam[g][0], *adam[g][1]):
                     torch._dynamo.mark_static_address(tensor)
         self._step(params, adam, flat, state, index, sums)
 
     @torch.no_grad()
     def _step_eager(self, params, adam, flat, state, index, sums) -> None:
-        # d(total loss)/d(parameters); the per-group loss terms ride along as the auxiliary output. No
-        # weights are tied, and looking for ties walks every buffer: traced, the critic's float64 target
-        # count became a symbolic float, and AOTAutograd restarted the whole trace to specialise it.
+        # d(loss of the stepped nets)/d(their parameters); the per-group loss terms ride along as the
+        # auxiliary output. No weights are tied, and looking for ties walks every buffer: traced, the
+        # critic's float64 target count became a symbolic float, and AOTAutograd restarted the whole trace
+        # to specialise it.
         def loss(p):
-            return functional_call(self.module, p, (flat, state, index), tie_weights=False)
+            return functional_call(self.module, p, (flat, state, index, self.nets), tie_weights=False)
 
         grads, terms = grad(loss, has_aux=True)(params)
+        first = self.net_indices[0]
         for g, names in self.names.items():
-            sums[g][: terms[g].shape[0]] += terms[g]
-            net_grads = [[grads[name] for name in net_names] for net_names in names]  # [policy, critic]
+            count = terms[g].shape[0]
+            sums[g][:count] += terms[g]
+            net_grads = [[grads[name] for name in names[i]] for i in self.net_indices]
             if self.max_grad_norms[g] > 0:
                 # Clipped apart, as the eager update: the critic's large gradients must not
                 # shrink the policy's through one shared norm.
                 norms, factors = clip_factors(net_grads, self.max_grad_norms[g])
                 net_grads = [torch._foreach_mul(gs, factor) for gs, factor in zip(net_grads, factors)]
-                sums[g][terms[g].shape[0] :] += torch.stack(norms)
-            group_params = [params[name] for net_names in names for name in net_names]
+                sums[g][count + first : count + first + len(norms)] += torch.stack(norms)
+            group_params = [params[name] for i in self.net_indices for name in names[i]]
             _adam_(group_params, [x for gs in net_grads for x in gs], *adam[g], *self.adam_constants[g])
 
 

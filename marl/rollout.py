@@ -13,6 +13,7 @@ and are read once per iteration by the trainer.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -49,14 +50,35 @@ class EpisodeStats:
         self.episodes += finished.sum()
         self.length = torch.where(done, 0.0, self.length)
 
+    def take_finished(self) -> FinishedEpisodes:
+        """The sums over the episodes finished so far, handed over; counting starts again from zero (new
+        tensors: what was handed over stays as it was while the next batch is collected)."""
+        finished = FinishedEpisodes(self.return_sum, self.length_sum, self.episodes)
+        self.clear()
+        return finished
+
     def state_dict(self) -> dict:
-        return {"running": self.running, "length": self.length}
+        finished = {"return_sum": self.return_sum, "length_sum": self.length_sum, "episodes": self.episodes}
+        return {"running": self.running, "length": self.length, **finished}
 
     def load_state_dict(self, state: dict) -> None:
         # Checkpoints load on the CPU (and gathered ranks' states are sent there): back to this device.
         device = self.length.device
         self.running = {g: value.to(device) for g, value in state["running"].items()}
         self.length = state["length"].to(device)
+        if "episodes" in state:  # checkpoints written before the sums were saved had none pending
+            self.return_sum = {g: value.to(device) for g, value in state["return_sum"].items()}
+            self.length_sum, self.episodes = state["length_sum"].to(device), state["episodes"].to(device)
+
+
+@dataclass
+class FinishedEpisodes:
+    """What `EpisodeStats` summed over finished episodes: per group the summed returns, the summed
+    lengths and the count (0-d tensors on the device)."""
+
+    return_sum: dict[str, torch.Tensor]
+    length_sum: torch.Tensor
+    episodes: torch.Tensor
 
 
 class Collector:

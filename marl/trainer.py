@@ -13,9 +13,11 @@ the envs. One iteration:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import math
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,16 +32,18 @@ from envs.base import canonical_device
 from envs.compile import maybe_compile
 from envs.specs import Box
 from marl import distributed
+from marl.background import Background, one_thread
 from marl.checkpoint import load_checkpoint, save_checkpoint
 from marl.config import AlgoConfig, EnvSettings, ModelConfig, TrainConfig
-from marl.fused_step import FusedUpdateStep
+from marl.fused_step import NETS, FusedUpdateStep
 from marl.groups import GroupedEnv
 from marl.logger import NoLogger, RunLogger, drop_rows_after
 from marl.models import Critic, CriticInput, Policy
 from marl.optim import FusedAdam, clip_factors
-from marl.ppo import explained_variance, ppo_loss
+from marl.ppo import combined_terms, explained_variance, policy_terms, value_terms
 from marl.rollout import Collector, observations
 
+CRITIC_KEYS = ("observation", "value", "value_target")  # what a critic's step reads of a group's batch
 LOSS_TERMS = ("loss", "policy_loss", "value_loss", "entropy_loss", "approx_kl", "clip_fraction", "entropy")
 
 
@@ -193,10 +197,11 @@ class PhaseTimer:
             self.marks.append((name, time.perf_counter()))
 
     def seconds(self) -> dict[str, float]:
-        """Seconds between consecutive marks, keyed by the later mark's name (call after a sync)."""
-        out = {}
+        """Seconds between consecutive marks, keyed by the later mark's name and summed over the marks
+        of one name (call after a sync)."""
+        out: dict[str, float] = {}
         for (_, a), (name, b) in zip(self.marks, self.marks[1:]):
-            out[name] = a.elapsed_time(b) / 1000 if self.cuda else b - a
+            out[name] = out.get(name, 0.0) + (a.elapsed_time(b) / 1000 if self.cuda else b - a)
         self.marks = []
         return out
 
@@ -239,8 +244,21 @@ class Trainer:
         fuse = config.run.compile and self.world.size == 1
         self._minibatch_loss = maybe_compile(self._minibatch_loss_eager, config.run.compile and not fuse, self.device)
         self._fused_step = None
-        if fuse:
+        if fuse and not config.run.overlap_critic:
             self._fused_step = FusedUpdateStep(self.learners, self._minibatch_loss_eager, self.device)
+        # With overlap_critic: the policies' and the critics' steps apart, the critics' on a second thread
+        # while the next batch, `_pending`, is collected (`_update_apart`).
+        self._policy_step = self._critic_step = None
+        self._pending: TensorDict | None = None
+        if config.run.overlap_critic:
+            if self.device.type != "cpu" or not fuse:
+                raise ValueError(
+                    "overlap_critic runs on the CPU in one process, where collecting leaves a core idle; this run "
+                    f"is on {self.device} with {self.world.size} rank(s)"
+                )
+            loss = self._minibatch_loss_eager
+            self._policy_step = FusedUpdateStep(self.learners, loss, self.device, nets=("policy",))
+            self._critic_step = FusedUpdateStep(self.learners, loss, self.device, nets=("critic",), cpp_wrapper=True)
         self.frames_per_iteration = self.world.size * config.env.num_envs * config.run.rollout_length
         self.iteration, self.frames, self.elapsed = 0, 0, 0.0
         self.timer = PhaseTimer(self.device)
@@ -295,8 +313,9 @@ class Trainer:
         state = buffer["state"].flatten(0, 1) if "state" in buffer.keys() else None
         return flat, state
 
-    def update(self, buffer: TensorDict) -> dict[str, dict[str, torch.Tensor]]:
-        """PPO epochs over minibatches; returns each group's loss terms averaged over the updates."""
+    def update(self, buffer: TensorDict, prefetch: bool = False) -> dict[str, dict[str, torch.Tensor]]:
+        """PPO epochs over minibatches; returns each group's loss terms averaged over the updates. With
+        `overlap_critic` and `prefetch`, the next batch is collected beside the critics' steps."""
         algo = self.config.algo
         frames = buffer.batch_size.numel()
         flat, state = self.update_inputs(buffer)
@@ -309,67 +328,116 @@ class Trainer:
             g: [list(lr.policy.parameters()), list(lr.critic.parameters())] for g, lr in self.learners.items()
         }
         parameters = [p for nets in net_parameters.values() for net in nets for p in net]
-        for _ in range(algo.epochs):
-            order = torch.randperm(frames, generator=self.generator, device=self.device)
-            if self.config.run.compile:  # the gather by index stays in the compiled graph
-                data, data_state = flat, state
-                batches = [order[k * size : (k + 1) * size] for k in range(count)]
-            else:
-                # Eagerly, one gather per tensor shuffles the epoch's frames and each minibatch is a
-                # slice of them (a view): the same rows as `order`'s slices in a few ops, not a gather
-                # per tensor per minibatch, for one more copy of the update's inputs while it runs.
-                data = {g: {k: v[order] for k, v in tensors.items()} for g, tensors in flat.items()}
-                data_state = state[order] if state is not None else None
-                batches = [slice(k * size, (k + 1) * size) for k in range(count)]
-            for index in batches:
-                if self._fused_step is not None:
-                    self._fused_step(data, data_state, index, sums)
-                    continue
-                total, terms = self._minibatch_loss(data, data_state, index)
-                for learner in self.learners.values():
-                    learner.optimizer.zero_grad(set_to_none=True)
-                total.backward()
-                self.world.average_gradients(parameters)
-                for g, learner in self.learners.items():
-                    sums[g][: len(LOSS_TERMS)] += terms[g]
-                    if learner.algo.max_grad_norm > 0:
-                        # Clipped apart: the critic's gradients (large while values are far off) must
-                        # not shrink the policy's through one shared norm.
-                        clipped = clip_grad_norms_(net_parameters[g], learner.algo.max_grad_norm)
-                        sums[g][len(LOSS_TERMS) :] += torch.stack(clipped)
-                    learner.optimizer.step()
+        orders = [torch.randperm(frames, generator=self.generator, device=self.device) for _ in range(algo.epochs)]
+        if self._critic_step is not None:
+            batches = [order[k * size : (k + 1) * size] for order in orders for k in range(count)]
+            self._update_apart(flat, state, batches, sums, prefetch)
+        else:
+            for order in orders:
+                if self.config.run.compile:  # the gather by index stays in the compiled graph
+                    data, data_state = flat, state
+                    batches = [order[k * size : (k + 1) * size] for k in range(count)]
+                else:
+                    # Eagerly, one gather per tensor shuffles the epoch's frames and each minibatch is a
+                    # slice of them (a view): the same rows as `order`'s slices in a few ops, not a gather
+                    # per tensor per minibatch, for one more copy of the update's inputs while it runs.
+                    data = {g: {k: v[order] for k, v in tensors.items()} for g, tensors in flat.items()}
+                    data_state = state[order] if state is not None else None
+                    batches = [slice(k * size, (k + 1) * size) for k in range(count)]
+                for index in batches:
+                    if self._fused_step is not None:
+                        self._fused_step(data, data_state, index, sums)
+                        continue
+                    total, terms = self._minibatch_loss(data, data_state, index)
+                    for learner in self.learners.values():
+                        learner.optimizer.zero_grad(set_to_none=True)
+                    total.backward()
+                    self.world.average_gradients(parameters)
+                    for g, learner in self.learners.items():
+                        sums[g][: len(LOSS_TERMS)] += terms[g]
+                        if learner.algo.max_grad_norm > 0:
+                            # Clipped apart: the critic's gradients (large while values are far off) must
+                            # not shrink the policy's through one shared norm.
+                            clipped = clip_grad_norms_(net_parameters[g], learner.algo.max_grad_norm)
+                            sums[g][len(LOSS_TERMS) :] += torch.stack(clipped)
+                        learner.optimizer.step()
         for g, learner in self.learners.items():
             if learner.algo.max_grad_norm <= 0:  # not clipped, so not measured: NaN, not a norm of 0
                 sums[g][len(LOSS_TERMS) :] = math.nan
         means = {g: (vector / (algo.epochs * count)).unbind() for g, vector in sums.items()}
         return {g: dict(zip(names, values)) for g, values in means.items()}
 
+    def _update_apart(self, flat, state, batches: list[torch.Tensor], sums, prefetch: bool) -> None:
+        """The policies' minibatch steps, then the critics' (the same minibatches). With `prefetch` the
+        critics' steps start on a second thread while this one collects the next batch into `_pending`
+        (one intra-op thread each); once it is collected, this thread takes the rest of them on all its
+        threads. The phase timer marks the policies' and the rest of the critics' steps as `update_s`,
+        the collection with the critics' steps beside it as `collect_s`."""
+        for index in batches:
+            self._policy_step(flat, state, index, sums)
+        self.timer.mark("update_s")
+        # The next collection overwrites the buffer that `flat` views: the critics read copies.
+        critic_flat = {g: {k: data[k].clone() for k in CRITIC_KEYS} for g, data in flat.items()}
+        critic_state = state.clone() if state is not None else None
+        done = 0  # critic steps taken
+
+        def critic_steps(stop: threading.Event) -> None:
+            nonlocal done
+            while done < len(batches) and not stop.is_set():
+                self._critic_step(critic_flat, critic_state, batches[done], sums)
+                done += 1
+
+        if prefetch:
+            background = Background(critic_steps)
+            with background:
+                self._pending = self.collector.collect()
+                background.stop.set()  # after its current step, the rest are taken here, on every thread
+            self.timer.mark("collect_s")
+        for index in batches[done:]:
+            self._critic_step(critic_flat, critic_state, index, sums)
+
     def _minibatch_loss_eager(
-        self, flat: dict[str, dict[str, torch.Tensor]], state: torch.Tensor | None, index: torch.Tensor | slice
+        self,
+        flat: dict[str, dict[str, torch.Tensor]],
+        state: torch.Tensor | None,
+        index: torch.Tensor | slice,
+        nets: tuple[str, ...] = NETS,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The sum of every group's PPO loss on the frames `index` (indices or a slice) of the flattened
-        rollout, and per group its `LOSS_TERMS`, detached, in one vector."""
+        rollout, and per group its `LOSS_TERMS`, detached, in one vector. With `nets` one of `NETS`, only
+        that net's part (`marl.ppo.policy_terms` / `value_terms`; the other's terms 0), which only it runs."""
         batch = {g: {k: v[index] for k, v in data.items()} for g, data in flat.items()}
         obs = {g: data["observation"] for g, data in batch.items()}
         state = state[index] if state is not None else None
         total, terms = 0.0, {}
         for g, learner in self.learners.items():
             data, a = batch[g], learner.algo
-            dist = learner.policy(data["observation"], data.get("action_mask"))
-            terms[g] = ppo_loss(
-                dist.log_prob(data["action"]),
-                data["log_prob"],
-                data["advantage"],
-                learner.critic(learner.critic_input(obs, state)),  # normalised units, like the next two
-                data["value"],
-                data["value_target"],
-                dist.entropy(),
-                clip_eps=a.clip_eps,
-                clip_value=a.clip_value,
-                entropy_coef=a.entropy_coef,
-                value_coef=a.value_coef,
-                normalize_advantage=a.normalize_advantage,
-            )
+            parts = []
+            if "policy" in nets:
+                dist = learner.policy(data["observation"], data.get("action_mask"))
+                parts.append(
+                    policy_terms(
+                        dist.log_prob(data["action"]),
+                        data["log_prob"],
+                        data["advantage"],
+                        dist.entropy(),
+                        clip_eps=a.clip_eps,
+                        entropy_coef=a.entropy_coef,
+                        normalize_advantage=a.normalize_advantage,
+                    )
+                )
+            if "critic" in nets:
+                parts.append(
+                    value_terms(
+                        learner.critic(learner.critic_input(obs, state)),  # normalised units, like the next two
+                        data["value"],
+                        data["value_target"],
+                        clip_eps=a.clip_eps,
+                        clip_value=a.clip_value,
+                        value_coef=a.value_coef,
+                    )
+                )
+            terms[g] = parts[0] if len(parts) == 1 else combined_terms(*parts)
             total = total + terms[g]["loss"]
         return total, {g: torch.stack([t[name].detach() for name in LOSS_TERMS]) for g, t in terms.items()}
 
@@ -382,27 +450,30 @@ class Trainer:
                     group["lr"] = learner.algo.lr * (1.0 - progress)
 
     def train_iteration(self) -> dict[str, float]:
-        """Collect, advantages, update; returns the iteration's metrics (one host sync)."""
+        """Collect, advantages, update; returns the iteration's metrics (one host sync). With
+        `overlap_critic` the batch was collected in the previous iteration's update, if there was one."""
         start = time.perf_counter()
         self._set_learning_rates()
         self.timer.mark("start")
-        buffer = self.collector.collect()
+        buffer, self._pending = self._pending, None
+        if buffer is None:
+            with one_thread() if self._critic_step is not None else contextlib.nullcontext():
+                buffer = self.collector.collect()  # overlapping: on one thread, as every collection
         self.timer.mark("collect_s")
+        episodes = self.collector.stats.take_finished()  # this batch's, before the update collects the next
         explained = self.compute_advantages(buffer)
         self.timer.mark("advantages_s")
-        terms = self.update(buffer)
+        terms = self.update(buffer, prefetch=self.frames + self.frames_per_iteration < self.config.run.total_frames)
         self.timer.mark("update_s")
-        stats = self.collector.stats
-        device_values = {"episodes": stats.episodes, "episode_length": stats.length_sum / stats.episodes}
+        device_values = {"episodes": episodes.episodes, "episode_length": episodes.length_sum / episodes.episodes}
         for g in self.learners:
-            device_values[f"{g}/episode_return"] = stats.return_sum[g] / stats.episodes
+            device_values[f"{g}/episode_return"] = episodes.return_sum[g] / episodes.episodes
             device_values[f"{g}/explained_variance"] = explained[g]
             for name, value in terms[g].items():
                 device_values[f"{g}/{name}"] = value
-        device_values = self.world.reduce_metrics(device_values, stats)
+        device_values = self.world.reduce_metrics(device_values, episodes)
         keys = list(device_values)
         values = torch.stack([v.float().reshape(()) for v in device_values.values()]).tolist()  # the one sync
-        stats.clear()
         metrics = dict(zip(keys, values))
         for g in self.learners:
             for name in ("loss", "policy_loss", "value_loss", "entropy_loss"):
@@ -490,6 +561,8 @@ class Trainer:
             "env": env_state,
             "obs": self.collector.obs,
             "stats": self.collector.stats.state_dict(),
+            # With overlap_critic, the next batch, already collected (its episodes are in `stats`).
+            "pending": self._pending.to_dict() if self._pending is not None else None,
         }
 
     def save(self) -> Path | None:
@@ -512,6 +585,9 @@ class Trainer:
             self.collector.stats.load_state_dict(state["stats"])
         else:
             print("this env cannot save its state: resumed training starts new episodes")
+        if state.get("pending") is not None:
+            self._pending = self.collector.buffer
+            self._pending.update_(_to_device(state["pending"], self.device))
 
     @classmethod
     def resume(cls, path: str | Path, **run_overrides) -> Trainer:

@@ -1,10 +1,11 @@
 """marl.fused_step: the compiled update's one-graph minibatch step does what the eager update does
 (autograd, per-net clipping, FusedAdam), here run eagerly on two groups with different settings."""
 
+import pytest
 import torch
 
 from marl.config import AlgoConfig, EnvSettings, ModelConfig, RunConfig, TrainConfig
-from marl.fused_step import FusedUpdateStep, _adam_, adam_step_scalars
+from marl.fused_step import NETS, FusedUpdateStep, _adam_, adam_step_scalars
 from marl.trainer import LOSS_TERMS, Trainer
 
 
@@ -45,6 +46,46 @@ def test_fused_step_equals_the_eager_update(tmp_path):
     # The clipped group's norms are recorded; the unclipped one's are not measured: NaN, as in the eager update.
     assert terms[1]["listener"]["policy_grad_norm"] > 0
     assert terms[1]["speaker"]["policy_grad_norm"].isnan()
+
+
+def test_a_policy_step_then_a_critic_step_equal_the_step_of_both(tmp_path):
+    """The step split by net (so the critics' steps can run apart from the policies') trains the same
+    parameters, Adam state and loss terms as the one step of both nets, over several iterations."""
+    both, apart = (Trainer(config(tmp_path), run_dir=tmp_path / name) for name in ("both", "apart"))
+    runs = [
+        (both, [FusedUpdateStep(both.learners, both._minibatch_loss_eager, both.device, compile=False)]),
+        (
+            apart,
+            [FusedUpdateStep(apart.learners, apart._minibatch_loss_eager, apart.device, False, (net,)) for net in NETS],
+        ),
+    ]
+    for _ in range(3):
+        sums = []
+        for trainer, steps in runs:
+            buffer = trainer.collector.collect()
+            trainer.compute_advantages(buffer)
+            flat, state = trainer.update_inputs(buffer)
+            sums.append({g: torch.zeros(len(LOSS_TERMS) + 2) for g in flat})
+            for start in (0, 128):
+                for step in steps:
+                    step(flat, state, torch.arange(start, start + 128), sums[-1])
+        for g in both.learners:
+            torch.testing.assert_close(sums[0][g], sums[1][g], rtol=1e-6, atol=1e-7)
+            for net in NETS:
+                for a, b in zip(
+                    getattr(both.learners[g], net).parameters(), getattr(apart.learners[g], net).parameters()
+                ):
+                    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+            for a, b in zip(*(t.learners[g].optimizer.state_lists() for t in (both, apart))):
+                torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    assert sums[1]["listener"][len(LOSS_TERMS) :].min() > 0  # both nets' norms, each from its own step
+
+
+def test_the_step_names_the_nets_it_can_train(tmp_path):
+    trainer = Trainer(config(tmp_path), run_dir=tmp_path / "run")
+    for nets in ((), ("value",), ("critic", "policy")):
+        with pytest.raises(ValueError, match=r"nets must be some of \('policy', 'critic'\)"):
+            FusedUpdateStep(trainer.learners, trainer._minibatch_loss_eager, trainer.device, False, nets)
 
 
 def test_written_out_adam_follows_torchs_fused_adam_over_many_steps():
