@@ -85,7 +85,7 @@ def cli(scenario: str, args: list[str]) -> int:
     if scenario in ("die", "hang") and rank == 1:
         update = Trainer.update
 
-        def failing_update(self, buffer):
+        def failing_update(self, buffer, **options):
             if self.iteration == 2:
                 average_gradients = self.world.average_gradients
 
@@ -97,7 +97,7 @@ def cli(scenario: str, args: list[str]) -> int:
                     time.sleep(3600)
 
                 self.world.average_gradients = average_then_fail
-            return update(self, buffer)
+            return update(self, buffer, **options)
 
         Trainer.update = failing_update
     return main(["train", *args])
