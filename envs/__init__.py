@@ -12,25 +12,28 @@ simulators are imported only when such an env is made); `envs.to_pettingzoo(env)
 import warnings
 
 # Importing registers the native envs and the adapters' prefixes.
-from envs import navigation, pettingzoo_adapter, speaker_listener, spread, tag, vmas_adapter  # noqa: F401
+from envs.adapters import pettingzoo, vmas  # noqa: F401
 from envs.base import EnvConfig, EnvOutputError, MultiAgentEnv
 from envs.check import CheckError, check_env
+from envs.native import navigation, speaker_listener, spread, tag  # noqa: F401
 from envs.registry import describe, make, names, register, register_prefix
 from envs.specs import Box, Discrete, GroupSpec, MultiDiscrete
 from envs.sync import HostSyncError, allow_host_sync, forbid_host_sync
 
-# `python -m envs.navigation` (each native env's demo) imports this package, which imports the env's
+# `python -m envs.native.navigation` (each native env's demo) imports this package, which imports the env's
 # module, before running that module as __main__; runpy then warns that the module was already
 # imported. The registry expects exactly that (the second definition keeps the registered class), so
 # that one warning is noise.
 warnings.filterwarnings(
-    "ignore", message=r"'envs\.\w+' found in sys\.modules after import of package 'envs'", category=RuntimeWarning
+    "ignore",
+    message=r"'envs\.native\.\w+' found in sys\.modules after import of package 'envs\.native'",
+    category=RuntimeWarning,
 )
 
 
 def to_pettingzoo(env: MultiAgentEnv, index: int = 0):
-    """Env `index` of `env`'s batch as a PettingZoo `ParallelEnv`, numpy in and out (see `envs.export`)."""
-    from envs.export import to_pettingzoo as export
+    """Env `index` of `env`'s batch as a PettingZoo `ParallelEnv`, numpy in and out (see `envs.adapters.export`)."""
+    from envs.adapters.export import to_pettingzoo as export
 
     return export(env, index)
 

@@ -1,11 +1,9 @@
 """`torch.compile` with a fallback: the first call compiles; if compiling fails, one clear warning and
 the function runs eagerly from then on. On CUDA the graphs are captured as CUDA graphs
-(`mode="reduce-overhead"`), which removes the per-kernel launch cost of small ops. On the CPU the
-backend is Inductor with AOTAutograd's cache open to custom autograd Functions (`_inductor_cpu`)."""
+(`mode="reduce-overhead"`), which removes the per-kernel launch cost of small ops; on the CPU, Inductor."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import warnings
 from collections.abc import Callable
@@ -15,21 +13,14 @@ import torch
 _warned = False
 
 
-def maybe_compile(fn: Callable, enabled: bool, device: torch.device, cpp_wrapper: bool = False) -> Callable:
+def maybe_compile(fn: Callable, enabled: bool, device: torch.device) -> Callable:
     """`fn` compiled when `enabled` (falling back to `fn` itself if compilation fails), else `fn`. When
     the compiled call raises, `fn` runs eagerly: if that raises too, the error is `fn`'s own and is
-    raised without the fallback warning. `cpp_wrapper` (CPU): Inductor's C++ wrapper calls the graph's
-    kernels, for a function run on a second thread: Inductor's Python wrapper calls its fused C++
-    kernels with Python's GIL held (torch 2.13), and a thread running it stalls every other thread's
-    Python (a VMAS rollout beside it: +50-57% its time; with the C++ wrapper +13-32%). Not the default:
-    no faster alone, and a cold compile takes longer."""
+    raised without the fallback warning."""
     if not enabled:
         return fn
-    if device.type == "cuda":
-        compiled = torch.compile(fn, dynamic=False, mode="reduce-overhead")
-    else:
-        backend = functools.partial(_inductor_cpu, cpp_wrapper=True) if cpp_wrapper else _inductor_cpu
-        compiled = torch.compile(fn, dynamic=False, backend=backend)
+    mode = "reduce-overhead" if device.type == "cuda" else None
+    compiled = torch.compile(fn, dynamic=False, mode=mode)
     state = {"call": compiled}
 
     @functools.wraps(fn)
@@ -48,24 +39,6 @@ def maybe_compile(fn: Callable, enabled: bool, device: torch.device, cpp_wrapper
         return result
 
     return call
-
-
-def _inductor_cpu(graph: torch.fx.GraphModule, example_inputs: list, cpp_wrapper: bool = False) -> Callable:
-    """torch's Inductor backend, with AOTAutograd's on-disk cache allowed to keep graphs that hold a
-    custom autograd Function (`marl.networks`' tanh on the CPU). torch bypasses that cache for them by
-    default, so every `marl train --compile` traced its update's graph through AOTAutograd again
-    before loading Inductor's cached code: on vmas/navigation at BenchMARL's sizes (AMD EPYC dev box)
-    compiling took ~7.8 s a run with a warm cache, ~4-5 s with this. The cache key holds the graph the
-    Function's forward and backward were traced into, so an edited Function is a new key."""
-    from torch._inductor.compile_fx import compile_fx
-
-    config = torch._functorch.config
-    if hasattr(config, "autograd_cache_allow_custom_autograd_functions"):  # older torch has no such switch
-        allow = config.patch(autograd_cache_allow_custom_autograd_functions=True)
-    else:
-        allow = contextlib.nullcontext()
-    with allow:
-        return compile_fx(graph, example_inputs, config_patches={"cpp_wrapper": cpp_wrapper})
 
 
 def _warn(fn: Callable, error: Exception) -> None:

@@ -215,7 +215,7 @@ def scratch(buffer: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     """A contiguous view of `shape` on the memory of a contiguous float32 `buffer` at least as large.
 
     The torch paths keep temporaries in an output buffer that is written last: a fresh large allocation
-    costs page faults (about a millisecond per megabyte on the dev box) on many calls.
+    costs page faults on many calls.
     """
     return buffer.view(-1)[: shape.numel()].view(shape)
 
@@ -233,8 +233,8 @@ def reverse_recurrence_(out: torch.Tensor, coefficient: torch.Tensor) -> torch.T
     were zero (`k` ops over `M` rows), the first row of each block takes its carry block by block (`M`
     ops over one row), then the other rows get theirs (`k` ops over `M` rows), using
     `y[t] = inside[t] + (coefficient[t] * ... * coefficient[last row of the block]) * y[row after the block]`.
-    That reads the data about three times instead of once, so it pays only below ~4096 columns
-    (measured on CPU: 5x faster at [1024, 256], even at [100, 3072], 1.4x slower at [1024, 8192]).
+    That reads the data about three times instead of once, so it pays only below ~4096 columns (the
+    README's GAE table has the figures).
     """
     num_steps, row = out.shape[0], out[0].numel()
     num_blocks = min(round(num_steps**0.5), (PARALLEL_GRAIN - 1) // max(1, row))

@@ -1,5 +1,5 @@
 import sys
 
-from marl.cli import main
+from marl.app.cli import main
 
 sys.exit(main())

@@ -1,10 +1,13 @@
 """Training configuration: one dataclass per concern, one docstring line per field.
 
-`marl train --help` is generated from these docstrings, so they are the reference for every option.
-Per-group overrides (`TrainConfig.group_overrides`, `--group NAME.FIELD=VALUE` on the command line)
-change any `AlgoConfig` or `ModelConfig` field for one group (except `epochs` and `minibatch_size`,
-which are run-wide because every group is updated in the same minibatch steps), e.g. a larger
-learning rate for the speaker in `speaker_listener`.
+    TrainConfig(env=EnvSettings(...), algo=PPOConfig(...), model=ModelConfig(...), run=RunConfig(...))
+
+`algo` is the config of the algorithm that trains (each algorithm module has its own, a subclass of
+`AlgorithmConfig`, registered with the algorithm: `marl.algorithms`). `marl train --help` is generated
+from these docstrings, so they are the reference for every option. Per-group overrides
+(`TrainConfig.group_overrides`, `--group NAME.FIELD=VALUE` on the command line) change any field of the
+algorithm's config or of `ModelConfig` for one group, except the algorithm's run-wide fields (PPO's
+`epochs` and `minibatch_size`: every group is updated in the same minibatch steps).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import dataclasses
 import math
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from envs import options as _options
 
@@ -28,11 +31,12 @@ class EnvSettings:
     """The env's own options (`--env-option n_agents=5`); see `marl envs` for each env's."""
     group_map: str = "by_type"
     """Which agents train together: by_type, all_in_one or per_agent (from Python also an explicit
-    dict {group: [agent names]}, as `marl.groups.GroupedEnv` takes)."""
+    dict {group: [agent names]}, as `marl.core.groups.GroupedEnv` takes)."""
     pad: bool = False
     """With group_map=all_in_one, zero-pad observations of different sizes and tag each agent's type."""
     imports: tuple[str, ...] = ()
-    """Python modules to import first, e.g. your own module that registers an env (`--imports my_envs`)."""
+    """Python modules to import first: your own module that registers an env or an algorithm
+    (`--imports my_envs`)."""
 
     def __post_init__(self) -> None:
         _check_finite(self)
@@ -41,69 +45,27 @@ class EnvSettings:
 
 
 @dataclass(frozen=True)
-class AlgoConfig:
-    algo: Literal["mappo", "ippo"] = "mappo"
-    """mappo: a centralised critic (critic_scope auto = global: every group's observations, or the env's
-    state); ippo: each agent's critic sees its own observation."""
-    critic_scope: Literal["auto", "agent", "group", "global"] = "auto"
-    """What the critic sees: agent (IPPO), group (MAPPO), global (every group, or the env's state)."""
-    shared_value: bool = False
-    """With a centralised critic, one value per env for the whole group (TorchRL's and BenchMARL's
-    MAPPO critic) instead of one per agent: n times less critic work, sound when the agents share a reward."""
-    lr: float = 1e-3
-    """Adam learning rate of the policy and the critic."""
-    lr_schedule: Literal["constant", "linear"] = "constant"
-    """constant, or linear: annealed from lr to 0 over total_frames (set at each iteration)."""
-    adam_eps: float = 1e-5
-    """Adam's epsilon (added to the root of the second moment): with small, unnormalised advantages it damps updates."""
-    gamma: float = 0.99
-    """Discount factor."""
-    lmbda: float = 0.95
-    """GAE lambda."""
-    epochs: int = 4
-    """PPO epochs over each rollout."""
-    minibatch_size: int = 4096
-    """Frames (env steps, all agents of the group) per minibatch; at most num_envs * rollout_length. Each
-    epoch shuffles the iteration's frames into frames // minibatch_size minibatches; a remainder sits
-    that epoch out (other frames each epoch)."""
-    clip_eps: float = 0.2
-    """PPO ratio clip."""
-    clip_value: bool = True
-    """Clip the value update around the rollout's values with the same clip_eps."""
-    entropy_coef: float = 0.0
-    """Weight of the entropy bonus."""
-    value_coef: float = 0.5
-    """Weight of the value loss."""
-    max_grad_norm: float = 1.0
-    """Clip the gradient norm of each group's policy, and of its critic, to this (0 disables clipping;
-    the group's logged gradient norms then read nan: they are measured by the clipping)."""
-    normalize_advantage: bool = True
-    """Normalise each group's advantages per minibatch."""
-    normalize_value: bool = True
-    """Train the critic on value targets normalised by their running mean and std (MAPPO's value
-    normalisation), so that rewards of any scale learn alike."""
+class AlgorithmConfig:
+    """The base of every algorithm's config. A subclass adds the algorithm's fields, each with a docstring
+    line (its `--help` text), and checks their ranges in `check`."""
+
+    algo: str = ""
+    """The algorithm, by its registered name (`marl train --algo`)."""
+
+    run_wide: ClassVar[tuple[str, ...]] = ()
+    """Fields every group shares, which `--group NAME.FIELD=VALUE` cannot override."""
 
     def __post_init__(self) -> None:
         _check_choices(self)
         _check_finite(self)
-        for name in ("gamma", "lmbda"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        for name in ("lr", "adam_eps", "clip_eps"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("entropy_coef", "value_coef", "max_grad_norm"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.shared_value and self.scope() == "agent":
-            raise ValueError("shared_value needs a centralised critic: algo mappo, or critic_scope group or global")
-        if self.epochs < 1 or self.minibatch_size < 1:
-            raise ValueError(f"epochs and minibatch_size must be >= 1, got {self.epochs}, {self.minibatch_size}")
+        self.check()
 
-    def scope(self) -> str:
-        if self.critic_scope != "auto":
-            return self.critic_scope
-        return "agent" if self.algo == "ippo" else "global"
+    def check(self) -> None:
+        """Raise a ValueError naming the field when a value is out of its range."""
+
+    def check_train(self, config: TrainConfig) -> None:
+        """Raise a ValueError when this config does not fit the rest of `config` (e.g. a minibatch larger
+        than an iteration's frames)."""
 
 
 @dataclass(frozen=True)
@@ -155,21 +117,12 @@ class RunConfig:
     """Write a checkpoint every this many iterations (and at the end)."""
     compile: bool = False
     """torch.compile the rollout step of native envs (policy and physics; VMAS and PettingZoo envs are
-    collected eagerly) and each PPO minibatch step as one graph (loss, gradients, clipping, Adam); CUDA
-    graphs on a GPU. The first iteration then spends a while compiling."""
+    collected eagerly) and each optimiser step as one graph (loss, gradients, clipping, Adam); CUDA graphs
+    on a GPU. The first iteration then spends a while compiling."""
     compile_unroll: int = 1
-    """With --compile, on native envs: env steps per compiled rollout call. The call itself costs ~60 us
-    on the CPU (guards, wrapper), which matters at small batches (16 envs: 4 cuts collection by a
-    third); each doubling roughly doubles the rollout's compile time. Must divide rollout_length."""
-    overlap_critic: bool = False
-    """With --compile, on the CPU, in one process: update the policies, then start the critics' update on
-    a second thread while the next batch is collected (it needs only the updated policies), one of
-    torch's intra-op threads each; the critics' remaining steps then run on all threads. The same update
-    in the same order, but not bit-reproducible: where the critics' steps change threads depends on
-    timing, and one and two threads round differently. Pays where collecting leaves a core idle and the
-    critics are much of the update (IPPO on VMAS at BenchMARL's settings: a 2-core iteration in 12.6-13.5 s
-    instead of 14.3-16.1 s; MAPPO there, with its one small critic, is slower). collect_s then holds the
-    collection beside the critics' steps."""
+    """With --compile, on native envs: env steps per compiled rollout call. Each call has a fixed cost
+    (guards, wrapper), which matters at small batches; each doubling roughly doubles the rollout's
+    compile time. Must divide rollout_length."""
     progress: bool = True
     """Show a progress bar."""
     tensorboard: bool = True
@@ -184,46 +137,46 @@ class RunConfig:
             raise ValueError(
                 f"compile_unroll ({self.compile_unroll}) must divide rollout_length ({self.rollout_length})"
             )
-        if self.overlap_critic and not self.compile:
-            raise ValueError(
-                "overlap_critic needs compile: the critics' update runs apart from the policies' as the compiled "
-                "update's steps (pass --compile too)"
-            )
         check_seed(self.seed)
+
+
+def _default_algorithm() -> AlgorithmConfig:
+    from marl import algorithms
+
+    return algorithms.default_config(algorithms.DEFAULT)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     env: EnvSettings = field(default_factory=EnvSettings)
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    algo: AlgorithmConfig = field(default_factory=_default_algorithm)
     model: ModelConfig = field(default_factory=ModelConfig)
     run: RunConfig = field(default_factory=RunConfig)
     group_overrides: dict = field(default_factory=dict)
-    """{group: {field: value}} overriding AlgoConfig / ModelConfig fields for one group."""
+    """{group: {field: value}} overriding fields of the algorithm's config or of ModelConfig for one group."""
 
     def __post_init__(self) -> None:
+        if type(self.algo) is AlgorithmConfig or not isinstance(self.algo, AlgorithmConfig):
+            raise TypeError(
+                f"algo must be an algorithm's config (e.g. marl.algorithms.ppo.PPOConfig), got {self.algo!r}"
+            )
+        fields = group_fields(self.algo)
         for group, overrides in self.group_overrides.items():
-            unknown = set(overrides) - set(GROUP_FIELDS)
+            unknown = set(overrides) - fields
             if unknown:
                 raise ValueError(
                     f"unknown field(s) {sorted(unknown)} in the overrides for group {group!r}; "
-                    f"overridable fields: {sorted(GROUP_FIELDS)}"
+                    f"overridable fields: {sorted(fields)}"
                 )
-        frames_per_iteration = self.env.num_envs * self.run.rollout_length
-        if self.algo.minibatch_size > frames_per_iteration:
-            raise ValueError(
-                f"minibatch_size={self.algo.minibatch_size} is larger than an iteration's "
-                f"num_envs * rollout_length = {frames_per_iteration} frames: pass --minibatch-size "
-                f"{frames_per_iteration // 4} (4 minibatches per epoch), or more envs or a longer rollout"
-            )
+        self.algo.check_train(self)
 
-    def for_group(self, group: str) -> tuple[AlgoConfig, ModelConfig]:
+    def for_group(self, group: str) -> tuple[AlgorithmConfig, ModelConfig]:
         """The algorithm and model configs of `group`, with its overrides applied."""
         overrides = self.group_overrides.get(group, {})
-        algo = {k: v for k, v in overrides.items() if k in _fields(AlgoConfig)}
+        algo = {k: v for k, v in overrides.items() if k in _fields(type(self.algo))}
         model = {k: v for k, v in overrides.items() if k in _fields(ModelConfig)}
         return (
-            _options.build(AlgoConfig, {**_as_dict(self.algo), **algo}, f"group {group!r}"),
+            _options.build(type(self.algo), {**_as_dict(self.algo), **algo}, f"group {group!r}"),
             _options.build(ModelConfig, {**_as_dict(self.model), **model}, f"group {group!r}"),
         )
 
@@ -232,17 +185,44 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        from marl import algorithms
+
         env = {**data["env"], "imports": tuple(data["env"].get("imports", ()))}
         # An explicit group map (a dict, given in Python) is not the `str` the command line takes: the
         # settings are built without it and it is put back as saved (GroupedEnv checks it).
         group_map = env.pop("group_map", "by_type")
+        env_settings = dataclasses.replace(_options.build(EnvSettings, env, "env"), group_map=group_map)
+        import_modules(env_settings.imports)  # the algorithm may be registered by one of them
         return cls(
-            env=dataclasses.replace(_options.build(EnvSettings, env, "env"), group_map=group_map),
-            algo=_options.build(AlgoConfig, data["algo"], "algo config"),
+            env=env_settings,
+            algo=_options.build(algorithms.config_class(data["algo"]["algo"]), data["algo"], "algo config"),
             model=_options.build(ModelConfig, {**data["model"], "hidden": tuple(data["model"]["hidden"])}, "model"),
             run=_options.build(RunConfig, data["run"], "run config"),
             group_overrides=data.get("group_overrides", {}),
         )
+
+
+def import_modules(modules: tuple[str, ...]) -> None:
+    """Import the `--imports` modules (which register envs or algorithms). A bare "No module named
+    'my_envs'" would not say why it is wanted, nor what to do when `marl train --resume` or `marl eval`
+    runs from another folder than the run was started in."""
+    import importlib
+
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            if error.name is not None and f"{module}.".startswith(f"{error.name}."):  # the module (or its package)
+                raise ImportError(
+                    f"--imports {module}: no module {module!r} is found here: run marl from the folder that holds "
+                    "it, or add that folder to PYTHONPATH"
+                ) from error
+            raise ImportError(f"--imports {module}: importing {module!r} failed: {error}") from error
+
+
+def group_fields(algo: AlgorithmConfig) -> set[str]:
+    """The fields `--group NAME.FIELD=VALUE` may override under `algo`'s algorithm."""
+    return (_fields(type(algo)) - set(type(algo).run_wide)) | _fields(ModelConfig)
 
 
 def _check_choices(config) -> None:
@@ -271,6 +251,5 @@ def _as_dict(config) -> dict[str, Any]:
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
 
 
-# Epochs and minibatches are run-wide: every group is updated in the same minibatch steps.
-GROUP_FIELDS = (_fields(AlgoConfig) - {"epochs", "minibatch_size"}) | _fields(ModelConfig)
-SECTIONS = {"env": EnvSettings, "algo": AlgoConfig, "model": ModelConfig, "run": RunConfig}
+# The sections of a TrainConfig other than the algorithm's, whose class depends on `--algo`.
+SECTIONS = {"env": EnvSettings, "model": ModelConfig, "run": RunConfig}

@@ -6,18 +6,21 @@ import argparse
 import dataclasses
 import importlib
 import re
+import runpy
 import shlex
+import sys
+import types
 from pathlib import Path
 
 import pytest
 
-from marl.cli import build_parser, config_from_args
-from marl.cli import main as marl_main
-from marl.trainer import Trainer
+from marl.app.cli import build_parser, config_from_args
+from marl.app.cli import main as marl_main
+from marl.app.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
-CHEAP_MODULES = {"envs.navigation", "envs.spread", "envs.tag", "envs.speaker_listener"}
+CHEAP_MODULES = {"envs.native.navigation", "envs.native.spread", "envs.native.tag", "envs.native.speaker_listener"}
 
 
 def readme_commands() -> list[list[str]]:
@@ -60,6 +63,9 @@ def run_module_main(words: list[str], monkeypatch) -> None:
     """`python -m MODULE ARGS`: MODULE's `main` (or `_main`) with ARGS as `sys.argv`, in this process."""
     module = importlib.import_module(words[2])
     monkeypatch.setattr("sys.argv", [words[2], *words[3:]])
+    if hasattr(module, "__path__"):  # a package: `python -m` runs its __main__
+        runpy.run_module(f"{words[2]}.__main__", run_name="__main__")
+        return
     (getattr(module, "main", None) or module._main)()
 
 
@@ -83,7 +89,9 @@ def test_the_readme_has_commands_of_every_kind():
     [c for c in COMMANDS if c[0] in ("marl", "torchrun") and marl_argv(c) != ["envs"] and "--help" not in c],
     ids=shlex.join,
 )
-def test_marl_commands_parse(words, parse_only, capsys):
+def test_marl_commands_parse(words, parse_only, capsys, monkeypatch):
+    # `--imports my_envs` names the reader's own module, imported before parsing: an empty one stands in.
+    monkeypatch.setitem(sys.modules, "my_envs", types.ModuleType("my_envs"))
     with pytest.raises(Parsed):
         marl_main(marl_argv(words))
 

@@ -22,11 +22,12 @@ from pathlib import Path
 import torch
 
 import envs
-from envs.speaker_listener import scripted_actions
-from marl.config import AlgoConfig, EnvSettings, RunConfig, TrainConfig
-from marl.groups import GroupedEnv
-from marl.plot import read_metrics
-from marl.trainer import Trainer
+from envs.native.speaker_listener import scripted_actions
+from marl.algorithms.ppo import PPOConfig
+from marl.app.plot import read_metrics
+from marl.app.trainer import Trainer
+from marl.config import EnvSettings, RunConfig, TrainConfig
+from marl.core.groups import GroupedEnv
 
 QUICK = os.environ.get("VECMARL_QUICK") == "1"
 # A full run writes the figures the README shows, to tutorials/figures; a smoke test writes its barely
@@ -76,7 +77,7 @@ frames = 20_000 if QUICK else 2_000_000
 def speaker_listener(scope: str, name: str) -> Trainer:
     config = TrainConfig(
         env=EnvSettings(env="speaker_listener", num_envs=256),
-        algo=AlgoConfig(algo="mappo", critic_scope=scope, lr=1e-3, entropy_coef=0.01),
+        algo=PPOConfig(algo="mappo", critic_scope=scope, lr=1e-3, entropy_coef=0.01),
         run=RunConfig(
             total_frames=frames,
             device=device,
@@ -91,7 +92,7 @@ def speaker_listener(scope: str, name: str) -> Trainer:
 
 
 trainer = speaker_listener("global", "speaker_listener-global")
-for group, learner in trainer.learners.items():
+for group, learner in trainer.algorithm.learners.items():
     print(group, type(learner.policy.spec.action).__name__, "critic sees", learner.critic_input.size, "numbers")
 
 # %% [markdown]
@@ -125,7 +126,10 @@ def mean_return(act) -> float:
 def trained(t: Trainer):
     def act(obs):
         with torch.no_grad():
-            return {g: (d := lr.policy(obs[g, "observation"])).env_action(d.mode()) for g, lr in t.learners.items()}
+            return {
+                g: (d := lr.policy(obs[g, "observation"])).env_action(d.mode())
+                for g, lr in t.algorithm.learners.items()
+            }
 
     return act
 
@@ -162,7 +166,7 @@ fig.savefig(OUT / "speaker_listener_critic_scopes.png")
 # ## Competitive groups: predators against scripted prey
 #
 # In `tag` each group has its own reward. With `scripted_prey=True` the prey flee by a heuristic
-# (`envs.tag.scripted_prey_action`) and only the predators learn; count how often they touch the
+# (`envs.native.tag.scripted_prey_action`) and only the predators learn; count how often they touch the
 # prey, against random predators. Without it both groups learn, each against the other.
 
 # %%

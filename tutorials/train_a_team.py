@@ -18,10 +18,11 @@ from pathlib import Path
 import torch
 
 import envs
-from envs.navigation import scripted_action
-from marl.config import AlgoConfig, EnvSettings, ModelConfig, RunConfig, TrainConfig
-from marl.evaluate import evaluate
-from marl.trainer import Trainer
+from envs.native.navigation import scripted_action
+from marl.algorithms.ppo import PPOConfig
+from marl.app.evaluate import evaluate
+from marl.app.trainer import Trainer
+from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
 
 QUICK = os.environ.get("VECMARL_QUICK") == "1"
 # A full run writes the figures the README shows, to tutorials/figures; a smoke test writes its barely
@@ -70,7 +71,7 @@ frames = 32_768 if QUICK else 1_500_000
 def config(algo: str) -> TrainConfig:
     return TrainConfig(
         env=EnvSettings(env="navigation", num_envs=256),
-        algo=AlgoConfig(algo=algo),
+        algo=PPOConfig(algo=algo),
         model=ModelConfig(hidden=(64, 64)),
         run=RunConfig(
             total_frames=frames,
@@ -101,7 +102,7 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from marl.plot import read_metrics  # noqa: E402
+from marl.app.plot import read_metrics  # noqa: E402
 
 scripted_env = envs.make("navigation", num_envs=1000, device=device, seed=123)
 obs = scripted_env.reset()

@@ -28,8 +28,9 @@ import torch
 
 import envs
 from envs.render import Canvas, colour, play
-from marl.config import AlgoConfig, EnvSettings, ModelConfig, RunConfig, TrainConfig
-from marl.trainer import Trainer
+from marl.algorithms.ppo import PPOConfig
+from marl.app.trainer import Trainer
+from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
 
 QUICK = os.environ.get("VECMARL_QUICK") == "1"
 # A full run writes the figures the README shows, to tutorials/figures; a smoke test writes its barely
@@ -275,7 +276,7 @@ print(f"random: {random_return:.2f}, scripted to-centre: {scripted_return:.2f}")
 frames = 98_304 if QUICK else 300_000
 config = TrainConfig(
     env=EnvSettings(env="rendezvous", num_envs=256),
-    algo=AlgoConfig(algo="mappo", lr=2e-3, minibatch_size=8192),
+    algo=PPOConfig(algo="mappo", lr=2e-3, minibatch_size=8192),
     model=ModelConfig(hidden=(64, 64)),
     run=RunConfig(
         total_frames=frames,
@@ -356,4 +357,4 @@ print(f"figures written to {OUT}")
 #   `envs/navigation.py`), import that module in `envs/__init__.py`, and add a test that runs
 #   `check_env` on it over a few sizes (like `tests/envs/test_spread.py`). It is then also available
 #   to the command line: `marl train --env rendezvous --env-option n_agents=6`.
-# - `python -m envs.bench` measures the package's envs, side by side with VMAS when it is installed.
+# - `python -m envs.bench.steps` measures the package's envs, side by side with VMAS when it is installed.

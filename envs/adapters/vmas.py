@@ -1,0 +1,361 @@
+"""`vmas/<scenario>`: any VMAS scenario behind the vecmarl env contract, on its device.
+
+    env = envs.make("vmas/navigation", num_envs=1024, device="cuda", seed=0, n_agents=3)
+    env = envs.make("vmas/simple_tag", num_envs=64, continuous_actions=False, max_steps=50)
+
+Options: `max_steps` (vecmarl owns the time limit; VMAS itself runs without one), `continuous_actions`
+(True: Box actions in VMAS's ranges; False: one Discrete choice per agent), `multidiscrete_actions`
+(with `continuous_actions=False`: one choice per action dimension). Every other keyword goes to the
+scenario; one the scenario does not use is an error.
+
+What maps to what: agents are grouped by type from their names (`agent_0` -> group `agent`, see
+`envs.adapters.agent_groups`); `(group, "observation")` `[B, n, obs_dim]`; `(group, "reward")` `[B, n, 1]`;
+`terminated` is the scenario's `done()`. VMAS's per-agent info is passed through in `next` as
+`(group, "info", key)`, shaped `[B, n, *shape]` (a scalar per agent is `[B, n, 1]`).
+
+Auto-reset without a loop over envs. VMAS resets one env index or all of them. The adapter keeps a
+second VMAS world built from the same scenario and options, the scratch. To reset the envs where a
+mask is true it resets the whole scratch, then copies the masked rows of every batched tensor (entity
+states and actions, joints, scenario buffers such as reward shaping, football's scripted red team)
+into the live world with `torch.where` (`envs.adapters.vmas_world`: the tensors are found once, at
+construction, by walking the objects of the worlds side by side). When every env is to be reset it
+calls VMAS's own `reset()`, which also redraws what some scenarios keep for the whole batch
+(simple_speaker_listener's goal).
+`tests/envs/test_vmas_adapter.py` shows that the masked copy equals VMAS's own per-index `reset_at`.
+
+Host syncs. VMAS's own step and reset synchronise with the host (asserts on action values, branches
+on `tensor.any()`, rejection sampling), so calls into VMAS run under `allow_host_sync`. The adapter
+itself reads whether any env (and then whether every env) is to be reset: steps where no env
+finished skip the reset, which costs about a third of a step.
+
+Inference mode. Calls into VMAS run under `torch.inference_mode()` (VMAS's simulation needs no
+autograd), so the live world's tensors become inference tensors: code that steps or edits
+`env.vmas_env` itself must do so under `torch.inference_mode()` too. What the adapter returns are
+ordinary tensors.
+
+Checkpoints. `state_dict()` and `load_state_dict()` raise `NotImplementedError`: VMAS's simulator
+state lives in its Python objects (bodies, joints, scenario buffers, scripted controllers), not in
+tensors of the adapter, so `marl train --resume` continues the training with new episodes.
+
+Randomness. VMAS draws from torch's, numpy's and Python's global generators, swapped in from one list
+shared by every VMAS env. Each adapter keeps its own copy of that list and swaps it in around its
+calls into VMAS, so adapters never share a random stream. Seeding follows VMAS: `make(..., seed=s)`
+and `reset(seed=s)` start where VMAS's `make_env(..., seed=s)` and `reset(seed=s)` do (for
+`s < 2**32`; VMAS also seeds numpy, so larger seeds are taken modulo 2**32).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import traceback
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+from envs import options as _options
+from envs.adapters.agent_groups import group_by_type
+from envs.adapters.spaces import action_spec, observation_spec
+from envs.adapters.vmas_world import PrivateRandomState, batched_slots, copy_rows, rows
+from envs.base import EnvConfig, MultiAgentEnv
+from envs.registry import register_prefix
+from envs.specs import Discrete
+from envs.sync import allow_host_sync
+
+INSTALL = 'pip install "vecmarl[vmas]"'
+OWN_OPTIONS = ("max_steps", "continuous_actions", "multidiscrete_actions")
+# vmas.make_env's own arguments, which the adapter sets: passed on, they would not reach the scenario.
+VMAS_ENV_ARGUMENTS = {
+    "dict_spaces",
+    "clamp_actions",
+    "grad_enabled",
+    "terminated_truncated",
+    "wrapper",
+    "wrapper_kwargs",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class VmasConfig(EnvConfig):
+    scenario: str = _options.internal(default="navigation")
+    """The VMAS scenario (names in vmas.scenarios, vmas.mpe_scenarios, vmas.debug_scenarios)."""
+    continuous_actions: bool = True
+    """Box actions in VMAS's ranges; False gives Discrete actions."""
+    multidiscrete_actions: bool = False
+    """With continuous_actions=False: one choice per action dimension (MultiDiscrete)."""
+    scenario_kwargs: dict = _options.internal(default_factory=dict)
+    """Keyword arguments of the scenario (e.g. n_agents): `make`'s keywords that are not the above."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.multidiscrete_actions and self.continuous_actions:
+            raise ValueError("multidiscrete_actions=True needs continuous_actions=False")
+
+
+class VmasEnv(MultiAgentEnv):
+    """A VMAS scenario as a vecmarl env; `vmas_env` is the live VMAS `Environment` (e.g. to render)."""
+
+    Config = VmasConfig
+    config: VmasConfig
+    name = "vmas"
+    traceable = False  # VMAS's physics branches on data in Python (as `make_vmas` says to compile=True)
+
+    # ---- the contract's hooks ----------------------------------------------------------------------
+
+    def _make_groups(self):
+        # The simulator is built here, the first hook the base class calls (after checking num_envs,
+        # device and seed), because its agents define the groups.
+        self.name = f"vmas/{self.config.scenario}"
+        vmas = import_vmas()
+        known = [*vmas.scenarios, *vmas.mpe_scenarios, *vmas.debug_scenarios]
+        if self.config.scenario not in known:
+            raise KeyError(
+                f"unknown VMAS scenario {self.config.scenario!r}; the valid names are those in "
+                f"vmas.scenarios, vmas.mpe_scenarios and vmas.debug_scenarios: {', '.join(known)}"
+            )
+        self._random = PrivateRandomState(vmas.simulator.environment.Environment.vmas_random_state, self.device)
+        self.vmas_env = self._build(vmas, self.num_envs, seed=self.seed % 2**32, check_kwargs=True)
+        self._scratch = self._build(vmas, self.num_envs)
+        probe = self._build(vmas, 2 if self.num_envs == 1 else 1)
+        self._slots = batched_slots(self.vmas_env.scenario, self._scratch.scenario, probe.scenario)
+        self._seed_vmas(self.seed)  # so that the base class's first reset starts where make_env(seed) does
+
+        agents = self.vmas_env.agents
+        spaces = self.vmas_env.observation_space.spaces
+        observations = [observation_spec(space, f"{self.name}: agent {a.name!r}") for a, space in zip(agents, spaces)]
+        actions = [
+            action_spec(self.vmas_env.get_agent_action_space(a), f"{self.name}: agent {a.name!r}") for a in agents
+        ]
+        groups, self._members = group_by_type([agent.name for agent in agents], observations, actions)
+        return groups
+
+    def _init_state(self) -> None:
+        B = self.num_envs
+        self._obs = {  # [B, n, obs_dim] per group: what `_observe` returns
+            g: torch.zeros(B, spec.n_agents, *spec.observation.shape, device=self.device)
+            for g, spec in self.groups.items()
+        }
+        self._info: dict[str, dict[str, torch.Tensor]] = {}  # group -> key -> [B, n, ...]
+        self._info_keys: dict[str, list[list[str]]] | None = None  # group -> keys of one shape
+
+    def _reset(self, mask: torch.Tensor) -> None:
+        # The adapter's own reads of device values (VMAS itself makes many): no env to reset, no reset;
+        # every env to reset, VMAS's own full reset, which also redraws what scenarios keep for the
+        # whole batch (e.g. simple_speaker_listener's goal); else the scratch reset and masked copy.
+        with allow_host_sync():
+            if not bool(mask.any()):
+                return
+            every = bool(mask.all())
+        with self._calling_vmas():
+            (self._scratch if not every else self.vmas_env).reset(return_observations=False)
+            if not every:
+                copy_rows(self._slots, self.vmas_env.scenario, self._scratch.scenario, mask)
+            (observations,) = self.vmas_env.get_from_scenario(
+                get_observations=True, get_rewards=False, get_infos=False, get_dones=False
+            )
+        fresh = self._by_group(observations)
+        # Where no env was reset, keep the step's observation: recomputing may draw new noise.
+        self._obs = {g: torch.where(rows(mask, fresh[g]), fresh[g], self._obs[g]) for g in self.groups}
+
+    def _step(self, action: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        per_agent: list[torch.Tensor] = [None] * len(self.vmas_env.agents)
+        for group, indices in self._members.items():
+            value = action[group]
+            if isinstance(self.groups[group].action, Discrete):
+                value = value.unsqueeze(-1)  # VMAS takes Discrete actions as [B, 1]
+            for i, agent_value in zip(indices, value.unbind(1)):  # one op for the group's n views
+                per_agent[i] = agent_value
+        with self._calling_vmas():
+            try:
+                observations, rewards, terminated, infos = self.vmas_env.step(per_agent)
+            except AssertionError as error:  # VMAS checks action values with asserts, before the world moves
+                raise ValueError(
+                    f"{self.name}: VMAS refused the actions: {describe_error(error)}. Their shapes and dtypes are "
+                    "right, so some value is NaN or out of range; with check_values=True the adapter names it"
+                ) from error
+        # Stacked out here, so what the adapter hands on are ordinary tensors, not inference tensors.
+        self._obs = self._by_group(observations)
+        self._info = self._info_by_group(infos)
+        reward = self._by_group([r.reshape(self.num_envs) for r in rewards])
+        return reward, terminated.to(torch.bool, copy=True)
+
+    def _observe(self) -> dict[str, torch.Tensor]:
+        return self._obs
+
+    def reset_data(self, seed: int | None = None, *, mask: torch.Tensor | None = None) -> dict:
+        if seed is not None:
+            self._seed_vmas(int(seed))
+        return super().reset_data(seed, mask=mask)
+
+    def step_data(self, action: Mapping[str, torch.Tensor] | TensorDictBase) -> tuple[dict, dict]:
+        """As `MultiAgentEnv.step_data`, with VMAS's info in `next` as `(group, "info", key)`."""
+        next_data, obs = super().step_data(action)
+        for group, info in self._info.items():
+            if info:
+                next_data[group]["info"] = info
+        return next_data, obs
+
+    def state_dict(self) -> dict:
+        """Not supported: the base class would save the adapter's tensors only, and an env restored from
+        them would continue from another simulator state. The trainer's `--resume` starts new episodes."""
+        raise NotImplementedError(self._no_saved_state("state_dict"))
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError(self._no_saved_state("load_state_dict"))
+
+    # ---- internals ---------------------------------------------------------------------------------
+
+    def _no_saved_state(self, method: str) -> str:
+        return (
+            f"{self.name}: {method}() is not supported: VMAS's simulator state (the world's bodies, joints and "
+            "the scenario's own buffers) lives in VMAS's objects, which the adapter cannot save or restore"
+        )
+
+    def _build(self, vmas, num_envs: int, seed: int | None = None, check_kwargs: bool = False):
+        c = self.config
+        with self._calling_vmas(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:  # builds the scenario's world and resets it: where VMAS checks the options
+                env = vmas.make_env(
+                    c.scenario,
+                    num_envs=num_envs,
+                    device=self.device,
+                    continuous_actions=c.continuous_actions,
+                    multidiscrete_actions=c.multidiscrete_actions,
+                    seed=seed,
+                    max_steps=None,
+                    **c.scenario_kwargs,
+                )
+            except ImportError:
+                raise  # a scenario's missing dependency: its own message says what to install
+            except Exception as error:
+                # VMAS checks options with bare asserts and fails on bad types deep inside the scenario.
+                raise ValueError(
+                    f"{self.name}: the scenario rejected its options {self._vmas_options()}: {describe_error(error)}"
+                ) from error
+        for warning in caught if check_kwargs else ():
+            if "passed but not used by the scenario" in str(warning.message):
+                raise TypeError(f"{self.name}: {str(warning.message).split(' This will')[0]}")
+            warnings.warn(warning.message, warning.category, stacklevel=4)
+        return env
+
+    def _vmas_options(self) -> dict[str, Any]:
+        """The options given to VMAS that the user chose: the scenario's, and the action options where
+        they are not the defaults."""
+        defaults = VmasConfig()
+        chosen = {
+            name: getattr(self.config, name)
+            for name in ("continuous_actions", "multidiscrete_actions")
+            if getattr(self.config, name) != getattr(defaults, name)
+        }
+        return {**chosen, **self.config.scenario_kwargs}
+
+    @contextlib.contextmanager
+    def _calling_vmas(self):
+        """Around every call into VMAS: the adapter's own random streams, host syncs allowed (VMAS makes
+        them), and inference mode: VMAS's simulation needs no autograd, and its bookkeeping slows a
+        step of VMAS's many small ops."""
+        with self._random, allow_host_sync(), torch.inference_mode():
+            yield
+
+    def _seed_vmas(self, seed: int) -> None:
+        with self._random:
+            self.vmas_env.seed(seed % 2**32)  # VMAS also seeds numpy, which takes 32-bit seeds
+
+    def _by_group(self, per_agent: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """VMAS's per-agent list of `[B, ...]` -> `{group: [B, n, ...]}`."""
+        return {g: torch.stack([per_agent[i] for i in indices], 1) for g, indices in self._members.items()}
+
+    def _info_by_group(self, infos: list[dict]) -> dict[str, dict[str, torch.Tensor]]:
+        """Keys that every agent of a group reports as a tensor of one shape, stacked to `[B, n, *shape]`
+        (`[B, n, 1]` for a scalar per env). The keys are chosen at the first step and kept, in lists of
+        keys of one shape: one stack per list (navigation's 3 scalar keys: one stack, not 3)."""
+        if self._info_keys is None:
+            self._info_keys = {}
+            for group, indices in self._members.items():
+                by_shape: dict[torch.Size, list[str]] = {}
+                for key, value in infos[indices[0]].items():
+                    if all(
+                        isinstance(infos[i].get(key), torch.Tensor) and infos[i][key].shape == value.shape
+                        for i in indices
+                    ):
+                        by_shape.setdefault(value.shape, []).append(key)
+                self._info_keys[group] = list(by_shape.values())
+        grouped = {}
+        for group, indices in self._members.items():
+            grouped[group] = {}
+            for keys in self._info_keys[group]:
+                shape = infos[indices[0]][keys[0]].shape[1:] or (1,)  # per env; a scalar as [1]
+                stacked = torch.stack([infos[i][key] for key in keys for i in indices], 1)  # [B, keys * n, ...]
+                grouped[group].update(zip(keys, stacked.view(self.num_envs, len(keys), len(indices), *shape).unbind(1)))
+        return grouped
+
+
+# ---- construction ----------------------------------------------------------------------------------
+
+
+def import_vmas():
+    try:
+        import vmas
+    except ImportError as error:
+        raise ImportError(f"the VMAS adapter needs vmas ({error}); install it with: {INSTALL}") from error
+    return vmas
+
+
+def describe_error(error: Exception) -> str:
+    """`error`'s type and message, and where it was raised: the innermost line of VMAS's code (a bare
+    `assert` has no message; the line is the only clue), else the innermost line."""
+    root = os.path.dirname(os.path.dirname(import_vmas().__file__))  # paths are shown from "vmas/..."
+    lines = [(frame.f_code.co_filename, line) for frame, line in traceback.walk_tb(error.__traceback__)]
+    in_vmas = [(name, line) for name, line in lines if name.startswith(os.path.join(root, "vmas", ""))]
+    where = ""
+    if lines:
+        name, line = (in_vmas or lines)[-1]
+        where = f" at {os.path.relpath(name, root) if in_vmas else name}:{line}"
+    message = str(error)
+    if not message:
+        return f"{type(error).__name__} (no message){where}"
+    return f"{type(error).__name__}: {message}" + (f" ({where.strip()})" if where else "")
+
+
+def make_vmas(
+    scenario: str,
+    /,
+    *,
+    num_envs: int,
+    device: torch.device | str = "cpu",
+    seed: int | None = None,
+    check_values: bool = False,
+    compile: bool = False,
+    **options: Any,
+) -> VmasEnv:
+    """`envs.make("vmas/<scenario>", ...)`: the adapter's own options, the rest for the scenario."""
+    if compile:
+        raise ValueError(
+            f"vmas/{scenario}: compile=True is not supported: VMAS's physics is Python that branches on data"
+        )
+    internal = sorted(f.name for f in dataclasses.fields(VmasConfig) if _options.is_internal(f) and f.name in options)
+    if internal:
+        raise TypeError(
+            f"vmas/{scenario}: {internal} are not options: the env's name gives the scenario (vmas/<scenario>) "
+            f"and the scenario's options are keywords of their own (e.g. n_agents=3); the adapter's options "
+            f"are {list(OWN_OPTIONS)}"
+        )
+    taken = sorted(VMAS_ENV_ARGUMENTS.intersection(options))
+    if taken:
+        raise TypeError(
+            f"vmas/{scenario}: {taken} are arguments of vmas.make_env that the adapter sets itself; its options "
+            f"are {list(OWN_OPTIONS)}, and every other keyword goes to the scenario"
+        )
+    own = {k: options.pop(k) for k in OWN_OPTIONS if k in options}
+    config = _options.build(
+        VmasConfig, {**own, "scenario": scenario, "scenario_kwargs": options}, what=f"env 'vmas/{scenario}'"
+    )
+    return VmasEnv(config, num_envs=num_envs, device=device, seed=seed, check_values=check_values)
+
+
+register_prefix("vmas", make_vmas, "scenario")

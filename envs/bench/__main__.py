@@ -1,0 +1,3 @@
+from envs.bench.steps import main
+
+main()

@@ -1,0 +1,3 @@
+from kernels.bench.gae import main
+
+main()

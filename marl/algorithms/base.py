@@ -1,0 +1,165 @@
+"""The algorithm interface, and the registry that maps `--algo` names to algorithms.
+
+An algorithm is one module: a config dataclass and a class registered under one or more names.
+
+    @marl.algorithms.register("reinforce")
+    class Reinforce(marl.algorithms.Algorithm):
+        Config = ReinforceConfig  # a frozen dataclass subclassing marl.config.AlgorithmConfig
+        ...
+
+The run loop (`marl.app.trainer`) knows no algorithm. It builds one with `(config, env, device, world,
+generator)`, and each iteration calls `begin_iteration`, collects a time-major `[T, B]` batch with the
+algorithm's `acting` policies (`marl.core.rollout`), hands it to `update`, reads the returned loss terms
+back in its one host sync, and checkpoints `state_dict()`. A user registers an algorithm of their own in
+a module passed with `--imports`, as they register an env.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from tensordict import TensorDict
+
+from marl.config import AlgorithmConfig, EnvSettings, ModelConfig, RunConfig
+
+if TYPE_CHECKING:
+    from marl.config import TrainConfig
+    from marl.core.rollout import Acting
+    from marl.core.timing import PhaseTimer
+
+
+class Algorithm:
+    """How every group of an env learns. Subclass it, set `Config`, register it, and write the methods
+    that raise NotImplementedError below.
+
+    Attributes set here for the subclass: `config` (the `TrainConfig`; `config.for_group(g)` gives a
+    group's algorithm and model configs with its overrides), `env` (the grouped env: `env.groups` maps
+    each group to its spec), `device`, `world` (`marl.app.distributed`: under torchrun, `world.sum` and
+    the update step's gradient averaging; a no-op in one process) and `generator` (the run's random
+    stream on `device`, which collection draws its noise from too).
+    """
+
+    Config: ClassVar[type[AlgorithmConfig]]
+    collects: ClassVar[str] = "rollout"
+    """What `update` learns from: "rollout", the iteration's `[T, B]` batch, on-policy."""
+
+    def __init__(self, config: TrainConfig, env, device: torch.device, world, generator: torch.Generator) -> None:
+        self.config, self.env, self.device, self.world, self.generator = config, env, device, world, generator
+
+    @property
+    def acting(self) -> Acting:
+        """The policies collection acts with (`marl.core.rollout.Acting`); `marl eval` takes their modes."""
+        raise NotImplementedError
+
+    def begin_iteration(self, frames: int, total_frames: int) -> None:
+        """Called before each iteration's collection with the frames trained so far: schedules (a
+        learning rate annealed over the run, exploration noise) are set here."""
+
+    def update(self, batch: TensorDict, timer: PhaseTimer) -> dict[str, dict[str, torch.Tensor]]:
+        """Learn from the iteration's `batch` (`marl.core.rollout`'s layout); returns per group its named
+        loss terms and diagnostics as 0-d tensors on the device. The run loop reads them in its one host
+        sync, logs them as `GROUP/NAME`, and stops the run when a term whose name ends in `loss` is NaN or
+        inf. `timer.mark(name)` ends a phase of the iteration's time split (e.g. `"update_s"`)."""
+        raise NotImplementedError
+
+    def parameters(self) -> list[torch.Tensor]:
+        """Every learned tensor, in a fixed order: under torchrun rank 0's are broadcast at the start."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        """Everything `load_state_dict` needs to continue exactly: networks, optimisers, normalisers."""
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def label(cls, config: TrainConfig, groups: Mapping) -> str:
+        """The name `marl train` prints for what trains `groups` under `config`."""
+        return config.algo.algo.upper()
+
+
+_ALGORITHMS: dict[str, type[Algorithm]] = {}
+DEFAULT = "mappo"
+RESERVED = {f.name for section in (EnvSettings, ModelConfig, RunConfig) for f in dataclasses.fields(section)}
+
+
+def register(*names: str):
+    """Class decorator: make an `Algorithm` subclass available as `--algo NAME` for each of `names` (one
+    module may serve several, as PPO serves mappo and ippo: its config's `algo` field tells them apart)."""
+    if not names or not all(isinstance(name, str) and name for name in names):
+        raise TypeError(f"register takes the algorithm's name(s): write @register('my_algo'), got {names!r}")
+
+    def decorate(cls: type[Algorithm]) -> type[Algorithm]:
+        _check_algorithm_class(names, cls)
+        for name in names:
+            known = _ALGORITHMS.get(name)
+            if known is not None and known is not cls and not _redefined(known, cls):
+                raise ValueError(f"an algorithm named {name!r} is already registered ({known.__qualname__})")
+        for name in names:
+            _ALGORITHMS[name] = cls
+        return cls
+
+    return decorate
+
+
+def _check_algorithm_class(names: tuple[str, ...], cls) -> None:
+    """Refuse at registration what would otherwise fail later and far away."""
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise TypeError(f"register{names}: {getattr(cls, '__qualname__', cls)} must subclass marl.algorithms.Algorithm")
+    config = getattr(cls, "Config", None)
+    if not (isinstance(config, type) and issubclass(config, AlgorithmConfig) and config is not AlgorithmConfig):
+        raise TypeError(
+            f"register{names}: {cls.__qualname__}.Config must be a frozen dataclass subclassing "
+            f"marl.config.AlgorithmConfig, got {getattr(config, '__qualname__', config)}"
+        )
+    if "__dataclass_fields__" not in vars(config):
+        raise TypeError(f"register{names}: decorate {config.__qualname__} with @dataclasses.dataclass(frozen=True)")
+    clash = sorted({f.name for f in dataclasses.fields(config)} & RESERVED)
+    if clash:
+        raise TypeError(
+            f"register{names}: {config.__qualname__} has field(s) {clash}, which are already options of the "
+            "env, model or run sections: rename them"
+        )
+    for name in names:
+        try:
+            config(algo=name)
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"register{names}: {config.__qualname__}(algo={name!r}) fails: {error}") from error
+
+
+def _redefined(registered: type, cls: type) -> bool:
+    """Whether `cls` is a new definition of `registered` in the same module (a notebook cell run again,
+    `importlib.reload`): the new code replaces the old."""
+    return cls.__module__ == registered.__module__ and cls.__qualname__ == registered.__qualname__
+
+
+def names() -> list[str]:
+    """The registered algorithm names."""
+    return sorted(_ALGORITHMS)
+
+
+def get(name: str) -> type[Algorithm]:
+    if name not in _ALGORITHMS:
+        raise KeyError(
+            f"unknown algorithm {name!r}; known algorithms: {', '.join(names())} (register your own with "
+            "@marl.algorithms.register in a module passed with --imports)"
+        )
+    return _ALGORITHMS[name]
+
+
+def config_class(name: str) -> type[AlgorithmConfig]:
+    return get(name).Config
+
+
+def default_config(name: str) -> AlgorithmConfig:
+    """Algorithm `name`'s config with its defaults."""
+    return get(name).Config(algo=name)
+
+
+def build(config: TrainConfig, env, device: torch.device, world, generator: torch.Generator) -> Algorithm:
+    """The algorithm `config.algo` names, built for `env`."""
+    return get(config.algo.algo)(config, env, device, world, generator)

@@ -1,0 +1,362 @@
+"""PPO, one algorithm for MAPPO and IPPO: they differ only in what each group's critic sees (its scope,
+`marl.core.models.CriticInput`).
+
+Per iteration: the critics' values of the rollout's observations and of its true next observations, GAE
+(`kernels.gae`) per group, then `epochs` passes over the `T * B` frames in shuffled minibatches, every
+group stepped in the same minibatch step (`marl.optim.update_step`). Each group has its own policy,
+critic, Adam and (with `--group` overrides) hyper-parameters.
+
+`ppo_loss` is a pure function of tensors shaped `[M, n]` (M samples of a group's n agents), so it can
+be checked by hand. It returns the named terms and diagnostics:
+
+- `policy_loss`: clipped surrogate, `-mean(min(r * A, clip(r, 1 - eps, 1 + eps) * A))`;
+- `value_loss`: `0.5 * mean((V - target)^2)`, or with `clip_value` the max of that and the clipped
+  version `V_old + clip(V - V_old, -eps, eps)` (as in the PPO reference implementations);
+- `entropy_loss`: `-entropy_coef * mean(entropy)`;
+- `loss = policy_loss + entropy_loss + value_coef * value_loss`;
+- diagnostics (no gradient): `approx_kl` (`mean((r - 1) - log r)`), `clip_fraction`, `entropy`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from tensordict import TensorDict
+
+import kernels
+from marl.algorithms.base import Algorithm, register
+from marl.config import AlgorithmConfig, TrainConfig
+from marl.core.models import Critic, CriticInput, Policy
+from marl.core.rollout import Acting, observations
+from marl.optim.update_step import Trainable, UpdateStep, adam
+
+LOSS_TERMS = ("loss", "policy_loss", "value_loss", "entropy_loss", "approx_kl", "clip_fraction", "entropy")
+# What the update reads of a group's rollout.
+UPDATE_KEYS = ("observation", "action_mask", "action", "log_prob", "advantage", "value", "value_target")
+
+
+@dataclass(frozen=True)
+class PPOConfig(AlgorithmConfig):
+    """PPO's options: one clipped loss for MAPPO and IPPO, which differ in what the critic sees."""
+
+    algo: Literal["mappo", "ippo"] = "mappo"
+    """mappo: a centralised critic (critic_scope auto = global: every group's observations, or the env's
+    state); ippo: each agent's critic sees its own observation."""
+    critic_scope: Literal["auto", "agent", "group", "global"] = "auto"
+    """What the critic sees: agent (IPPO), group (MAPPO), global (every group, or the env's state)."""
+    shared_value: bool = False
+    """With a centralised critic, one value per env for the whole group (TorchRL's and BenchMARL's
+    MAPPO critic) instead of one per agent: n times less critic work, sound when the agents share a reward."""
+    lr: float = 1e-3
+    """Adam learning rate of the policy and the critic."""
+    lr_schedule: Literal["constant", "linear"] = "constant"
+    """constant, or linear: annealed from lr to 0 over total_frames (set at each iteration)."""
+    adam_eps: float = 1e-5
+    """Adam's epsilon (added to the root of the second moment): with small, unnormalised advantages it damps updates."""
+    gamma: float = 0.99
+    """Discount factor."""
+    lmbda: float = 0.95
+    """GAE lambda."""
+    epochs: int = 4
+    """PPO epochs over each rollout."""
+    minibatch_size: int = 4096
+    """Frames (env steps, all agents of the group) per minibatch; at most num_envs * rollout_length. Each
+    epoch shuffles the iteration's frames into frames // minibatch_size minibatches; a remainder sits
+    that epoch out (other frames each epoch)."""
+    clip_eps: float = 0.2
+    """PPO ratio clip."""
+    clip_value: bool = True
+    """Clip the value update around the rollout's values with the same clip_eps."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus."""
+    value_coef: float = 0.5
+    """Weight of the value loss."""
+    max_grad_norm: float = 1.0
+    """Clip the gradient norm of each group's policy, and of its critic, to this (0 disables clipping;
+    the group's logged gradient norms then read nan: they are measured by the clipping)."""
+    normalize_advantage: bool = True
+    """Normalise each group's advantages per minibatch."""
+    normalize_value: bool = True
+    """Train the critic on value targets normalised by their running mean and std (MAPPO's value
+    normalisation), so that rewards of any scale learn alike."""
+
+    run_wide = ("epochs", "minibatch_size")  # every group is updated in the same minibatch steps
+
+    def check(self) -> None:
+        for name in ("gamma", "lmbda"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        for name in ("lr", "adam_eps", "clip_eps"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("entropy_coef", "value_coef", "max_grad_norm"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.shared_value and self.scope() == "agent":
+            raise ValueError("shared_value needs a centralised critic: algo mappo, or critic_scope group or global")
+        if self.epochs < 1 or self.minibatch_size < 1:
+            raise ValueError(f"epochs and minibatch_size must be >= 1, got {self.epochs}, {self.minibatch_size}")
+
+    def check_train(self, config: TrainConfig) -> None:
+        frames_per_iteration = config.env.num_envs * config.run.rollout_length
+        if self.minibatch_size > frames_per_iteration:
+            raise ValueError(
+                f"minibatch_size={self.minibatch_size} is larger than an iteration's "
+                f"num_envs * rollout_length = {frames_per_iteration} frames: pass --minibatch-size "
+                f"{frames_per_iteration // 4} (4 minibatches per epoch), or more envs or a longer rollout"
+            )
+
+    def scope(self) -> str:
+        if self.critic_scope != "auto":
+            return self.critic_scope
+        return "agent" if self.algo == "ippo" else "global"
+
+
+def ppo_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantage: torch.Tensor,
+    value: torch.Tensor,
+    old_value: torch.Tensor,
+    value_target: torch.Tensor,
+    entropy: torch.Tensor,
+    *,
+    clip_eps: float,
+    clip_value: bool,
+    entropy_coef: float,
+    value_coef: float,
+    normalize_advantage: bool,
+) -> dict[str, torch.Tensor]:
+    """PPO's loss terms for one group's minibatch; every tensor is `[M, n]`."""
+    if normalize_advantage:
+        advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+    log_ratio = log_prob - old_log_prob
+    ratio = log_ratio.exp()
+    surrogate = torch.minimum(ratio * advantage, ratio.clamp(1 - clip_eps, 1 + clip_eps) * advantage)
+    policy_loss = -surrogate.mean()
+    mean_entropy = entropy.mean()
+    entropy_loss = -entropy_coef * mean_entropy
+    value_error = (value - value_target).square()
+    if clip_value:
+        clipped = old_value + (value - old_value).clamp(-clip_eps, clip_eps)
+        value_error = torch.maximum(value_error, (clipped - value_target).square())
+    value_loss = 0.5 * value_error.mean()
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - log_ratio).mean()
+        clip_fraction = ((ratio - 1).abs() > clip_eps).float().mean()
+    return {
+        "loss": (policy_loss + entropy_loss) + value_coef * value_loss,
+        "policy_loss": policy_loss,
+        "value_loss": value_loss,
+        "entropy_loss": entropy_loss,
+        "approx_kl": approx_kl,
+        "clip_fraction": clip_fraction,
+        "entropy": mean_entropy.detach(),
+    }
+
+
+def explained_variance(value: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """`1 - Var(target - value) / Var(target)`: 1 is a perfect critic, 0 no better than a constant."""
+    return 1 - (target - value).var() / target.var().clamp_min(1e-8)
+
+
+@dataclass
+class Learner:
+    """Everything one group learns with."""
+
+    algo: PPOConfig
+    policy: Policy
+    critic: Critic
+    critic_input: CriticInput
+    optimizer: torch.optim.Adam
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [*self.policy.parameters(), *self.critic.parameters()]
+
+
+def build_policies(config: TrainConfig, env, device: torch.device) -> dict[str, Policy]:
+    """Every group's policy, built before any critic (the order the networks draw their initial weights)."""
+    policies = {}
+    for group, spec in env.groups.items():
+        _, model = config.for_group(group)
+        policies[group] = Policy(
+            spec, model.hidden, model.activation, model.share_params, model.log_std_init, model.std
+        )
+    return {g: p.to(device) for g, p in policies.items()}
+
+
+@register("mappo", "ippo")
+class PPO(Algorithm):
+    """PPO for every group at once; MAPPO or IPPO by each group's critic scope."""
+
+    Config = PPOConfig
+
+    def __init__(self, config: TrainConfig, env, device: torch.device, world, generator: torch.Generator) -> None:
+        super().__init__(config, env, device, world, generator)
+        state_size = math.prod(env.state_spec.shape) if env.state_spec is not None else None
+        policies = build_policies(config, env, device)
+        self.learners: dict[str, Learner] = {}
+        for group, spec in env.groups.items():
+            algo, model = config.for_group(group)
+            critic_input = CriticInput(
+                algo.scope(), group, env.groups, state_size, agent_id=model.share_params, shared_value=algo.shared_value
+            )
+            critic = Critic(
+                critic_input.size,
+                spec.n_agents,
+                model.hidden,
+                model.activation,
+                model.share_params,
+                algo.normalize_value,
+                shared_value=critic_input.shared_value,
+            ).to(device)
+            policy = policies[group]
+            optimizer = adam([*policy.parameters(), *critic.parameters()], lr=algo.lr, eps=algo.adam_eps)
+            self.learners[group] = Learner(algo, policy, critic, critic_input, optimizer)
+        trainables = {
+            g: Trainable({"policy": lr.policy, "critic": lr.critic}, lr.optimizer, lr.algo.max_grad_norm)
+            for g, lr in self.learners.items()
+        }
+        self.step = UpdateStep(trainables, self._minibatch_loss, device, world, compile=config.run.compile)
+
+    @property
+    def acting(self) -> Acting:
+        return Acting({g: lr.policy for g, lr in self.learners.items()}, log_prob=True)
+
+    def begin_iteration(self, frames: int, total_frames: int) -> None:
+        """With `lr_schedule` linear: lr * (1 - progress), progress by frames so far."""
+        progress = min(frames / total_frames, 1.0)
+        for learner in self.learners.values():
+            if learner.algo.lr_schedule == "linear":
+                for group in learner.optimizer.param_groups:
+                    group["lr"] = learner.algo.lr * (1.0 - progress)
+
+    def update(self, batch: TensorDict, timer) -> dict[str, dict[str, torch.Tensor]]:
+        explained = self.advantages(batch)
+        timer.mark("advantages_s")
+        terms = self.epochs(batch)
+        return {g: {"explained_variance": explained[g], **terms[g]} for g in self.learners}
+
+    @torch.no_grad()
+    def advantages(self, batch: TensorDict) -> dict[str, torch.Tensor]:
+        """Values of the observations and of the true next observations, then GAE, written into `batch`
+        (`value`, `advantage`, `value_target`, `[T, B, n]` in reward units); the critics' running moments
+        take the targets in. Returns each group's explained variance."""
+        groups = list(self.env.groups)
+        obs, state = observations(batch, groups)
+        next_obs, next_state = observations(batch, groups, next=True)
+        explained = {}
+        for g, learner in self.learners.items():
+            value = learner.critic.value(learner.critic_input(obs, state))  # [T, B, n]
+            next_value = learner.critic.value(learner.critic_input(next_obs, next_state))
+            data = batch[g]
+            advantage, target = kernels.gae(
+                data["reward"],
+                value,
+                next_value,
+                data["done"],
+                data["terminated"],
+                gamma=learner.algo.gamma,
+                lmbda=learner.algo.lmbda,
+            )
+            data.update({"value": value, "advantage": advantage, "value_target": target})
+            wide = target.double()
+            moments = torch.stack([wide.new_full((), wide.numel()), wide.sum(), wide.square().sum()])
+            learner.critic.update_moments(*self.world.sum(moments))
+            explained[g] = explained_variance(value, target)
+        return explained
+
+    def update_inputs(self, batch: TensorDict) -> tuple[dict[str, dict[str, torch.Tensor]], torch.Tensor | None]:
+        """What the update reads of `batch`: per group its `UPDATE_KEYS` as plain tensors `[T * B, ...]`
+        (a minibatch gather and the loss then compile into one graph), values and targets in the critic's
+        normalised units (its moments are fixed for the update); and the state `[T * B, ...]` or None."""
+        flat = {g: {k: v.flatten(0, 1) for k, v in batch[g].items() if k in UPDATE_KEYS} for g in self.learners}
+        for g, data in flat.items():
+            critic = self.learners[g].critic
+            data["value"], data["value_target"] = map(critic.normalize_values, (data["value"], data["value_target"]))
+        state = batch["state"].flatten(0, 1) if "state" in batch.keys() else None
+        return flat, state
+
+    def epochs(self, batch: TensorDict) -> dict[str, dict[str, torch.Tensor]]:
+        """`epochs` passes of minibatch steps; each group's loss terms and gradient norms, averaged."""
+        algo = self.config.algo
+        frames = batch.batch_size.numel()
+        flat, state = self.update_inputs(batch)
+        size, count = algo.minibatch_size, frames // algo.minibatch_size
+        sums = {g: torch.zeros(len(LOSS_TERMS) + 2, device=self.device) for g in flat}
+        orders = [torch.randperm(frames, generator=self.generator, device=self.device) for _ in range(algo.epochs)]
+        for order in orders:
+            if self.config.run.compile:  # the gather by index stays in the compiled graph
+                data, data_state = flat, state
+                minibatches = [order[k * size : (k + 1) * size] for k in range(count)]
+            else:
+                # Eagerly, one gather per tensor shuffles the epoch's frames and each minibatch is a slice
+                # (a view): a few ops, not a gather per tensor per minibatch.
+                data = {g: {k: v[order] for k, v in tensors.items()} for g, tensors in flat.items()}
+                data_state = state[order] if state is not None else None
+                minibatches = [slice(k * size, (k + 1) * size) for k in range(count)]
+            for index in minibatches:
+                for g, out in self.step(data, data_state, index).items():
+                    sums[g] += out
+        names = (*LOSS_TERMS, "policy_grad_norm", "critic_grad_norm")
+        return {g: dict(zip(names, (vector / (algo.epochs * count)).unbind())) for g, vector in sums.items()}
+
+    def _minibatch_loss(
+        self, flat: dict[str, dict[str, torch.Tensor]], state: torch.Tensor | None, index: torch.Tensor | slice
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The sum of every group's PPO loss on the frames `index` of the flattened rollout, and per group
+        its `LOSS_TERMS`, detached, as one vector."""
+        batch = {g: {k: v[index] for k, v in data.items()} for g, data in flat.items()}
+        obs = {g: data["observation"] for g, data in batch.items()}
+        state = state[index] if state is not None else None
+        total, terms = 0.0, {}
+        for g, learner in self.learners.items():
+            data, a = batch[g], learner.algo
+            dist = learner.policy(data["observation"], data.get("action_mask"))
+            group_terms = ppo_loss(
+                dist.log_prob(data["action"]),
+                data["log_prob"],
+                data["advantage"],
+                learner.critic(learner.critic_input(obs, state)),  # normalised units, as the next two
+                data["value"],
+                data["value_target"],
+                dist.entropy(),
+                clip_eps=a.clip_eps,
+                clip_value=a.clip_value,
+                entropy_coef=a.entropy_coef,
+                value_coef=a.value_coef,
+                normalize_advantage=a.normalize_advantage,
+            )
+            total = total + group_terms["loss"]
+            terms[g] = torch.stack([group_terms[name].detach() for name in LOSS_TERMS])
+        return total, terms
+
+    def parameters(self) -> list[torch.Tensor]:
+        return [p for lr in self.learners.values() for p in lr.parameters()]
+
+    def state_dict(self) -> dict:
+        return {
+            g: {
+                "policy": lr.policy.state_dict(),
+                "critic": lr.critic.state_dict(),
+                "optimizer": lr.optimizer.state_dict(),
+            }
+            for g, lr in self.learners.items()
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        for g, lr in self.learners.items():
+            lr.policy.load_state_dict(state[g]["policy"])
+            lr.critic.load_state_dict(state[g]["critic"])
+            lr.optimizer.load_state_dict(state[g]["optimizer"])
+
+    @classmethod
+    def label(cls, config: TrainConfig, groups) -> str:
+        """MAPPO or IPPO, per group where their critic scopes differ."""
+        names = {g: "IPPO" if config.for_group(g)[0].scope() == "agent" else "MAPPO" for g in groups}
+        if len(set(names.values())) == 1:
+            return next(iter(names.values()))
+        return ", ".join(f"{name} ({g})" for g, name in names.items())

@@ -1,0 +1,65 @@
+"""What training, evaluation and the benchmarks build alike: the device, the grouped env, the algorithm."""
+
+from __future__ import annotations
+
+import torch
+
+import envs
+from envs.specs import Box
+from marl import algorithms
+from marl.config import TrainConfig, import_modules
+from marl.core.groups import GroupedEnv
+
+
+def resolve_device(device: str) -> torch.device:
+    """`--device` as a torch device (`auto`: CUDA where available). The index stays as given: under
+    torchrun a bare `cuda` lets each rank take its own (`marl.app.distributed.setup`)."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(device)
+    except RuntimeError as error:  # torch's own message lists every backend it knows, not what marl runs on
+        raise ValueError(f"unknown device {device!r}; expected cpu, cuda, cuda:N or auto") from error
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device} was asked for, but CUDA is not available; use --device cpu or auto")
+    return device
+
+
+def make_env(config: TrainConfig, device: torch.device, num_envs: int | None = None, seed: int | None = None):
+    """The configured env, regrouped by the configured group map."""
+    settings = config.env
+    import_modules(settings.imports)
+    env = envs.make(
+        settings.env,
+        num_envs=num_envs or settings.num_envs,
+        device=device,
+        seed=config.run.seed if seed is None else seed,
+        **settings.env_options,
+    )
+    return GroupedEnv(env, settings.group_map, pad=settings.pad)
+
+
+def check_group_overrides(config: TrainConfig, groups) -> None:
+    """The config checks the overridden fields; only the env knows its groups (after the group map), so a
+    misspelt group is caught here instead of being silently ignored by `config.for_group`."""
+    unknown = sorted(set(config.group_overrides) - set(groups))
+    if unknown:
+        raise ValueError(
+            f"unknown group(s) {unknown} in the per-group overrides; "
+            f"the groups of {config.env.env!r} (group map {config.env.group_map!r}) are {sorted(groups)}"
+        )
+    for group, overrides in config.group_overrides.items():
+        # The std of continuous actions: a group with discrete actions has none, and would ignore it.
+        ignored = sorted(set(overrides) & {"std", "log_std_init"})
+        action = groups[group].action
+        if ignored and not isinstance(action, Box):
+            raise ValueError(
+                f"group {group!r} has {type(action).__name__} actions, which have no std: the override(s) "
+                f"{ignored} apply to continuous (Box) actions only; leave them out for {group!r}"
+            )
+
+
+def build_algorithm(config: TrainConfig, env, device: torch.device, world, generator: torch.Generator):
+    """`config.algo`'s algorithm for `env`, its overrides checked against the env's groups."""
+    check_group_overrides(config, env.groups)
+    return algorithms.build(config, env, device, world, generator)

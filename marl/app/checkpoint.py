@@ -1,0 +1,69 @@
+"""Checkpoints written atomically: a crash or Ctrl-C mid-write never leaves a broken file behind."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:
+    """Write `state` to `path` through a temporary file and an atomic rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+_ZIP_MAGIC = b"PK\x03\x04"  # how every file torch.save writes (a zip archive) starts
+
+# The top-level keys `Trainer.state_dict` writes (under torchrun also "world_size" and "ranks").
+CHECKPOINT_KEYS = ("config", "iteration", "frames", "elapsed", "algorithm", "generator", "env", "obs", "stats")
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """The state `save_checkpoint` wrote to `path`. A file that is not one (a text file, a CSV, another
+    torch file, a truncated checkpoint) raises a ValueError saying so, instead of whatever torch.load
+    raises, which can be as cryptic as a bare `KeyError: 105`."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    state = _read(path, map_location)
+    if not isinstance(state, dict):
+        raise _not_a_checkpoint(path, f"it holds a {type(state).__name__}, not a dict")
+    missing = [key for key in CHECKPOINT_KEYS if key not in state]
+    if missing:
+        raise _not_a_checkpoint(path, f"it is a dict without the key(s) {missing}")
+    return state
+
+
+def _read(path: Path, map_location: str | torch.device) -> Any:
+    # torch.save writes a zip archive: checking for one first gives a clear reason for the most common
+    # mistake (a CSV, a log or a text file), for which torch.load raises e.g. `KeyError: 105`.
+    if path.stat().st_size == 0:
+        raise _not_a_checkpoint(path, "the file is empty")
+    with path.open("rb") as file:
+        if file.read(len(_ZIP_MAGIC)) != _ZIP_MAGIC:
+            raise _not_a_checkpoint(path, "it is not a file written by torch.save")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError:
+        # torch's message suggests weights_only=False, which would run code from an untrusted file.
+        raise _not_a_checkpoint(path, "it holds Python objects other than tensors and plain containers") from None
+    except Exception as error:  # a truncated or corrupted archive: RuntimeError, EOFError, ...
+        reason = f"it is truncated or corrupted (torch.load: {_first_sentence(error)})"
+        raise _not_a_checkpoint(path, reason) from None
+
+
+def _not_a_checkpoint(path: Path, reason: str) -> ValueError:
+    return ValueError(f"{path} is not a vecmarl checkpoint (a checkpoint.pt written by marl train): {reason}")
+
+
+def _first_sentence(error: Exception) -> str:
+    text = str(error).strip().split("\n")[0].split(". ")[0]
+    return text or type(error).__name__

@@ -1,0 +1,450 @@
+"""`marl`: train, evaluate, plot and list envs from the command line.
+
+    marl train                                   # MAPPO on navigation with the defaults
+    marl train --env navigation --algo ippo --num-envs 512 --env-option n_agents=5
+    marl eval --checkpoint runs/RUN/checkpoint.pt --episodes 100 --render team.gif
+    marl plot runs/RUN
+    marl bench --quick
+    marl envs
+
+The train options are generated from the config dataclasses in `marl.config`; their docstrings are
+the help text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import dataclasses
+import os
+import signal
+import sys
+import threading
+import typing
+from typing import Any
+
+from envs import options as _options
+from marl import algorithms
+from marl.config import SECTIONS, ModelConfig, TrainConfig, import_modules
+
+# Options that are not plain fields on the command line.
+SPECIAL = {"env_options", "group_overrides"}
+RESUMABLE = {"total_frames", "checkpoint_every", "progress", "tensorboard", "device"}
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def _key_value(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    return key.strip(), _parse_value(value)
+
+
+def _add_field(group: argparse._ArgumentGroup, cls: type, field: dataclasses.Field, doc: str) -> None:
+    tp = _options.field_types(cls)[field.name]
+    flag = "--" + field.name.replace("_", "-")
+    default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+    shown = " ".join(map(str, default)) if isinstance(default, tuple) else default
+    help_text = f"{doc} (default: {shown})" if shows_default(default) else doc
+    kwargs: dict[str, Any] = {"dest": field.name, "default": argparse.SUPPRESS, "help": help_text}
+    if tp is bool:
+        group.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
+    elif typing.get_origin(tp) is typing.Literal:
+        group.add_argument(flag, choices=typing.get_args(tp), **kwargs)
+    elif typing.get_origin(tp) is tuple:
+        item = typing.get_args(tp)[0]
+        group.add_argument(flag, type=item, nargs="+", metavar=item.__name__.upper(), **kwargs)
+    else:
+        group.add_argument(flag, type=tp, metavar=tp.__name__.upper(), **kwargs)
+
+
+def shows_default(default: Any) -> bool:
+    """Whether --help shows an option's default: not an empty one (None, "" or ()), where the help says what
+    leaving the option out does and "(default: None)" would only repeat it less clearly."""
+    return default is not None and default != "" and default != ()
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default where `shows_default`."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return super()._get_help_string(action) if shows_default(action.default) else action.help
+
+
+def _train_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "train",
+        help="train every agent group of an env (--algo: " + ", ".join(algorithms.names()) + ")",
+        description="Train every agent group of an env with the algorithm --algo names, on the device, "
+        "batched over num_envs envs. Writes metrics.csv, checkpoint.pt and (with tensorboard installed) "
+        "TensorBoard events to LOG_DIR/RUN_NAME; `marl plot` draws the curves. Each algorithm's options "
+        "are listed in its own section; an algorithm registered in a module of your own appears here with "
+        "`--imports MODULE`.",
+        formatter_class=HelpFormatter,
+    )
+    titles = {"env": "environment", "model": "networks", "run": "run"}
+    for section, cls in SECTIONS.items():
+        group = parser.add_argument_group(titles[section])
+        _add_fields(group, cls, set())
+        if section == "env":
+            group.add_argument(
+                "--env-option",
+                dest="env_options",
+                action="append",
+                type=_key_value,
+                default=[],
+                metavar="KEY=VALUE",
+                help="an option of the env, e.g. n_agents=5 (repeatable; see `marl envs`)",
+            )
+    group = parser.add_argument_group("algorithm")
+    group.add_argument(
+        "--algo",
+        choices=algorithms.names(),
+        default=argparse.SUPPRESS,
+        help=f"the algorithm (default: {algorithms.DEFAULT}); its options follow, in its section",
+    )
+    added = {"algo"}
+    for config, names in _algorithm_configs().items():
+        shared = sorted(_fields(config) & added - {"algo"})
+        also = f" It also takes {', '.join(_flag(f) for f in shared)} (above)." if shared else ""
+        section = parser.add_argument_group(
+            f"algorithm {' / '.join(names)} ({config.__name__})", _first_line(config) + also
+        )
+        _add_fields(section, config, added)
+    parser.add_argument(
+        "--group",
+        dest="group_overrides",
+        action="append",
+        type=_key_value,
+        default=[],
+        metavar="GROUP.FIELD=VALUE",
+        help="override a field of the algorithm's options or of the networks for one group, e.g. "
+        "speaker.lr=1e-3 (repeatable); not the algorithm's run-wide fields ("
+        + "; ".join(
+            f"{' / '.join(names)}: {', '.join(c.run_wide)}" for c, names in _algorithm_configs().items() if c.run_wide
+        )
+        + ")",
+    )
+    parser.add_argument("--resume", metavar="CHECKPOINT", help="continue the run saved in this checkpoint")
+    return parser
+
+
+def _add_fields(group: argparse._ArgumentGroup, cls: type, added: set[str]) -> None:
+    """Add `cls`'s fields not in `added` (and not SPECIAL) to `group`, and to `added`."""
+    docs = _options.field_docs(cls)
+    for field in dataclasses.fields(cls):
+        if field.name not in SPECIAL and field.name not in added:
+            _add_field(group, cls, field, docs.get(field.name, ""))
+            added.add(field.name)
+
+
+def _algorithm_configs() -> dict[type, list[str]]:
+    """Each registered algorithm's config class, with the names it is registered under."""
+    configs: dict[type, list[str]] = {}
+    for name in algorithms.names():
+        configs.setdefault(algorithms.config_class(name), []).append(name)
+    return configs
+
+
+def _fields(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _first_line(cls: type) -> str:
+    """The first line of a config's docstring (a dataclass without one has its signature as __doc__)."""
+    doc = cls.__dict__.get("__doc__") or ""
+    return "" if doc.startswith(cls.__name__ + "(") else doc.strip().split("\n")[0]
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    given = vars(args)
+    sections = {}
+    for section, cls in SECTIONS.items():
+        values = {f.name: given[f.name] for f in dataclasses.fields(cls) if f.name in given and f.name not in SPECIAL}
+        if section == "env":
+            values["env_options"] = dict(given.get("env_options", []))
+        sections[section] = _options.build(cls, values, f"{section} options")
+    algo = given.get("algo", algorithms.DEFAULT)
+    config = algorithms.config_class(algo)
+    own = _fields(config)
+    others = {
+        name
+        for cls in _algorithm_configs()
+        for name in _fields(cls) - own
+        if name in given and name not in _fields(ModelConfig)
+    }
+    if others:
+        flags = ", ".join(_flag(name) for name in sorted(others))
+        raise ValueError(
+            f"{flags} {'is not an option' if len(others) == 1 else 'are not options'} of --algo {algo}; "
+            f"its options: {', '.join(_flag(n) for n in sorted(own - {'algo'}))}"
+        )
+    values = {name: given[name] for name in own if name in given}
+    sections["algo"] = _options.build(config, {**values, "algo": algo}, "algo options")
+    overrides: dict[str, dict[str, Any]] = {}
+    for key, value in given.get("group_overrides", []):
+        if "." not in key:
+            raise ValueError(f"--group expects GROUP.FIELD=VALUE, got {key}={value}")
+        group, field = key.split(".", 1)
+        overrides.setdefault(group, {})[field] = value
+    return TrainConfig(**sections, group_overrides=overrides)
+
+
+class UsageError(Exception):
+    """Bad input on the command line: reported in one line, without a traceback."""
+
+
+@contextlib.contextmanager
+def usage_errors():
+    """Turn the errors that bad options raise while setting up (unknown env, option or value, missing
+    file or module) into a `UsageError`; errors during training itself keep their traceback."""
+    try:
+        yield
+    except (ValueError, TypeError, KeyError, FileNotFoundError, ImportError) as error:
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        raise UsageError(str(message)) from error
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: what a scheduler sends at a job's time limit, and torchrun to the ranks left when one
+    fails. Raised as an interruption, so the trainer says where its last checkpoint is, as on Ctrl-C."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """Raise `Terminated` on SIGTERM inside the block (from the main thread only, where signal
+    handlers run); the previous handler is restored after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from marl.app.summary import print_summary
+
+    with usage_errors():
+        trainer = _make_trainer(args)
+    config, world = trainer.config, trainer.world
+    envs_text = f"{config.env.num_envs} envs" + (f" on each of {world.size} ranks" if world.size > 1 else "")
+    if world.is_main:
+        groups = ", ".join(f"{g}: {_count(s.n_agents, 'agent')}" for g, s in trainer.env.groups.items())
+        print(
+            f"training {config.env.env} ({groups}) "
+            f"with {algorithms_text(config, trainer.env.groups)} on {trainer.device}, {envs_text}, "
+            f"{config.run.total_frames:,} frames; logging to {trainer.run_dir}"
+        )
+    with sigterm_as_interrupt():
+        rows = trainer.train()
+    if world.is_main:
+        print_summary(trainer, rows)
+    world.close()
+    return 0
+
+
+def algorithms_text(config, groups) -> str:
+    """What trains `groups`, as the algorithm names it (PPO: MAPPO or IPPO per group's critic scope)."""
+    return algorithms.get(config.algo.algo).label(config, groups)
+
+
+def _make_trainer(args: argparse.Namespace):
+    from marl.app.trainer import Trainer
+
+    if args.resume:
+        changed = {k for k in vars(args) if k not in {"command", "resume", "env_options", "group_overrides", "func"}}
+        changed |= {k for k in ("env_options", "group_overrides") if getattr(args, k)}
+        not_allowed = sorted(changed - RESUMABLE)
+        if not_allowed:
+            raise ValueError(
+                f"marl train --resume keeps the run's configuration; only {sorted(RESUMABLE)} can change, "
+                f"got {not_allowed}"
+            )
+        trainer = Trainer.resume(args.resume, **{k: getattr(args, k) for k in changed})
+        if trainer.world.is_main:
+            print(f"resuming {trainer.run_dir} at iteration {trainer.iteration} ({trainer.frames:,} frames)")
+        return trainer
+    return Trainer(config_from_args(args))
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from marl.app.evaluate import evaluate
+
+    with usage_errors():
+        result = evaluate(
+            args.checkpoint,
+            episodes=args.episodes,
+            render=args.render,
+            device=args.device,
+            num_envs=args.num_envs,
+            seed=args.seed,
+            deterministic=not args.stochastic,
+        )
+    episodes = _count(result["episodes"], "episode")
+    for group, value in result["returns"].items():
+        # The spread of single episodes' returns, named: "+-" reads as the mean's uncertainty, which is
+        # sqrt(episodes) times smaller; one episode has no spread to show.
+        spread = f" (std across episodes {value['std']:.4f})" if result["episodes"] > 1 else ""
+        print(f"{group}: mean episode return {value['mean']:.4f} over {episodes}{spread}")
+    print(f"mean episode length {result['episode_length']:.1f}")
+    if args.render:
+        print(f"wrote {args.render}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from marl.app.plot import plot_runs
+
+    with usage_errors():
+        path = plot_runs(args.run_dirs, args.out, args.x)
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_envs(args: argparse.Namespace) -> int:
+    import envs
+
+    for name in envs.names():
+        print(name)
+        if "/" not in name:
+            print(envs.describe(name))
+        elif name.split("/")[0] in ADAPTERS:
+            print(adapter_text(name.split("/")[0]))
+    return 0
+
+
+# What `marl envs` says under an adapter's pattern, which has no options of its own to list: an example,
+# the options, and the extra to install (the README's "VMAS and PettingZoo environments" has the details).
+ADAPTERS = {
+    "vmas": (
+        "vmas",
+        "vmas",
+        "any VMAS scenario, e.g. vmas/navigation (an unknown name lists them); options: max_steps, "
+        "continuous_actions, multidiscrete_actions, and every other KEY=VALUE goes to the scenario",
+    ),
+    "pettingzoo": (
+        "pettingzoo",
+        "pettingzoo",
+        "a PettingZoo env by its module, e.g. pettingzoo/mpe2.simple_spread_v3; options: max_steps "
+        "(the time limit; MPE's max_cycles), and every other KEY=VALUE goes to the env",
+    ),
+}
+
+
+def adapter_text(prefix: str) -> str:
+    import importlib.util
+
+    module, extra, text = ADAPTERS[prefix]
+    if importlib.util.find_spec(module) is None:
+        text += f' (not installed: pip install "vecmarl[{extra}]")'
+    return f"  {text}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="marl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _train_parser(subparsers).set_defaults(func=cmd_train)
+
+    evaluate = subparsers.add_parser(
+        "eval",
+        help="evaluate a checkpoint, optionally rendering a GIF",
+        formatter_class=HelpFormatter,
+    )
+    evaluate.add_argument("--checkpoint", required=True, help="a checkpoint.pt written by marl train")
+    evaluate.add_argument("--episodes", type=int, default=100, help="episodes to average over")
+    evaluate.add_argument("--render", metavar="GIF", help="write the first episode of env 0 to this GIF")
+    evaluate.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    evaluate.add_argument("--num-envs", type=int, default=None, help="envs run at once; default: min(episodes, 256)")
+    evaluate.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs")
+    evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
+    evaluate.set_defaults(func=cmd_eval)
+
+    from marl.app.plot import X_AXES
+
+    plot = subparsers.add_parser("plot", help="plot the learning curves of one or more runs to a PNG")
+    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders (holding metrics.csv), overlaid")
+    plot.add_argument(
+        "--out",
+        default=None,
+        help="PNG path, or a folder to write learning_curve.png in (default: the first RUN_DIR/learning_curve.png)",
+    )
+    plot.add_argument(
+        "--x",
+        choices=sorted(X_AXES),
+        default="frames",
+        help="x axis: frames, or training time in seconds (default: frames)",
+    )
+    plot.set_defaults(func=cmd_plot)
+
+    # Listed here; `main` hands `marl bench ARGS` to the benchmark's own parser (`marl.bench.suite`).
+    subparsers.add_parser(
+        "bench", help="run the env, kernel and training benchmarks in one table (see marl bench --help)"
+    )
+
+    listing = subparsers.add_parser("envs", help="list the envs and their options")
+    listing.add_argument("--imports", nargs="+", default=[], metavar="MODULE", help="modules that register more envs")
+    listing.set_defaults(func=cmd_envs)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    # `--imports my_envs` (and a checkpoint's imports) name modules of the current folder. `python -m
+    # marl` has it on sys.path; the `marl` console script has its own folder there instead.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # the benchmarks are a command, not part of the library: imported only here
+        from marl.bench.suite import main as bench_main
+
+        bench_main(argv[1:])
+        return 0
+    # The `--imports` modules first: the envs and algorithms they register are choices of the parser
+    # (`marl train --help` then lists a user's algorithm's options too).
+    imports = argparse.ArgumentParser(add_help=False)
+    imports.add_argument("--imports", nargs="+", default=[])
+    try:
+        import_modules(tuple(imports.parse_known_args(argv)[0].imports))
+    except ImportError as error:
+        print(f"marl: error: {error}", file=sys.stderr)
+        return 2
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except UsageError as error:
+        print(f"marl {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except Terminated:  # the trainer has said where its last checkpoint is
+        print(f"marl {args.command}: terminated (SIGTERM)", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    except KeyboardInterrupt:  # Ctrl-C: the trainer has said where its last checkpoint is
+        print(f"marl {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""Evaluate a checkpoint: mean episode return per group, and an optional GIF of one episode."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from envs.base import canonical_device
+from marl.app.build import build_algorithm, make_env, resolve_device
+from marl.app.checkpoint import load_checkpoint
+from marl.app.distributed import World
+from marl.app.paths import check_output_file
+from marl.config import TrainConfig, check_seed
+from marl.core.distributions import draw_noise
+
+
+@torch.no_grad()
+def evaluate(
+    checkpoint: str,
+    episodes: int = 100,
+    render: str | None = None,
+    device: str = "auto",
+    num_envs: int | None = None,
+    seed: int = 12345,
+    deterministic: bool = True,
+) -> dict:
+    """Run `episodes` full episodes with the checkpoint's policies (their mode when `deterministic`).
+
+    Every env contributes its first episode only, so short episodes are not over-counted; with more
+    episodes than `num_envs` (default min(episodes, 256)) the envs run in rounds with fresh seeds.
+    `render`: write env 0's first episode to this GIF path.
+    """
+    if episodes < 1:
+        raise ValueError(f"episodes must be >= 1, got {episodes}")
+    check_seed(seed)
+    if num_envs is not None and num_envs < 1:
+        raise ValueError(f"num_envs must be >= 1 (or left out: min(episodes, 256)), got {num_envs}")
+    if render:
+        check_render_path(render)  # now, not after the whole evaluation
+    state = load_checkpoint(checkpoint)
+    config = TrainConfig.from_dict(state["config"])
+    device = canonical_device(resolve_device(device))
+    batch = num_envs if num_envs is not None else min(episodes, 256)
+    returns: dict[str, list[float]] = {}
+    lengths: list[float] = []
+    frames = []
+    generator = torch.Generator(device).manual_seed(seed)
+    round_index = 0
+    while len(lengths) < episodes:
+        k = min(batch, episodes - len(lengths))
+        env = make_env(config, device, num_envs=k, seed=seed + round_index)
+        if render and not env.renders:
+            raise ValueError(f"{config.env.env} does not render: run marl eval without --render")
+        algorithm = build_algorithm(config, env, device, World(), generator)
+        algorithm.load_state_dict(state["algorithm"])
+        policies = algorithm.acting.policies
+        obs = env.reset()
+        running = {g: torch.zeros(k, s.n_agents, device=device) for g, s in env.groups.items()}
+        finished = torch.zeros(k, dtype=torch.bool, device=device)
+        final = {g: torch.zeros(k, device=device) for g in env.groups}
+        length = torch.zeros(k, device=device)
+        while not bool(finished.all()):
+            if render and round_index == 0 and not bool(finished[0]):
+                frames.append(env.render(0))
+            actions = {}
+            for g, policy in policies.items():
+                dist = policy(obs[g, "observation"], obs.get((g, "action_mask"), None))
+                if deterministic:
+                    raw = dist.mode()
+                else:
+                    raw = dist.sample(draw_noise(env.groups[g].action, (k, env.groups[g].n_agents), generator, device))
+                actions[g] = dist.env_action(raw)
+            next_td, obs = env.step(actions)
+            done = next_td["done"][:, 0] & ~finished
+            for g in env.groups:
+                running[g] += next_td[g, "reward"][..., 0]
+                final[g] = torch.where(done, running[g].mean(-1), final[g])
+            length = torch.where(finished, length, length + 1)
+            finished |= done
+        for g in env.groups:
+            returns.setdefault(g, []).extend(final[g].tolist())
+        lengths.extend(length.tolist())
+        round_index += 1
+    if render:
+        from envs.render import save_gif
+
+        save_gif(frames, render)
+    summary = {g: {"mean": _mean(v), "std": _std(v)} for g, v in returns.items()}
+    return {"returns": summary, "episodes": len(lengths), "episode_length": _mean(lengths)}
+
+
+def check_render_path(render: str) -> None:
+    """Refuse a `--render` path that the GIF could not be written to: a missing folder, a folder, or a
+    name whose extension Pillow cannot write an animation in (it would say only "unknown file extension")."""
+    from PIL import Image
+
+    check_output_file(render, f"cannot write {render}", example="episode.gif")
+    path = Path(render)
+    Image.init()
+    if Image.registered_extensions().get(path.suffix.lower()) not in Image.SAVE_ALL:
+        raise ValueError(f"cannot write {render}: --render writes an animated GIF, so give a name ending in .gif")
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _std(values: list[float]) -> float:
+    mean = _mean(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1))

@@ -1,0 +1,98 @@
+"""Learning curves from a run's metrics.csv, as a PNG."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from pathlib import Path
+
+from marl.app.paths import check_output_file
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:
+    path = Path(run_dir) / "metrics.csv"
+    if not path.is_file():
+        raise FileNotFoundError(f"no metrics.csv in {run_dir}: {_hint(Path(run_dir))}")
+    with open(path) as f:
+        return [{k: float(v) if v not in ("", None) else math.nan for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def _hint(path: Path) -> str:
+    """What to pass instead of `path`, which holds no metrics.csv: for the common mistakes, the run folder
+    of a file in it, or the runs a folder of runs holds."""
+    if path.is_file():
+        return f"pass the run folder that holds it ({path.parent}), not a file"
+    runs = sorted(d.name for d in path.glob("*/") if (d / "metrics.csv").is_file()) if path.is_dir() else []
+    if runs:
+        shown = ", ".join(runs[:5]) + (f" and {len(runs) - 5} more" if len(runs) > 5 else "")
+        return f"it is a folder of runs ({shown}); pass one or more of them, e.g. {path / runs[0]}"
+    return "pass the folder of a run made by marl train"
+
+
+X_AXES = {"frames": "frames", "time": "time_s"}  # --x choice -> metrics.csv column
+
+
+def output_path(out: str | Path | None, first_run: str | Path) -> Path:
+    """Where the figure goes: `out`, or `learning_curve.png` inside it when it is a folder, or the first
+    run's `learning_curve.png`. A name without an extension gets `.png`, which matplotlib would add
+    itself (the path reported must be the file written); a missing folder is refused before plotting."""
+    if out is None:
+        return Path(first_run) / "learning_curve.png"
+    if Path(out).is_dir() or str(out).endswith(("/", os.sep)):
+        out = Path(out) / "learning_curve.png"
+    out = Path(out)
+    if not out.suffix:
+        out = out.with_name(out.name + ".png")
+    check_output_file(out, f"cannot write {out}")
+    return out
+
+
+def plot_runs(run_dirs: list[str | Path], out: str | Path | None = None, x: str = "frames") -> Path:
+    """Plot each group's mean episode return of every run against frames (or training seconds, `x="time"`)
+    on one figure; returns the PNG's path (default: the first run's `learning_curve.png`)."""
+    if not run_dirs:
+        raise ValueError("give at least one run folder")
+    if x not in X_AXES:
+        raise ValueError(f"x must be one of {sorted(X_AXES)}, got {x!r}")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as error:
+        raise ImportError('plotting needs matplotlib: pip install "vecmarl[plot]"') from error
+    out = output_path(out, run_dirs[0])
+    runs = {Path(d): read_metrics(d) for d in run_dirs}
+    for run_dir, rows in runs.items():
+        if not rows:
+            raise ValueError(f"{run_dir}/metrics.csv has no rows yet")
+        returns = [k for k in rows[0] if k.endswith("/episode_return")]
+        if not returns:
+            raise ValueError(f"{run_dir}/metrics.csv has no episode_return column: it is not a marl train log")
+        if not any(math.isfinite(r[k]) for r in rows for k in returns):
+            raise ValueError(
+                f"{run_dir}: no episode has ended yet in its {len(rows)} iteration(s), so there is no return to "
+                "plot; train longer (an episode must end within the frames trained)"
+            )
+    # Runs are named by their folder, or by the path given where two folders share a name (seed0/nav, seed1/nav).
+    short = [d.name for d in runs]
+    names = {d: d.name if short.count(d.name) == 1 else str(d) for d in runs}
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    for run_dir, rows in runs.items():
+        for key in [k for k in rows[0] if k.endswith("/episode_return")]:
+            # Iterations in which no episode ended have no return (NaN): draw through them.
+            points = [(r[X_AXES[x]], r[key]) for r in rows if math.isfinite(r[key])]
+            group = key.split("/")[0]
+            label = group if len(runs) == 1 else f"{names[run_dir]}: {group}"
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", markersize=3, label=label)
+    ax.set_xlabel("frames" if x == "frames" else "training time (s)")
+    ax.set_ylabel("mean episode return")
+    if len(runs) == 1:
+        ax.set_title(next(iter(runs)).name, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return out

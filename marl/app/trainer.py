@@ -1,0 +1,229 @@
+"""The run loop, which knows no algorithm: collect -> learn -> log -> checkpoint.
+
+The trainer builds the env and the algorithm (`marl.algorithms`, by `config.algo`), then each iteration:
+
+1. **collect** `T` steps of `B` envs with the algorithm's acting policies into the time-major buffer
+   (`marl.core.rollout`);
+2. **learn**: `algorithm.update(batch)` returns each group's loss terms, as device tensors;
+3. **log**: the iteration's metrics are read back in one host sync; a NaN or inf loss stops the run;
+4. **checkpoint** every `checkpoint_every` iterations and at the end; `Trainer.resume` continues exactly.
+
+Under torchrun every rank runs this loop on its own envs (`marl.app.distributed`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from envs.base import canonical_device
+from marl.app import distributed
+from marl.app.build import build_algorithm, make_env, resolve_device
+from marl.app.checkpoint import load_checkpoint, save_checkpoint
+from marl.app.logger import NoLogger, RunLogger, drop_rows_after
+from marl.config import TrainConfig
+from marl.core.rollout import Collector
+from marl.core.timing import PhaseTimer
+
+__all__ = ["NonFiniteLossError", "Trainer", "check_fresh_run_dir", "default_run_dir", "make_env", "resolve_device"]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A loss term became NaN or inf; the run stops instead of training on garbage."""
+
+
+class Trainer:
+    """Trains every group of `config.env` with the algorithm `config.algo` names."""
+
+    def __init__(self, config: TrainConfig, run_dir: str | Path | None = None, *, resuming: bool = False) -> None:
+        """`resuming` (set by `Trainer.resume`) lets the trainer reuse a run folder that holds a run;
+        a fresh run refuses one, before anything is written."""
+        self.config = config
+        # Under torchrun: this rank's device and process group (marl.app.distributed); else a no-op World.
+        self.world, device = distributed.setup(resolve_device(config.run.device), config.to_dict())
+        self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
+        if not resuming:  # rank 0 writes the run folder; every rank stops if it holds a run
+            self.world.check_on_main(lambda: check_fresh_run_dir(self.run_dir))
+        self.device = canonical_device(device)  # as its tensors report it: `cpu:0` is `cpu`
+        torch.manual_seed(config.run.seed)
+        seed = self.world.seed(config.run.seed)
+        self.env = make_env(config, self.device, seed=seed)
+        self.generator = torch.Generator(self.device).manual_seed(seed + 1)
+        self.algorithm = build_algorithm(config, self.env, self.device, self.world, self.generator)
+        self.world.broadcast_parameters(self.algorithm.parameters())
+        self.collector = Collector(
+            self.env,
+            self.algorithm.acting,
+            config.run.rollout_length,
+            self.generator,
+            seed=seed,
+            compile=config.run.compile,
+            unroll=config.run.compile_unroll,
+        )
+        self.frames_per_iteration = self.world.size * config.env.num_envs * config.run.rollout_length
+        self.iteration, self.frames, self.elapsed = 0, 0, 0.0
+        self.timer = PhaseTimer(self.device)
+
+    def train_iteration(self) -> dict[str, float]:
+        """Collect, learn; returns the iteration's metrics (one host sync)."""
+        start = time.perf_counter()
+        self.algorithm.begin_iteration(self.frames, self.config.run.total_frames)
+        self.timer.mark("start")
+        batch = self.collector.collect()
+        self.timer.mark("collect_s")
+        episodes = self.collector.stats.take_finished()
+        terms = self.algorithm.update(batch, self.timer)
+        self.timer.mark("update_s")
+        device_values = {"episodes": episodes.episodes, "episode_length": episodes.length_sum / episodes.episodes}
+        for g in self.env.groups:
+            device_values[f"{g}/episode_return"] = episodes.return_sum[g] / episodes.episodes
+            for name, value in terms[g].items():
+                device_values[f"{g}/{name}"] = value
+        device_values = self.world.reduce_metrics(device_values, episodes)
+        values = torch.stack([v.float().reshape(()) for v in device_values.values()]).tolist()  # the one sync
+        metrics = dict(zip(device_values, values))
+        for g in self.env.groups:
+            for name in terms[g]:
+                if name.endswith("loss") and not math.isfinite(metrics[f"{g}/{name}"]):
+                    raise NonFiniteLossError(
+                        f"the {name} of group '{g}' became {metrics[f'{g}/{name}']} at iteration "
+                        f"{self.iteration + 1}; stopping instead of training on it (lower the learning rate, "
+                        "check the env's rewards and observations for NaN/inf)"
+                    )
+        self.iteration += 1
+        self.frames += self.frames_per_iteration
+        seconds = time.perf_counter() - start
+        self.elapsed += seconds
+        return {
+            "iteration": self.iteration,
+            "frames": self.frames,
+            "time_s": self.elapsed,
+            "frames_per_s": self.frames_per_iteration / seconds,
+            **self.timer.seconds(),
+            **metrics,
+        }
+
+    def train(self) -> list[dict[str, float]]:
+        """Train until `total_frames`, logging every iteration and checkpointing every
+        `checkpoint_every` iterations and at the end; returns the logged rows."""
+        run = self.config.run
+        if self.world.is_main:
+            logger = RunLogger(self.run_dir, run.total_frames, self.frames, run.progress, run.tensorboard)
+        else:
+            logger = NoLogger()
+        rows = []
+        try:
+            while self.frames < run.total_frames:
+                row = self.train_iteration()
+                logger.log(row)
+                rows.append(row)
+                if self.iteration % run.checkpoint_every == 0 or self.frames >= run.total_frames:
+                    self.save()
+        except KeyboardInterrupt:
+            logger.close()
+            if self.world.is_main:
+                print(f"\ninterrupted at iteration {self.iteration}; {self._last_checkpoint_text()}")
+            raise
+        except Exception:
+            logger.close()
+            if self.world.is_main:
+                print(f"\nthe run failed at iteration {self.iteration + 1}; {self._last_checkpoint_text()}")
+            raise
+        logger.close()
+        return rows
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.run_dir / "checkpoint.pt"
+
+    def _last_checkpoint_text(self) -> str:
+        if not self.checkpoint_path.exists():
+            return "no checkpoint was written yet"
+        command = distributed.launcher(self.world.size, self.world.local_size)
+        return f"the last checkpoint is {self.checkpoint_path} (resume with {command} train --resume {self.checkpoint_path})"
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        try:
+            env_state = self.env.state_dict()
+        except (AttributeError, NotImplementedError):
+            env_state = None
+        return {
+            "config": self.config.to_dict(),
+            "iteration": self.iteration,
+            "frames": self.frames,
+            "elapsed": self.elapsed,
+            "algorithm": self.algorithm.state_dict(),
+            "generator": self.generator.get_state(),
+            "env": env_state,
+            "obs": self.collector.obs,
+            "stats": self.collector.stats.state_dict(),
+        }
+
+    def save(self) -> Path | None:
+        """Write the checkpoint (under torchrun: a collective call, rank 0 writes and returns the path)."""
+        state = self.world.gather_checkpoint(self.state_dict())
+        return save_checkpoint(self.checkpoint_path, state) if state is not None else None
+
+    def load_state_dict(self, state: dict) -> None:
+        state = self.world.own_checkpoint(state)
+        self.iteration, self.frames, self.elapsed = state["iteration"], state["frames"], state["elapsed"]
+        self.algorithm.load_state_dict(state["algorithm"])
+        self.generator.set_state(state["generator"])
+        if state["env"] is not None:
+            self.env.load_state_dict(state["env"])
+            self.collector.obs = _to_device(state["obs"], self.device)
+            self.collector.stats.load_state_dict(state["stats"])
+        else:
+            print("this env cannot save its state: resumed training starts new episodes")
+
+    @classmethod
+    def resume(cls, path: str | Path, **run_overrides) -> Trainer:
+        """Continue the run saved at `path` (in its run folder); `run_overrides` may change RunConfig
+        fields such as `total_frames`."""
+        state = load_checkpoint(path)
+        config = TrainConfig.from_dict(state["config"])
+        if run_overrides:
+            config = dataclasses.replace(config, run=dataclasses.replace(config.run, **run_overrides))
+        trainer = cls(config, run_dir=Path(path).parent, resuming=True)
+        trainer.load_state_dict(state)
+        if trainer.world.is_main:
+            # Iterations logged after the checkpoint (before a Ctrl-C or a crash) are trained again.
+            drop_rows_after(trainer.run_dir / "metrics.csv", trainer.iteration)
+        return trainer
+
+
+def _to_device(data, device: torch.device):
+    """A nested dict of tensors moved to `device`."""
+    if isinstance(data, dict):
+        return {k: _to_device(v, device) for k, v in data.items()}
+    return data.to(device)
+
+
+def check_fresh_run_dir(run_dir: Path) -> None:
+    """A fresh run must not append to another run's metrics.csv (whose header may lack this run's
+    columns) nor overwrite its checkpoint."""
+    held = [name for name in ("metrics.csv", "checkpoint.pt") if (run_dir / name).exists()]
+    if not held:
+        return
+    checkpoint = run_dir / "checkpoint.pt"
+    advice = (
+        f"continue it with marl train --resume {checkpoint}"
+        if checkpoint.exists()
+        else "delete the folder to start it again (it has no checkpoint to resume from)"
+    )
+    raise ValueError(
+        f"run folder {run_dir} already holds a run ({', '.join(held)}); pick another --run-name, or {advice}"
+    )
+
+
+def default_run_dir(config: TrainConfig) -> Path:
+    name = config.run.run_name or (
+        f"{config.env.env.replace('/', '_')}-{config.algo.algo}-seed{config.run.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    return Path(config.run.log_dir) / name

@@ -1,0 +1,215 @@
+"""A group's policy and critic, and what the critic sees.
+
+Critic scopes (one per group):
+- `"agent"` (IPPO): each agent's own observation;
+- `"group"` (MAPPO): the observations of every agent in the group;
+- `"global"`: the env's global `state` when it has one, else the observations of every group.
+Centralised inputs are the same for every agent of the group; with shared parameters a one-hot of
+the agent's index is appended so the one network can still give each agent its own value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from envs.specs import Box, Discrete, GroupSpec, MultiDiscrete
+from marl.core.distributions import Distribution, MaskedCategorical, MultiCategorical, TanhNormal, head_size
+from marl.core.networks import MultiAgentMLP
+
+CRITIC_SCOPES = ("agent", "group", "global")
+
+
+def observation_size(spec: GroupSpec) -> int:
+    """The size of one agent's observation flattened: the networks are MLPs and read
+    `[*B, n, observation_size]` (a board `[3, 3, 2]` is 18 inputs)."""
+    return math.prod(spec.observation.shape)
+
+
+def flat_observation(observation: torch.Tensor, spec: GroupSpec) -> torch.Tensor:
+    """`[*B, n, *obs_shape]` -> `[*B, n, observation_size(spec)]` (a view where the layout allows)."""
+    dims = len(spec.observation.shape)
+    if dims == 1:
+        return observation
+    return observation.unsqueeze(-1) if dims == 0 else observation.flatten(-dims)
+
+
+STD_SOURCES = ("param", "state")
+MIN_STD = 0.01  # the floor of a state-dependent std
+
+
+class Policy(nn.Module):
+    """`[*B, n, *obs_shape]` (+ action mask) -> an action distribution over the group's action spec;
+    observations of any shape are flattened (`flat_observation`).
+
+    For continuous actions the Gaussian's std (before the tanh) is, by `std`:
+    - `"param"`: a learned log-std per action dim, the same in every state (per agent without shared
+      parameters), starting at `log_std_init`;
+    - `"state"`: an output of the network, `softplus(x + bias) + MIN_STD`, the bias set so that it
+      starts at `exp(log_std_init)` (as BenchMARL's and TorchRL's `biased_softplus` scale mapping).
+    """
+
+    def __init__(
+        self,
+        spec: GroupSpec,
+        hidden: Sequence[int],
+        activation: str,
+        share_params: bool,
+        log_std_init: float = 0.0,
+        std: str = "param",
+    ) -> None:
+        super().__init__()
+        if std not in STD_SOURCES:
+            raise ValueError(f"unknown std source {std!r}; expected one of {STD_SOURCES}")
+        self.spec = spec
+        obs_size = observation_size(spec)
+        out = head_size(spec.action)
+        self.state_std = isinstance(spec.action, Box) and std == "state"
+        outputs = 2 * out if self.state_std else out  # [mean, std input] per action dim
+        self.net = MultiAgentMLP(obs_size, outputs, spec.n_agents, hidden, activation, share_params, output_gain=0.01)
+        if isinstance(spec.action, Box):
+            low, high = spec.action.bounds("cpu")
+            self.register_buffer("low", low.flatten())
+            self.register_buffer("high", high.flatten())
+            if self.state_std:
+                initial = math.exp(log_std_init)
+                if initial <= MIN_STD:
+                    raise ValueError(f"log_std_init must give a std above {MIN_STD} with std='state', got {initial:g}")
+                self.std_bias = math.log(math.expm1(initial - MIN_STD))  # softplus(0 + bias) + MIN_STD = initial
+            else:
+                rows = 1 if share_params else spec.n_agents
+                self.log_std = nn.Parameter(torch.full((rows, out), float(log_std_init)))  # [1 or n, A]
+
+    def forward(self, observation: torch.Tensor, action_mask: torch.Tensor | None = None) -> Distribution:
+        out = self.net(flat_observation(observation, self.spec))  # [*B, n, head] (x2 for a state-dependent std)
+        action = self.spec.action
+        if isinstance(action, Box):
+            if self.state_std:
+                mean, std_input = out.chunk(2, -1)
+                log_std = (F.softplus(std_input + self.std_bias) + MIN_STD).log()  # [*B, n, A]
+                return TanhNormal(mean, log_std, self.low, self.high)
+            return TanhNormal(out, self.log_std, self.low, self.high)
+        if isinstance(action, Discrete):
+            return MaskedCategorical(out, action_mask if action.masked else None)
+        if isinstance(action, MultiDiscrete):
+            return MultiCategorical(out, action.nvec)
+        raise TypeError(f"unsupported action spec {action!r}")
+
+
+class CriticInput:
+    """Builds group `group`'s critic input `[*batch, n, size]` from every group's observations
+    (`[*batch, 1, size]` with `shared_value`: one value for the group)."""
+
+    def __init__(
+        self,
+        scope: str,
+        group: str,
+        groups: Mapping[str, GroupSpec],
+        state_size: int | None,
+        agent_id: bool,
+        shared_value: bool = False,
+    ) -> None:
+        if scope not in CRITIC_SCOPES:
+            raise ValueError(f"unknown critic scope {scope!r}; expected one of {CRITIC_SCOPES}")
+        self.scope, self.group, self.groups = scope, group, dict(groups)
+        self.n = groups[group].n_agents
+        self.use_state = scope == "global" and state_size is not None
+        # One value for the whole group: the input is the shared part, once per env, with no agent id.
+        self.shared_value = shared_value and scope != "agent"
+        self.agent_id = agent_id and scope != "agent" and not self.shared_value
+        if scope == "agent":
+            size = observation_size(groups[group])
+        elif scope == "group":
+            size = self.n * observation_size(groups[group])
+        elif self.use_state:
+            size = state_size
+        else:
+            size = sum(s.n_agents * observation_size(s) for s in groups.values())
+        self.size = size + (self.n if self.agent_id else 0)
+
+    def __call__(self, observations: Mapping[str, torch.Tensor], state: torch.Tensor | None) -> torch.Tensor:
+        own = flat_observation(observations[self.group], self.groups[self.group])  # [*batch, n, d]
+        if self.scope == "agent":
+            return own
+        if self.scope == "group":
+            shared = own.flatten(-2)  # [*batch, n * d]
+        elif self.use_state:
+            shared = state.flatten(len(own.shape) - 2)  # [*batch, state]
+        else:
+            flat = [flat_observation(observations[g], spec) for g, spec in self.groups.items()]
+            shared = torch.cat([obs.flatten(-2) for obs in flat], -1)
+        batch = own.shape[:-2]
+        if self.shared_value:
+            return shared.unsqueeze(-2)  # [*batch, 1, size]
+        parts = [shared.unsqueeze(-2).expand(*batch, self.n, shared.shape[-1])]
+        if self.agent_id:
+            eye = torch.eye(self.n, device=own.device, dtype=own.dtype)
+            parts.append(eye.expand(*batch, self.n, self.n))
+        return torch.cat(parts, -1)  # [*batch, n, size]
+
+
+class Critic(nn.Module):
+    """`[*B, n, critic input]` -> values `[*B, n]`, in *normalised* units.
+
+    With value normalisation the network learns `(V - mean) / std` of the value targets seen so far
+    (running moments over every target, as in MAPPO's value normalisation): the output layer then
+    never has to crawl, one Adam step at a time, to a return of -50 or +500. `value()` gives values in
+    reward units. Without it, mean 0 and std 1 are kept, so both are the identity.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        n_agents: int,
+        hidden: Sequence[int],
+        activation: str,
+        share_params: bool,
+        normalize: bool = True,
+        shared_value: bool = False,
+    ) -> None:
+        super().__init__()
+        # A shared value is one network output per env, broadcast to the group's n agents.
+        self.n_agents = n_agents
+        outputs = 1 if shared_value else n_agents
+        self.net = MultiAgentMLP(in_features, 1, outputs, hidden, activation, share_params, output_gain=1.0)
+        self.normalize = normalize
+        self.register_buffer("target_mean", torch.zeros(()))
+        self.register_buffer("target_var", torch.ones(()))
+        self.register_buffer("target_count", torch.zeros((), dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        value = self.net(x).squeeze(-1)  # [*B, n], or [*B, 1] for a shared value
+        return value.expand(*value.shape[:-1], self.n_agents)
+
+    def value(self, x: torch.Tensor) -> torch.Tensor:
+        """Values in reward units."""
+        return self.denormalize(self(x))
+
+    def normalize_values(self, value: torch.Tensor) -> torch.Tensor:
+        return (value - self.target_mean) / self.target_var.sqrt()
+
+    def denormalize(self, value: torch.Tensor) -> torch.Tensor:
+        return value * self.target_var.sqrt() + self.target_mean
+
+    @torch.no_grad()
+    def update_moments(self, count: torch.Tensor, total: torch.Tensor, total_sq: torch.Tensor) -> None:
+        """Fold a batch's `count`, sum and sum of squares of value targets into the running moments
+        (no host sync: every quantity stays a tensor)."""
+        if not self.normalize:
+            return
+        new_count = self.target_count + count
+        batch_mean = total / count
+        batch_var = (total_sq / count - batch_mean.square()).clamp_min(0)
+        weight = (count / new_count).float()
+        delta = batch_mean - self.target_mean
+        mean = self.target_mean + weight * delta
+        # Chan et al.'s parallel variance: both parts' spreads plus the spread of their means.
+        var = (1 - weight) * self.target_var + weight * batch_var
+        var = var + weight * (1 - weight) * delta.square()
+        self.target_mean.copy_(mean)
+        self.target_var.copy_(var.clamp_min(1e-4))
+        self.target_count.copy_(new_count)

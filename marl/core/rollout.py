@@ -1,0 +1,221 @@
+"""Collect `T` steps from a batched env into a preallocated time-major buffer on the env's device.
+
+The buffer is a `TensorDict` with `batch_size=[T, B]`. Per group (`[T, B, n, ...]`):
+`observation`, `action_mask` (masked discrete actions), `action` (the policy's raw action),
+`log_prob` (when the algorithm asks for it), `reward`, `terminated`, `done` and `next_observation` (the
+true next observation, which bootstraps truncated episodes). At the root: `state` and `next_state` when the env has a global state.
+Rewards and flags are stored per agent without the trailing 1: `[T, B, n]`.
+
+Nothing in `collect` reads a device value on the host; episode statistics accumulate on the device
+and are read once per iteration by the trainer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from envs.compile import maybe_compile
+from marl.core.distributions import Distribution, draw_noise, raw_action_dtype
+
+
+@dataclass(frozen=True)
+class Acting:
+    """What an algorithm collects with: per group a policy, `(observation [B, n, ...], action mask or None)
+    -> a distribution` of `marl.core.distributions` (sampled from pre-drawn noise), and whether each step
+    stores the log-probability of the action taken (`log_prob`: on-policy ratios need it)."""
+
+    policies: Mapping[str, Callable[..., Distribution]]
+    log_prob: bool = False
+
+
+class EpisodeStats:
+    """Running returns of unfinished episodes and sums over finished ones, all on the device."""
+
+    def __init__(self, groups: Mapping, num_envs: int, device: torch.device) -> None:
+        self.running = {g: torch.zeros(num_envs, s.n_agents, device=device) for g, s in groups.items()}  # [B, n]
+        self.length = torch.zeros(num_envs, device=device)  # [B]
+        self.clear()
+
+    def clear(self) -> None:
+        device = self.length.device
+        self.return_sum = {g: torch.zeros((), device=device) for g in self.running}
+        self.length_sum = torch.zeros((), device=device)
+        self.episodes = torch.zeros((), device=device)
+
+    def update(self, rewards: Mapping[str, torch.Tensor], done: torch.Tensor) -> None:
+        """`rewards[g]` `[B, n]`; `done` `[B]` bool: the env's episode ended at this step."""
+        self.length += 1
+        finished = done.float()
+        for g, reward in rewards.items():
+            self.running[g] += reward
+            # An episode's return for a group: its agents' summed rewards, averaged over the agents.
+            self.return_sum[g] += (self.running[g].mean(-1) * finished).sum()
+            self.running[g] = torch.where(done[:, None], 0.0, self.running[g])
+        self.length_sum += (self.length * finished).sum()
+        self.episodes += finished.sum()
+        self.length = torch.where(done, 0.0, self.length)
+
+    def take_finished(self) -> FinishedEpisodes:
+        """The sums over the episodes finished so far, handed over; counting starts again from zero (new
+        tensors: what was handed over stays as it was while the next batch is collected)."""
+        finished = FinishedEpisodes(self.return_sum, self.length_sum, self.episodes)
+        self.clear()
+        return finished
+
+    def state_dict(self) -> dict:
+        finished = {"return_sum": self.return_sum, "length_sum": self.length_sum, "episodes": self.episodes}
+        return {"running": self.running, "length": self.length, **finished}
+
+    def load_state_dict(self, state: dict) -> None:
+        # Checkpoints load on the CPU (and gathered ranks' states are sent there): back to this device.
+        device = self.length.device
+        self.running = {g: value.to(device) for g, value in state["running"].items()}
+        self.length = state["length"].to(device)
+        if "episodes" in state:  # checkpoints written before the sums were saved had none pending
+            self.return_sum = {g: value.to(device) for g, value in state["return_sum"].items()}
+            self.length_sum, self.episodes = state["length_sum"].to(device), state["episodes"].to(device)
+
+
+@dataclass
+class FinishedEpisodes:
+    """What `EpisodeStats` summed over finished episodes: per group the summed returns, the summed
+    lengths and the count (0-d tensors on the device)."""
+
+    return_sum: dict[str, torch.Tensor]
+    length_sum: torch.Tensor
+    episodes: torch.Tensor
+
+
+class Collector:
+    """Steps `env` with `acting`'s policies and fills the buffer; keeps the current observation between calls.
+
+    One step (act, write the buffer, step the env, count episodes) is one function, `_step`, of
+    tensors only; with `compile=True` `unroll` steps at a time go through `torch.compile` as a whole.
+    The env's resets draw from its generator, which a graph cannot hold, so the compiler splits the
+    step there and runs the draw eagerly; everything else fuses. With an env torch.compile cannot trace
+    (`env.traceable` False: VMAS, PettingZoo) the collector runs eagerly: see `__init__`.
+    """
+
+    def __init__(
+        self,
+        env,
+        acting: Acting,
+        rollout_length: int,
+        generator: torch.Generator,
+        seed: int,
+        compile: bool = False,
+        unroll: int = 1,
+    ) -> None:
+        self.env, self.acting, self.T, self.generator = env, acting, rollout_length, generator
+        self.policies = dict(acting.policies)
+        self.device = env.device
+        self.buffer = self._allocate()
+        # Leaf tensors looked up once: the step writes them in place, with no TensorDict in the loop.
+        self.leaves = {g: {k: self.buffer[g, k] for k in self.buffer[g].keys()} for g in env.groups}
+        self.state_leaves = {k: self.buffer[k] for k in ("state", "next_state") if k in self.buffer.keys()}
+        self.obs = env.reset_data(seed=seed)  # nested dicts of tensors
+        self.stats = EpisodeStats(env.groups, env.num_envs, env.device)
+        # Compiled, a call runs `unroll` steps: the fixed cost of a compiled call (guards, wrapper) then
+        # comes once per `unroll` steps, which matters at small batches.
+        if rollout_length % unroll:
+            raise ValueError(f"unroll ({unroll}) must divide rollout_length ({rollout_length})")
+        self.unroll = unroll
+        # An env torch.compile cannot trace (VMAS, PettingZoo) would split each step's graph in two, the
+        # acting before it and the bookkeeping after: compiled so, collection took as long as eager
+        # collection (the simulator's own step is most of it) after seconds of compiling, so such envs
+        # are collected eagerly.
+        self._steps = maybe_compile(self._steps_eager, compile and env.traceable, self.device)
+
+    def _allocate(self) -> TensorDict:
+        env, T, B = self.env, self.T, self.env.num_envs
+        data: dict = {}
+        for g, spec in env.groups.items():
+            n, obs_shape = spec.n_agents, spec.observation.shape
+            group = {
+                "observation": torch.zeros(T, B, n, *obs_shape),
+                "next_observation": torch.zeros(T, B, n, *obs_shape),
+                "action": torch.zeros(T, B, n, *spec.action.shape, dtype=raw_action_dtype(spec.action)),
+            }
+            if self.acting.log_prob:
+                group["log_prob"] = torch.zeros(T, B, n)
+            group["reward"] = torch.zeros(T, B, n)
+            group["terminated"] = torch.zeros(T, B, n, dtype=torch.bool)
+            group["done"] = torch.zeros(T, B, n, dtype=torch.bool)
+            if spec.has_action_mask:
+                group["action_mask"] = torch.zeros(T, B, n, spec.action.n, dtype=torch.bool)
+            data[g] = group
+        if env.state_spec is not None:
+            data["state"] = torch.zeros(T, B, *env.state_spec.shape)
+            data["next_state"] = torch.zeros(T, B, *env.state_spec.shape)
+        return TensorDict(data, batch_size=[T, B]).to(self.device)
+
+    @torch.no_grad()
+    def collect(self) -> TensorDict:
+        """Run `T` steps; returns the filled buffer (overwritten by the next call)."""
+        env, B = self.env, self.env.num_envs
+        # The whole iteration's sampling noise in one draw per group: [T, B, n, head].
+        noise = {
+            g: draw_noise(env.groups[g].action, (self.T, B, env.groups[g].n_agents), self.generator, self.device)
+            for g in self.policies
+        }
+        # Steps are addressed by a tensor index, so the compiled steps are one graph for every t.
+        for t in torch.arange(self.T, device=self.device).view(-1, self.unroll, 1):  # [unroll, 1] each
+            self.obs = self._steps(t, self.obs, noise)
+        return self.buffer
+
+    def _steps_eager(self, t: torch.Tensor, obs: dict, noise: dict[str, torch.Tensor]) -> dict:
+        """`_step_eager` for each index in `t` (`[unroll, 1]`); returns the last next `obs`."""
+        for step in t:
+            obs = self._step_eager(step, obs, noise)
+        return obs
+
+    def _step_eager(self, t: torch.Tensor, obs: dict, noise: dict[str, torch.Tensor]) -> dict:
+        """Act on `obs` with step `t`'s noise (`noise[g]` is `[T, B, n, head]`), write step `t` of the
+        buffer, step the env; returns the next `obs`."""
+        actions = {}
+        for g, policy in self.policies.items():
+            leaf, observation = self.leaves[g], obs[g]["observation"]
+            mask = obs[g].get("action_mask")
+            dist = policy(observation, mask)
+            raw = dist.sample(noise[g].index_select(0, t).squeeze(0))
+            _write(leaf["observation"], t, observation)
+            _write(leaf["action"], t, raw)
+            if self.acting.log_prob:
+                _write(leaf["log_prob"], t, dist.log_prob(raw))
+            if mask is not None:
+                _write(leaf["action_mask"], t, mask)
+            actions[g] = dist.env_action(raw)
+        if self.state_leaves:
+            _write(self.state_leaves["state"], t, obs["state"])
+        next_data, obs = self.env.step_data(actions)
+        rewards = {}
+        for g in self.env.groups:
+            leaf, transition = self.leaves[g], next_data[g]
+            rewards[g] = transition["reward"][..., 0]
+            _write(leaf["reward"], t, rewards[g])
+            _write(leaf["terminated"], t, transition["terminated"][..., 0])
+            _write(leaf["done"], t, transition["done"][..., 0])
+            _write(leaf["next_observation"], t, transition["observation"])
+        if self.state_leaves:
+            _write(self.state_leaves["next_state"], t, next_data["state"])
+        self.stats.update(rewards, next_data["done"][:, 0])
+        return obs
+
+
+def _write(buffer: torch.Tensor, t: torch.Tensor, value: torch.Tensor) -> None:
+    """`buffer[t] = value` for a one-element index tensor `t` (no host read of t)."""
+    buffer.index_copy_(0, t, value.unsqueeze(0))
+
+
+def observations(
+    data: TensorDictBase, groups, next: bool = False
+) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+    """Every group's (next) observations and the (next) state from a buffer slice."""
+    key = "next_observation" if next else "observation"
+    obs = {g: data[g, key] for g in groups}
+    state = data.get("next_state" if next else "state", None)
+    return obs, state

@@ -1,0 +1,229 @@
+"""One optimiser step of every group's nets, from a loss: the update-step interface every algorithm uses.
+
+    step = UpdateStep({g: Trainable({"policy": p, "critic": c}, Adam(...), max_grad_norm)}, loss, device,
+                      world, compile=config.run.compile)
+    out = step(*inputs)  # {group: [loss terms..., one gradient norm per net]}, 0-d tensors stacked, on device
+
+`loss(*inputs) -> (total, {group: terms [K]})` computes with the trainables' nets; `total` is what is
+differentiated (the sum of every group's loss), the terms are detached diagnostics. Each net's gradients
+are clipped apart (a critic's gradients, large while values are far off, must not shrink its policy's
+through one shared norm), at the group's `max_grad_norm`; the norms before clipping are returned, NaN
+where a group does not clip (they are measured by the clipping).
+
+Two ways to take the step, the same update (tested):
+
+- **eager**: autograd, `world.average_gradients` (torchrun), `clip_grad_norm_` per net, and the group's
+  `torch.optim.Adam(fused=True)`;
+- **compiled** (`compile=True`, one process): the gradients come from `torch.func.grad` of a pure function
+  of the parameters, so `torch.compile` traces the forward, the backward, the clipping and Adam into one
+  graph and a step is one call. Compiling only the loss leaves autograd's engine, the clipping and Adam
+  as eager ops every minibatch, which at small batches cost as much as the arithmetic. Under torchrun
+  the gradient all-reduce sits between backward and Adam, so there only the loss is compiled.
+
+Adam's moments and step counts are the optimiser's own state tensors, updated in place by both, so
+checkpoints are the same either way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad
+
+from envs.compile import maybe_compile
+
+
+@dataclass
+class Trainable:
+    """A group's nets stepped by one Adam over their parameters, in the order of `nets`."""
+
+    nets: dict[str, nn.Module]
+    optimizer: torch.optim.Adam
+    max_grad_norm: float
+    """Clip each net's gradient norm to this; 0 or less: no clipping."""
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for net in self.nets.values() for p in net.parameters()]
+
+
+def adam(parameters, lr: float, eps: float) -> torch.optim.Adam:
+    """The optimiser `UpdateStep` steps: torch's fused Adam."""
+    return torch.optim.Adam(parameters, lr=lr, eps=eps, fused=True)
+
+
+class _Nets(nn.Module):
+    """Every group's nets under one module whose forward is the loss: so `functional_call` can run the loss
+    with other tensors in place of all the parameters at once."""
+
+    def __init__(self, trainables: Mapping[str, Trainable], loss: Callable) -> None:
+        super().__init__()
+        self.groups = nn.ModuleDict({g: nn.ModuleDict(t.nets) for g, t in trainables.items()})
+        self.loss = loss
+
+    def forward(self, *inputs):
+        return self.loss(*inputs)
+
+
+class UpdateStep:
+    """`step(*inputs) -> {group: [terms..., grad norm per net]}`: one step of every group's nets, in place.
+
+    Args:
+        trainables: per group its nets, optimiser (one parameter group holding the nets' parameters in
+            order: `adam(trainable.parameters(), ...)`) and clipping.
+        loss: `loss(*inputs) -> (total, {group: terms [K]})`, computed with the trainables' nets.
+        device: where the step runs (CUDA: `mode="reduce-overhead"`, CUDA graphs).
+        world: `marl.app.distributed`'s world: gradients are averaged over its ranks.
+        compile: take the step as one compiled graph (one process) or compile the loss (torchrun).
+    """
+
+    def __init__(
+        self, trainables: Mapping[str, Trainable], loss: Callable, device: torch.device, world, compile: bool = False
+    ) -> None:
+        self.trainables, self.loss, self.device, self.world = dict(trainables), loss, device, world
+        for g, t in self.trainables.items():
+            held = t.optimizer.param_groups
+            if len(held) != 1 or [id(p) for p in held[0]["params"]] != [id(p) for p in t.parameters()]:
+                raise ValueError(f"group {g!r}: the optimiser must hold its nets' parameters, in order, in one group")
+        self.parameters = [p for t in self.trainables.values() for p in t.parameters()]
+        self.fused = compile and world.size == 1
+        if self.fused:
+            self.module = _Nets(self.trainables, loss)
+            # Per group and net: the parameter names in `module`'s naming.
+            self.names = {
+                g: [
+                    [f"groups.{g}.{net}.{name}" for name, _ in module.named_parameters()]
+                    for net, module in nets.items()
+                ]
+                for g, nets in self.module.groups.items()
+            }
+            # Adam's constants, read once: the compiled graph must not guard on the param group (its lr
+            # changes every iteration and reaches the graph inside the per-parameter step sizes instead).
+            self.adam_constants = {
+                g: (*t.optimizer.param_groups[0]["betas"], t.optimizer.param_groups[0]["eps"])
+                for g, t in self.trainables.items()
+            }
+            self._fused_step = maybe_compile(self._fused_step_eager, True, device)
+        else:
+            self._loss = maybe_compile(loss, compile, device)
+
+    def __call__(self, *inputs) -> dict[str, torch.Tensor]:
+        return self._step_fused(inputs) if self.fused else self._step_eager(inputs)
+
+    # ---- eager: autograd and torch's Adam -------------------------------------------------------------
+
+    def _step_eager(self, inputs) -> dict[str, torch.Tensor]:
+        total, terms = self._loss(*inputs)
+        for t in self.trainables.values():
+            t.optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        self.world.average_gradients(self.parameters)
+        out = {}
+        for g, t in self.trainables.items():
+            if t.max_grad_norm > 0:
+                norms = torch.stack(
+                    [
+                        torch.nn.utils.clip_grad_norm_(net.parameters(), t.max_grad_norm, foreach=True)
+                        for net in t.nets.values()
+                    ]
+                )
+            else:
+                norms = torch.full((len(t.nets),), math.nan, device=self.device)
+            t.optimizer.step()
+            out[g] = torch.cat([terms[g], norms])
+        return out
+
+    # ---- compiled: one graph of loss, gradients, clipping and Adam ------------------------------------
+
+    def _step_fused(self, inputs) -> dict[str, torch.Tensor]:
+        named = dict(self.module.named_parameters())
+        params = {name: named[name] for nets in self.names.values() for names in nets for name in names}
+        adam_state = {}
+        for g, t in self.trainables.items():
+            exp_avgs, exp_avg_sqs, steps = _adam_state(t.optimizer)
+            torch._foreach_add_(steps, 1)
+            beta1, beta2, _ = self.adam_constants[g]
+            lr = t.optimizer.param_groups[0]["lr"]
+            adam_state[g] = (exp_avgs, exp_avg_sqs, *adam_step_scalars(torch.stack(steps), lr, beta1, beta2))
+            if self.device.type == "cuda":  # CUDA graphs replay on fixed addresses (parameters already are)
+                for tensor in (*exp_avgs, *exp_avg_sqs):
+                    torch._dynamo.mark_static_address(tensor)
+        return self._fused_step(params, adam_state, inputs)
+
+    @torch.no_grad()
+    def _fused_step_eager(self, params, adam_state, inputs) -> dict[str, torch.Tensor]:
+        # d(total)/d(parameters); the per-group terms ride along as the auxiliary output. No weights are
+        # tied, and looking for ties walks every buffer (traced, a float64 buffer became a symbolic float
+        # and AOTAutograd restarted the whole trace to specialise it).
+        def loss(p):
+            return functional_call(self.module, p, inputs, tie_weights=False)
+
+        grads, terms = grad(loss, has_aux=True)(params)
+        out = {}
+        for g, t in self.trainables.items():
+            net_grads = [[grads[name] for name in names] for names in self.names[g]]
+            if t.max_grad_norm > 0:
+                norms, factors = clip_factors(net_grads, t.max_grad_norm)
+                net_grads = [torch._foreach_mul(gs, factor) for gs, factor in zip(net_grads, factors)]
+                norms = torch.stack(norms)
+            else:
+                norms = torch.full((len(net_grads),), math.nan, device=terms[g].device)
+            group_params = [params[name] for names in self.names[g] for name in names]
+            _adam_(group_params, [x for gs in net_grads for x in gs], *adam_state[g], *self.adam_constants[g])
+            out[g] = torch.cat([terms[g], norms])
+        return out
+
+
+def _adam_state(optimizer: torch.optim.Adam) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """The moments and step counts of the optimiser's parameters, in order; missing state is created as
+    torch's fused Adam creates it on its first step."""
+    states = []
+    for p in optimizer.param_groups[0]["params"]:
+        state = optimizer.state[p]
+        if not state:
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        states.append(state)
+    return [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states], [s["step"] for s in states]
+
+
+def clip_factors(
+    grad_lists: list[list[torch.Tensor]], max_norm: float
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Each list's total gradient norm and the factor, `min(1, max_norm / (norm + 1e-6))`, that clips it
+    to `max_norm` (as `torch.nn.utils.clip_grad_norm_`), traceable, from one norm pass over all lists."""
+    flat = [g for grads in grad_lists for g in grads]
+    per_tensor = torch._foreach_norm(flat)
+    norms, start = [], 0
+    for grads in grad_lists:
+        norms.append(torch.linalg.vector_norm(torch.stack(per_tensor[start : start + len(grads)])))
+        start += len(grads)
+    return norms, [(max_norm / (norm + 1e-6)).clamp(max=1.0) for norm in norms]
+
+
+def adam_step_scalars(steps: torch.Tensor, lr: float, beta1: float, beta2: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each parameter's Adam step size `lr / (1 - beta1^step)` and `sqrt(1 - beta2^step)`, `[params]`
+    each, from the step counts `steps` `[params]` (this step included).
+
+    In float64, as torch's fused kernel computes them: in float32 they differ from it systematically and a
+    run drifts away from the eager one. Computed before the compiled step, not inside it, where Inductor
+    recomputed them for every few elements of every parameter."""
+    counts = steps.double()
+    step_sizes = (lr / (1 - beta1**counts)).float()
+    bias_correction2_sqrts = (1 - beta2**counts).sqrt_().float()
+    return step_sizes, bias_correction2_sqrts
+
+
+def _adam_(params, grads, exp_avgs, exp_avg_sqs, step_sizes, bias_correction2_sqrts, beta1, beta2, eps) -> None:
+    """torch's fused Adam step written out, in place, traceable (`torch._fused_adam_` with a tensor lr
+    cannot be compiled), with the per-parameter scalars of `adam_step_scalars`."""
+    for param, g, exp_avg, exp_avg_sq, step_size, bias_correction2_sqrt in zip(
+        params, grads, exp_avgs, exp_avg_sqs, step_sizes.unbind(), bias_correction2_sqrts.unbind()
+    ):
+        exp_avg.lerp_(g, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        param.sub_(step_size * exp_avg / (exp_avg_sq.sqrt() / bias_correction2_sqrt + eps))

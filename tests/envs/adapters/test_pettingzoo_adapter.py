@@ -1,0 +1,241 @@
+"""The PettingZoo adapter: conformance, parity with the wrapped envs (resets included), action masks,
+agents that leave mid-episode, time limits, and its errors."""
+
+import importlib
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import envs
+
+pytest.importorskip("pettingzoo")
+pytest.importorskip("mpe2")
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+TOY = "tests.envs.pz_toy"
+
+
+@pytest.mark.parametrize(
+    "name, options, random_reset",
+    [
+        ("mpe2.simple_spread_v3", {}, True),
+        ("mpe2.simple_tag_v3", {}, True),
+        ("mpe2.simple_speaker_listener_v4", {"continuous_actions": True}, True),
+        ("pettingzoo.classic.tictactoe_v3", {}, False),  # action masks; every game starts on an empty board
+        (TOY, {"lifetimes": (4, 2, 3)}, True),  # agents leave mid-episode
+    ],
+    ids=["simple_spread", "simple_tag", "simple_speaker_listener-continuous", "tictactoe", "runners"],
+)
+def test_passes_check_env(name, options, random_reset):
+    env = envs.make(f"pettingzoo/{name}", num_envs=3, seed=0, max_steps=12, **options)
+    envs.check_env(env, random_reset=random_reset)
+
+
+def raw_copies(name: str, num_envs: int, seed: int, **kwargs):
+    """The wrapped env as a user would build it, each copy reset with the adapter's seed."""
+    from envs.adapters.pettingzoo import parallel_env
+
+    copies = [parallel_env(importlib.import_module(name), kwargs) for _ in range(num_envs)]
+    return copies, [copy.reset(seed=seed + i)[0] for i, copy in enumerate(copies)]
+
+
+def slots(env):
+    return [(g, j, agent) for g, spec in env.groups.items() for j, agent in enumerate(spec.agents)]
+
+
+def assert_observations(td, env, i: int, observations: dict) -> None:
+    for g, j, agent in slots(env):
+        if agent not in observations:
+            continue
+        observation = observations[agent]
+        if isinstance(observation, dict):
+            mask = observation["action_mask"].astype(bool)
+            mask[0] |= not mask.any()  # an agent waiting for its turn may only pick the ignored action 0
+            np.testing.assert_array_equal(td[g, "action_mask"][i, j].numpy(), mask)
+            observation = observation["observation"]
+        np.testing.assert_array_equal(td[g, "observation"][i, j].numpy(), observation.astype(np.float32))
+
+
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("mpe2.simple_spread_v3", {}),
+        ("mpe2.simple_tag_v3", {}),
+        ("mpe2.simple_speaker_listener_v4", {}),
+        ("pettingzoo.classic.tictactoe_v3", {}),
+    ],
+    ids=["simple_spread", "simple_tag", "simple_speaker_listener", "tictactoe"],
+)
+def test_equals_the_wrapped_envs(name, options):
+    """Same seeds, same actions, 110 steps (four MPE episodes of 25): observations, masks, rewards and
+    per-agent flags equal those of the wrapped envs, reset with `reset()` when their episode ends."""
+    B, seed = 3, 11
+    env = envs.make(f"pettingzoo/{name}", num_envs=B, seed=seed, **options)
+    max_cycles = {"max_cycles": env.max_steps} if name.startswith("mpe2") else {}
+    copies, observations = raw_copies(name, B, seed, **options, **max_cycles)
+    obs = env.reset(seed=seed)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(110):
+        for i in range(B):
+            assert_observations(obs, env, i, observations[i])
+        action = env.sample_actions(generator, obs)
+        next_td, obs = env.step(action)
+        for i, copy in enumerate(copies):
+            actions = {a: int(action[g][i, j]) for g, j, a in slots(env) if a in copy.agents}
+            observations[i], rewards, terminations, truncations, _ = copy.step(actions)
+            assert_observations(next_td, env, i, observations[i])
+            for g, j, agent in slots(env):
+                assert next_td[g, "reward"][i, j, 0] == np.float32(rewards.get(agent, 0.0))
+                assert bool(next_td[g, "terminated"][i, j, 0]) == terminations.get(agent, True)
+                assert bool(next_td[g, "truncated"][i, j, 0]) == truncations.get(agent, False)
+            assert bool(next_td["done"][i, 0]) == (not copy.agents)
+            if not copy.agents:
+                observations[i] = copy.reset()[0]
+
+
+def test_agents_leave_through_per_agent_flags():
+    env = envs.make(f"pettingzoo/{TOY}", num_envs=2, seed=0, max_steps=10, lifetimes=(4, 2))
+    assert list(env.groups) == ["runner"]
+    obs = env.reset(seed=0)
+    stay = {"runner": torch.ones(2, 2, dtype=torch.long)}  # action 1: stay in place
+    flags = []
+    for t in range(1, 5):
+        next_td, obs_next = env.step(stay)
+        flags.append(next_td["runner", "terminated"][0, :, 0].tolist())
+        if t == 3:  # runner_1 left at step 2: no reward, its last observation kept, the env goes on
+            assert next_td["runner", "reward"][0, 1, 0] == 0.0
+            assert next_td["runner", "observation"][0, 1, 1] == 2.0
+            assert not next_td["done"].any()
+        obs = obs_next
+    assert flags == [[False, False], [False, True], [False, True], [True, True]]
+    assert next_td["terminated"].all() and (obs["runner", "observation"][:, :, 1] == 0).all()
+
+
+def test_episode_cut_by_the_env_before_max_steps_is_terminated_with_a_warning():
+    env = envs.make(f"pettingzoo/{TOY}", num_envs=1, seed=0, max_steps=5, lifetimes=(9, 9), limit=3)
+    stay = {"runner": torch.ones(1, 2, dtype=torch.long)}
+    env.step(stay), env.step(stay)
+    with pytest.warns(UserWarning, match=r"truncated an episode after 3 steps, before max_steps=5"):
+        next_td, _ = env.step(stay)
+    assert next_td["terminated"].all() and not next_td["truncated"].any()
+    at_limit = envs.make(f"pettingzoo/{TOY}", num_envs=1, seed=0, max_steps=3, lifetimes=(9, 9), limit=3)
+    for _ in range(3):
+        next_td, _ = at_limit.step(stay)
+    assert next_td["truncated"].all() and not next_td["terminated"].any()
+
+
+def test_max_cycles_follows_max_steps():
+    default = envs.make("pettingzoo/mpe2.simple_spread_v3", num_envs=1)
+    assert default.max_steps == 25 and default.copies[0].unwrapped.max_cycles == 25
+    short = envs.make("pettingzoo/mpe2.simple_spread_v3", num_envs=1, max_steps=10)
+    assert short.copies[0].unwrapped.max_cycles == 10
+    assert envs.make("pettingzoo/mpe2.simple_spread_v3", num_envs=1, max_cycles=7).max_steps == 7
+    with pytest.raises(ValueError, match="max_cycles=7 and max_steps=10 differ"):
+        envs.make("pettingzoo/mpe2.simple_spread_v3", num_envs=1, max_cycles=7, max_steps=10)
+
+
+def test_unknown_module_says_what_a_name_is():
+    with pytest.raises(
+        KeyError, match=r"cannot import 'mpe2.simple_sprad_v3'.*e\.g\. pettingzoo/mpe2\.simple_spread_v3"
+    ):
+        envs.make("pettingzoo/mpe2.simple_sprad_v3", num_envs=1)
+    with pytest.raises(KeyError, match=r"module 'json' has neither parallel_env\(\) nor env\(\)"):
+        envs.make("pettingzoo/json", num_envs=1)
+
+
+def test_missing_pettingzoo_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pettingzoo", None)
+    with pytest.raises(ImportError, match=r'pip install "vecmarl\[pettingzoo\]"'):
+        envs.make("pettingzoo/mpe2.simple_spread_v3", num_envs=1)
+
+
+@pytest.mark.gpu
+def test_runs_on_cuda_like_on_cpu():
+    cpu = envs.make("pettingzoo/mpe2.simple_spread_v3", num_envs=4, seed=0)
+    cuda = envs.make("pettingzoo/mpe2.simple_spread_v3", num_envs=4, seed=0, device="cuda")
+    envs.check_env(cuda)
+    generator = torch.Generator().manual_seed(0)
+    obs_cpu, obs_cuda = cpu.reset(seed=1), cuda.reset(seed=1)
+    for _ in range(30):
+        action = cpu.sample_actions(generator)
+        (next_cpu, obs_cpu), (next_cuda, obs_cuda) = cpu.step(action), cuda.step(action.to("cuda"))
+        assert (next_cpu == next_cuda.cpu()).all() and (obs_cpu == obs_cuda.cpu()).all()
+
+
+def test_state_dict_says_the_wrapped_envs_state_is_not_saved():
+    """The base class would save only the adapter's tensors, not the PettingZoo copies: a restored env
+    would continue from another simulator state. The trainer catches NotImplementedError."""
+    env = envs.make("pettingzoo/mpe2.simple_spread_v3", num_envs=2, seed=0)
+    with pytest.raises(
+        NotImplementedError, match=r"pettingzoo/mpe2\.simple_spread_v3: state_dict\(\).*PettingZoo envs"
+    ):
+        env.state_dict()
+    with pytest.raises(NotImplementedError, match=r"load_state_dict\(\) is not supported.*PettingZoo envs"):
+        env.load_state_dict({"tensors": {}})
+
+
+@pytest.mark.parametrize(
+    "options, match, cause",
+    [
+        (
+            {"M_": 3},
+            r"pettingzoo/mpe2\.simple_spread_v3: building the wrapped env with kwargs \{'M_': 3, 'max_cycles': 25\} "
+            r"failed \(TypeError: .*'M_'\); the env's keyword arguments are: N, local_ratio, max_cycles",
+            TypeError,
+        ),
+        (
+            {"N": 0},
+            r"pettingzoo/mpe2\.simple_spread_v3: building the wrapped env with kwargs \{'N': 0, 'max_cycles': 25\} "
+            r"failed \(ValueError: zero-size array",
+            ValueError,
+        ),
+    ],
+    ids=["unknown-kwarg", "no-agents"],
+)
+def test_errors_of_the_wrapped_env_name_it(options, match, cause):
+    with pytest.raises(ValueError, match=match) as info:
+        envs.make("pettingzoo/mpe2.simple_spread_v3", num_envs=2, seed=0, **options)
+    assert isinstance(info.value.__cause__, cause)
+
+
+def test_errors_of_the_first_reset_name_the_env(monkeypatch):
+    from tests.envs import pz_toy
+
+    def broken_reset(self, seed=None, options=None):
+        raise RuntimeError("no start position")
+
+    monkeypatch.setattr(pz_toy.RunnersEnv, "reset", broken_reset)
+    with pytest.raises(
+        ValueError,
+        match=r"pettingzoo/tests\.envs\.pz_toy: resetting the wrapped env with kwargs \{'lifetimes': \(2, 3\)\} "
+        r"failed \(RuntimeError: no start position\)",
+    ):
+        envs.make(f"pettingzoo/{TOY}", num_envs=2, seed=0, lifetimes=(2, 3))
+
+
+@pytest.mark.parametrize("seed", [-1, True, 1.5, "0"])
+def test_bad_seed_is_a_clear_error(seed):
+    with pytest.raises(ValueError, match=r"pettingzoo/mpe2\.simple_spread_v3: seed must be a non-negative int"):
+        envs.make("pettingzoo/mpe2.simple_spread_v3", num_envs=2, seed=seed)
+    env = envs.make("pettingzoo/mpe2.simple_spread_v3", num_envs=2, seed=0)
+    with pytest.raises(ValueError, match=r"pettingzoo/mpe2\.simple_spread_v3: seed must be a non-negative int"):
+        env.reset(seed=seed)
+
+
+def test_accepts_actions_that_require_grad():
+    """Continuous actions straight from a policy require grad; native and VMAS envs accept them."""
+    env = envs.make("pettingzoo/mpe2.simple_speaker_listener_v4", num_envs=2, seed=0, continuous_actions=True)
+    plain = env.sample_actions(torch.Generator().manual_seed(0))
+    action = {group: plain[group].clone().requires_grad_() for group in env.groups}
+    next_td, _ = env.step(action)
+    twin = envs.make("pettingzoo/mpe2.simple_speaker_listener_v4", num_envs=2, seed=0, continuous_actions=True)
+    assert (next_td == twin.step(plain)[0]).all()
+
+
+def test_actions_the_wrapped_env_refuses_name_the_env_and_copy():
+    env = envs.make("pettingzoo/mpe2.simple_spread_v3", num_envs=2, seed=0)
+    action = env.sample_actions(torch.Generator().manual_seed(0))
+    action["agent"][1, 0] = 99  # outside Discrete(5): without check_values, MPE's own assert refuses it
+    with pytest.raises(ValueError, match=r"^pettingzoo/mpe2\.simple_spread_v3: copy 1 refused the actions .*99"):
+        env.step(action)

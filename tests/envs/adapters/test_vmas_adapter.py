@@ -1,0 +1,337 @@
+"""The VMAS adapter: conformance, parity with raw VMAS (resets included), the batched masked reset
+against VMAS's own `reset_at`, and its errors."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import envs
+from tests.envs.row_invariant_random import RowInvariantRandom
+
+vmas = pytest.importorskip("vmas")
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """VMAS steps are many tiny ops: a second intra-op thread only adds synchronisation, and stalls
+    when the cores are shared (the module runs 2-3x faster on one thread on a busy 2-core machine)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize(
+    "scenario, options",
+    [
+        ("navigation", {"n_agents": 3}),
+        ("balance", {}),
+        ("simple_tag", {"continuous_actions": False}),  # discrete; two agent types, different observations
+        ("simple_spread", {"continuous_actions": False, "multidiscrete_actions": True}),
+    ],
+    ids=["navigation", "balance", "simple_tag-discrete", "simple_spread-multidiscrete"],
+)
+def test_passes_check_env(scenario, options):
+    envs.check_env(envs.make(f"vmas/{scenario}", num_envs=4, seed=0, max_steps=8, **options))
+
+
+def test_groups_by_type_and_maps_action_spaces():
+    env = envs.make("vmas/simple_tag", num_envs=2, seed=0, continuous_actions=False)
+    assert {g: s.agents for g, s in env.groups.items()} == {
+        "adversary": ("adversary_0", "adversary_1", "adversary_2"),
+        "agent": ("agent_0",),
+    }
+    assert env.groups["adversary"].observation.shape == (16,) and env.groups["agent"].observation.shape == (14,)
+    assert env.groups["agent"].action == envs.Discrete(9)  # VMAS: 3 choices per axis
+    continuous = envs.make("vmas/simple_speaker_listener", num_envs=2, seed=0)
+    # VMAS's speaker: 2 force dims in [-1, 1] (it cannot move, but has them) and 3 communication dims in [0, 1]
+    assert continuous.groups["speaker"].action == envs.Box((5,), (-1.0, -1.0, 0.0, 0.0, 0.0), 1.0)
+    assert continuous.groups["listener"].action == envs.Box((2,), -1.0, 1.0)
+
+
+def raw_actions(actions: dict, env) -> list[torch.Tensor]:
+    """`{group: [B, n, ...]}` -> VMAS's per-agent list, in VMAS's agent order."""
+    by_name = {a: actions[g][:, j] for g, s in env.groups.items() for j, a in enumerate(s.agents)}
+    return [by_name[agent.name] for agent in env.vmas_env.agents]
+
+
+def stacked(per_agent: list, env, group: str) -> torch.Tensor:
+    names = [agent.name for agent in env.vmas_env.agents]
+    return torch.stack([per_agent[names.index(a)] for a in env.groups[group].agents], 1)
+
+
+def test_info_keys_of_mixed_shapes_are_grouped_like_a_per_key_stack():
+    """Scalar and vector keys together, a key one agent lacks and a non-tensor value: each kept key
+    equals the stack of its agents' values, [B, n, 1] for a scalar; the others are dropped."""
+    env = envs.make("vmas/navigation", num_envs=4, seed=0, n_agents=3)
+    g = torch.Generator().manual_seed(0)
+    infos = [
+        {
+            "a": torch.rand(4, generator=g),
+            "vec": torch.rand(4, 2, generator=g),
+            "b": torch.rand(4, generator=g),
+            "partial": torch.rand(4, generator=g),
+            "name": "x",
+        }
+        for _ in range(3)
+    ]
+    del infos[1]["partial"]
+    for _ in range(2):  # the first call chooses the keys, the second reuses them
+        grouped = env._info_by_group(infos)["agent"]
+        assert sorted(grouped) == ["a", "b", "vec"]
+        for key in ("a", "b"):
+            assert torch.equal(grouped[key], torch.stack([info[key] for info in infos], 1).unsqueeze(-1))
+        assert torch.equal(grouped["vec"], torch.stack([info["vec"] for info in infos], 1))
+        infos = [{k: v + 1 if isinstance(v, torch.Tensor) else v for k, v in info.items()} for info in infos]
+
+
+@pytest.mark.parametrize(
+    "scenario, options",
+    [("navigation", {"n_agents": 3}), ("simple_tag", {"continuous_actions": False})],
+    ids=["navigation", "simple_tag-discrete"],
+)
+def test_equals_raw_vmas_over_episodes(scenario, options):
+    """Same seed, same actions: 120 steps, four episodes of 30, reset by VMAS's `reset()` on the raw side."""
+    B, max_steps = 6, 30
+    env = envs.make(f"vmas/{scenario}", num_envs=B, seed=3, max_steps=max_steps, **options)
+    raw = vmas.make_env(scenario, num_envs=B, seed=3, **options)
+    obs = env.reset(seed=5)
+    raw_obs = raw.reset(seed=5)
+    generator = torch.Generator().manual_seed(0)
+    t = 0
+    for _ in range(120):
+        for g in env.groups:
+            torch.testing.assert_close(obs[g, "observation"], stacked(raw_obs, env, g), rtol=0, atol=0)
+        action = env.sample_actions(generator)
+        next_td, obs = env.step(action)
+        raw_obs, raw_reward, raw_done, raw_info = raw.step(raw_actions(action, env))
+        t += 1
+        for g in env.groups:
+            torch.testing.assert_close(next_td[g, "observation"], stacked(raw_obs, env, g), rtol=0, atol=0)
+            torch.testing.assert_close(next_td[g, "reward"][..., 0], stacked(raw_reward, env, g), rtol=0, atol=0)
+            info = next_td[g]["info"] if "info" in next_td[g].keys() else {}
+            for key, value in info.items():
+                expected = stacked([info[key] for info in raw_info], env, g)
+                torch.testing.assert_close(value, expected.reshape(value.shape), rtol=0, atol=0)
+        assert torch.equal(next_td["terminated"][:, 0], raw_done)
+        assert torch.equal(next_td["truncated"][:, 0], ~raw_done & (t >= max_steps))
+        finished = raw_done | (t >= max_steps)
+        if bool(finished.any()):
+            assert bool(finished.all()), "random actions should not end an episode early"
+            raw_obs, t = raw.reset(), 0
+
+
+@pytest.mark.parametrize(
+    "scenario, options",
+    [("navigation", {"n_agents": 3}), ("transport", {}), ("balance", {}), ("football", {})],
+    ids=["navigation", "transport", "balance", "football"],
+)
+def test_masked_reset_equals_vmas_reset_at(scenario, options):
+    """Envs 1, 3, 4 reset by the adapter's batched copy and by VMAS's `reset_at(i)`, with random draws
+    that give every env the same numbers: then the two worlds must match, now and for 20 steps on
+    (which would show any state the copy missed, e.g. reward shaping buffers, or football's scripted
+    red team, whose targets live in dicts keyed by agent and in classes of the scenario's own file)."""
+    B, mask = 5, torch.tensor([False, True, False, True, True])
+    env = envs.make(f"vmas/{scenario}", num_envs=B, seed=0, max_steps=1000, **options)
+    raw = vmas.make_env(scenario, num_envs=B, seed=0, **options)
+    generator = torch.Generator().manual_seed(1)
+    actions = [env.sample_actions(generator) for _ in range(25)]
+    for action in actions[:5]:
+        env.step(action)
+        raw.step(raw_actions(action, env))
+
+    with RowInvariantRandom(B, seed=7):
+        obs = env.reset(mask=mask)
+    for index in mask.nonzero()[:, 0].tolist():
+        with RowInvariantRandom(B, seed=7):
+            raw.reset_at(index)
+    (raw_obs,) = raw.get_from_scenario(get_observations=True, get_rewards=False, get_infos=False, get_dones=False)
+    for g in env.groups:
+        torch.testing.assert_close(obs[g, "observation"], stacked(raw_obs, env, g), rtol=0, atol=0)
+    for action in actions[5:]:
+        next_td, _ = env.step(action)
+        raw_obs, raw_reward, raw_done, _ = raw.step(raw_actions(action, env))
+        for g in env.groups:
+            torch.testing.assert_close(next_td[g, "observation"], stacked(raw_obs, env, g), rtol=0, atol=0)
+            torch.testing.assert_close(next_td[g, "reward"][..., 0], stacked(raw_reward, env, g), rtol=0, atol=0)
+        assert torch.equal(next_td["terminated"][:, 0], raw_done)
+
+
+def test_returns_ordinary_tensors():
+    """VMAS runs under inference mode inside the adapter; what it hands on must not be inference
+    tensors, which autograd could not save and in-place ops outside inference mode could not change."""
+    env = envs.make("vmas/navigation", num_envs=3, seed=0, max_steps=2, n_agents=2)
+    generator = torch.Generator().manual_seed(0)
+    outputs = [env.reset()]
+    for _ in range(3):  # the second step ends every episode: a reset inside `step`
+        outputs.extend(env.step(env.sample_actions(generator)))
+    outputs.append(env.reset(mask=torch.tensor([True, False, True])))  # the masked copy
+    outputs.extend(env.step(env.sample_actions(generator)))
+    tensors = [t for td in outputs for t in td.values(include_nested=True, leaves_only=True)]
+    assert tensors and not [t.shape for t in tensors if t.is_inference()]
+    weight = torch.ones(env.groups["agent"].observation.shape[0], requires_grad=True)
+    (outputs[-1]["agent", "observation"] @ weight).sum().backward()  # saves the observation for backward
+    outputs[-2]["terminated"].logical_not_()  # the last step's next data
+
+
+def test_adapters_keep_their_own_random_streams():
+    """Two adapters with one seed, stepped in turn with torch's global generator used in between,
+    give the trajectory of one adapter alone."""
+
+    def starts(interleave: bool) -> list[torch.Tensor]:
+        a = envs.make("vmas/navigation", num_envs=3, seed=0, max_steps=2)
+        b = envs.make("vmas/navigation", num_envs=3, seed=0, max_steps=2) if interleave else None
+        action = {"agent": torch.zeros(3, 4, 2)}
+        out = []
+        for _ in range(4):
+            out.append(a.step(action)[1]["agent", "observation"])
+            if b is not None:
+                b.step(action)
+                torch.rand(5)
+        return out
+
+    for alone, interleaved in zip(starts(False), starts(True)):
+        assert torch.equal(alone, interleaved)
+
+
+def test_state_dict_is_refused_and_resumed_training_starts_new_episodes(tmp_path, capsys):
+    """The base class's state_dict would save the adapter's tensors only, not VMAS's world: refused, so
+    that the trainer's checkpoint holds no env state and a resumed run starts new episodes."""
+    env = envs.make("vmas/balance", num_envs=2, seed=0)
+    with pytest.raises(NotImplementedError, match=r"vmas/balance: state_dict\(\) is not supported: VMAS's simulator"):
+        env.state_dict()
+    with pytest.raises(NotImplementedError, match=r"vmas/balance: load_state_dict\(\) is not supported"):
+        env.load_state_dict({})
+
+    from marl.algorithms.ppo import PPOConfig
+    from marl.app.trainer import Trainer
+    from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
+
+    config = TrainConfig(
+        env=EnvSettings(env="vmas/navigation", num_envs=2, env_options={"max_steps": 4, "n_agents": 2}),
+        algo=PPOConfig(minibatch_size=8, epochs=1),
+        model=ModelConfig(hidden=(8,)),
+        run=RunConfig(
+            total_frames=2 * 4 * 2,
+            rollout_length=4,
+            device="cpu",
+            log_dir=str(tmp_path),
+            run_name="run",
+            progress=False,
+            tensorboard=False,
+        ),
+    )
+    trainer = Trainer(config, run_dir=tmp_path / "run")
+    trainer.train_iteration()
+    trainer.save()
+    resumed = Trainer.resume(trainer.checkpoint_path)
+    assert "this env cannot save its state: resumed training starts new episodes" in capsys.readouterr().out
+    resumed.train_iteration()
+    assert resumed.iteration == 2
+
+
+def test_unknown_scenario_lists_where_names_are():
+    with pytest.raises(KeyError, match=r"unknown VMAS scenario 'navigatoin'.*vmas\.scenarios.*navigation"):
+        envs.make("vmas/navigatoin", num_envs=2)
+
+
+def test_unused_scenario_option_is_an_error():
+    with pytest.raises(TypeError, match=r"vmas/navigation: Scenario kwargs: \{'n_agnts': 3\} passed but not used"):
+        envs.make("vmas/navigation", num_envs=2, n_agnts=3)
+
+
+@pytest.mark.parametrize(
+    "value, error",
+    [
+        (0, r"AssertionError \(no message\) at vmas/scenarios/balance\.py:\d+$"),  # a bare assert
+        ("three", r"TypeError: '>' not supported between .* \(at vmas/scenarios/balance\.py:\d+\)$"),
+    ],
+    ids=["bare-assert", "bad-type"],
+)
+def test_options_the_scenario_rejects_name_the_env_options_and_error(value, error):
+    options = re.escape(repr({"n_agents": value}))
+    with pytest.raises(
+        ValueError, match=rf"^vmas/balance: the scenario rejected its options {options}: {error}"
+    ) as info:
+        envs.make("vmas/balance", num_envs=2, n_agents=value)
+    assert isinstance(info.value.__cause__, (AssertionError, TypeError))
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        ("n_agents=0", r"vmas/balance: the scenario rejected its options \{'n_agents': 0\}: AssertionError"),
+        ("continuous_actions=false", r"write continuous_actions=False, not continuous_actions=false"),
+    ],
+)
+def test_bad_options_on_the_command_line_are_one_line_errors(option, message, tmp_path, capsys):
+    from marl.app.cli import main
+
+    argv = ["train", "--env", "vmas/balance", "--env-option", option, "--num-envs", "2", "--minibatch-size", "32"]
+    assert main([*argv, "--log-dir", str(tmp_path), "--no-tensorboard", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("marl train: error: ")
+    assert re.search(message, err) and "Traceback" not in err
+
+
+def test_option_errors_list_only_what_the_user_can_pass():
+    """`scenario` and `scenario_kwargs` are set from the env's name and the other keywords: not listed as
+    options, and passing them is an error that says so (not Python's "got multiple values")."""
+    with pytest.raises(TypeError) as info:
+        envs.make("vmas/balance", num_envs=2, continuous_actions="false")
+    message, listing = str(info.value).split("valid options are:")
+    assert "has type str, expected bool (values are read as Python literals: write continuous_actions=False" in message
+    assert [line.split(":")[0].strip() for line in listing.strip().splitlines()] == [
+        "max_steps",
+        "continuous_actions",
+        "multidiscrete_actions",
+    ]
+    for name, value in (("scenario", "navigation"), ("scenario_kwargs", {"n_agents": 3})):
+        with pytest.raises(TypeError, match=rf"vmas/balance: \['{name}'\] are not options: the env's name gives"):
+            envs.make("vmas/balance", num_envs=2, **{name: value})
+
+
+def test_vmas_environment_arguments_are_refused():
+    with pytest.raises(TypeError, match=r"\['dict_spaces'\] are arguments of vmas.make_env that the adapter sets"):
+        envs.make("vmas/navigation", num_envs=2, dict_spaces=True)
+
+
+def test_missing_vmas_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vmas", None)
+    with pytest.raises(ImportError, match=r'pip install "vecmarl\[vmas\]"'):
+        envs.make("vmas/navigation", num_envs=2)
+
+
+def test_compile_is_refused():
+    with pytest.raises(ValueError, match="compile=True is not supported"):
+        envs.make("vmas/navigation", num_envs=2, compile=True)
+
+
+def test_importing_envs_imports_no_simulator():
+    code = "import sys, envs; print(sorted(m for m in ('vmas', 'pettingzoo', 'gymnasium') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.gpu
+def test_passes_check_env_on_cuda():
+    envs.check_env(envs.make("vmas/navigation", num_envs=8, device="cuda", seed=0, max_steps=8))
+
+
+def test_actions_vmas_refuses_are_a_clear_error_without_value_checks():
+    """Without check_values the adapter passes values on unchecked; VMAS's bare asserts on them become
+    an error that names the env, where VMAS refused, and how to have the value named."""
+    env = envs.make("vmas/balance", num_envs=2, seed=0)
+    action = env.sample_actions(torch.Generator().manual_seed(0))
+    action["agent"][0, 0, 0] = float("nan")
+    with pytest.raises(
+        ValueError, match=r"^vmas/balance: VMAS refused the actions: AssertionError .*check_values=True"
+    ):
+        env.step(action)
+    checked = envs.make("vmas/balance", num_envs=2, seed=0, check_values=True)
+    with pytest.raises(ValueError, match=r"action for group 'agent' contains NaN"):
+        checked.step(action)

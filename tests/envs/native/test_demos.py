@@ -1,0 +1,45 @@
+"""`python -m envs.native.<name> [--policy scripted|random]`: the yardsticks the README quotes for training."""
+
+import importlib
+import re
+
+import pytest
+
+
+def demo_return(monkeypatch, capsys, name: str, policy: str) -> float:
+    module = importlib.import_module(f"envs.native.{name}")
+    monkeypatch.setattr("sys.argv", [name, "--policy", policy, "--num-envs", "64", "--steps", "100"])
+    module._main()
+    last_line = capsys.readouterr().out.strip().splitlines()[-1]
+    return float(re.findall(r"-?\d+\.\d+", last_line)[-1])
+
+
+@pytest.mark.parametrize("name", ["navigation", "spread", "speaker_listener", "tag"])
+def test_the_scripted_controller_beats_random_actions(monkeypatch, capsys, name):
+    scripted = demo_return(monkeypatch, capsys, name, "scripted")
+    random = demo_return(monkeypatch, capsys, name, "random")
+    assert scripted > random + 1.0, (name, scripted, random)
+
+
+def test_a_demo_too_short_for_an_episode_says_why_its_return_is_nan(monkeypatch, capsys):
+    from envs.native import navigation
+
+    monkeypatch.setattr("sys.argv", ["navigation", "--num-envs", "4", "--steps", "5"])
+    navigation._main()
+    out, err = capsys.readouterr()
+    assert "mean episode return nan" in out
+    assert "no episode ended in 5 steps (episodes last up to 100)" in err and "--steps 100 or more" in err
+
+
+def test_running_a_demo_as_a_module_prints_no_runpy_warning():
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "envs.native.navigation", "--num-envs", "4", "--steps", "100"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "mean episode return" in result.stdout
+    assert "Warning" not in result.stderr, result.stderr

@@ -1,0 +1,141 @@
+"""The algorithm interface: the registry, a user's own algorithm trained end to end through the command
+line, and PPO's metrics pinned from before the interface existed."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from marl import algorithms
+from marl.algorithms.ppo import PPOConfig
+from marl.app.cli import main
+from marl.app.trainer import Trainer
+from marl.config import AlgorithmConfig, RunConfig, TrainConfig
+
+REINFORCE = "tests.marl.algorithms.reinforce"
+SMALL = ["--num-envs", "16", "--rollout-length", "8", "--hidden", "16", "16", "--no-progress", "--no-tensorboard"]
+
+
+def test_mappo_and_ippo_are_registered_as_one_algorithm():
+    assert {"mappo", "ippo"} <= set(algorithms.names())
+    assert algorithms.get("mappo") is algorithms.get("ippo")
+    assert algorithms.default_config("ippo") == PPOConfig(algo="ippo")
+    assert TrainConfig().algo == PPOConfig(algo=algorithms.DEFAULT)
+    with pytest.raises(KeyError, match="unknown algorithm 'nope'; known algorithms: .*mappo"):
+        algorithms.get("nope")
+
+
+def test_a_users_algorithm_trains_resumes_and_evaluates_from_the_command_line(tmp_path, capsys):
+    run = ["--log-dir", str(tmp_path), "--run-name", "mine"]
+    argv = ["train", "--imports", REINFORCE, "--algo", "reinforce", "--baseline-decay", "0.5", *SMALL, *run]
+    assert main([*argv, "--total-frames", "256", "--checkpoint-every", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "with REINFORCE on cpu" in out
+    rows = list(csv.DictReader((tmp_path / "mine" / "metrics.csv").open()))
+    assert len(rows) == 2
+    assert {"agent/loss", "agent/entropy", "agent/grad_norm"} <= set(rows[0])
+    assert all(math.isfinite(float(r["agent/loss"])) and float(r["agent/grad_norm"]) > 0 for r in rows)
+    checkpoint = tmp_path / "mine" / "checkpoint.pt"
+    state = torch.load(checkpoint, weights_only=False)
+    assert state["config"]["algo"] == {
+        "algo": "reinforce",
+        "lr": 3e-3,
+        "gamma": 0.99,
+        "baseline_decay": 0.5,
+        "max_grad_norm": 1.0,
+    }
+    assert set(state["algorithm"]["agent"]) == {"policy", "optimizer", "baseline"}
+
+    # Resumed from the checkpoint (which names the module to import), the run goes on where it stopped.
+    assert main(["train", "--resume", str(checkpoint), "--total-frames", "384"]) == 0
+    assert "resuming" in capsys.readouterr().out
+    rows = list(csv.DictReader((tmp_path / "mine" / "metrics.csv").open()))
+    assert [int(r["iteration"]) for r in rows] == [1, 2, 3]
+    resumed = torch.load(checkpoint, weights_only=False)["algorithm"]["agent"]
+    assert not torch.equal(
+        resumed["policy"]["net.layers.0.weight"], state["algorithm"]["agent"]["policy"]["net.layers.0.weight"]
+    )
+
+    assert main(["eval", "--checkpoint", str(checkpoint), "--episodes", "3"]) == 0
+    assert "agent: mean episode return" in capsys.readouterr().out
+
+
+def test_train_help_lists_the_options_of_every_algorithm_a_module_registers(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--imports", REINFORCE, "--help"])
+    out = capsys.readouterr().out
+    assert "algorithm reinforce (ReinforceConfig)" in out and "--baseline-decay" in out
+    assert "algorithm ippo / mappo (PPOConfig)" in out and "--critic-scope" in out
+    assert "{ippo,mappo,reinforce}" in out
+
+
+def test_an_option_of_another_algorithm_is_one_clear_line(tmp_path, capsys):
+    argv = ["train", "--imports", REINFORCE, "--algo", "reinforce", "--clip-eps", "0.1", "--log-dir", str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--clip-eps is not an option of --algo reinforce; its options: --baseline-decay, --gamma" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_register_refuses_what_would_fail_later():
+    @dataclasses.dataclass(frozen=True)
+    class Clashing(AlgorithmConfig):
+        seed: int = 0  # already a run option
+
+    class Bad(algorithms.Algorithm):
+        Config = Clashing
+
+    with pytest.raises(TypeError, match=r"field\(s\) \['seed'\], which are already options"):
+        algorithms.register("clashing")(Bad)
+    with pytest.raises(TypeError, match="must subclass marl.algorithms.Algorithm"):
+        algorithms.register("plain")(object)
+
+    class NoConfig(algorithms.Algorithm):
+        pass
+
+    with pytest.raises(TypeError, match="NoConfig.Config must be a frozen dataclass"):
+        algorithms.register("no_config")(NoConfig)
+    with pytest.raises(ValueError, match="an algorithm named 'mappo' is already registered"):
+        algorithms.register("mappo")(type("Other", (algorithms.get("mappo"),), {}))
+    assert "clashing" not in algorithms.names() and "no_config" not in algorithms.names()
+
+
+# `marl train` defaults (seed 0, cpu), iterations 1-2, recorded from the trainer before the algorithm
+# interface (commit 5bec2ca): the refactor must not change what a run computes.
+PINNED = [
+    {
+        "agent/explained_variance": 0.51129562,
+        "agent/loss": 0.12301907,
+        "agent/policy_loss": -0.00377759,
+        "agent/value_loss": 0.25359333,
+        "agent/approx_kl": 0.00632125,
+        "agent/clip_fraction": 0.08521017,
+        "agent/entropy": 2.83332014,
+        "agent/policy_grad_norm": 0.07165931,
+        "agent/critic_grad_norm": 0.13662937,
+    },
+    {
+        "agent/episode_return": -0.17765591,
+        "agent/explained_variance": 0.47802252,
+        "agent/loss": 0.12043512,
+        "agent/policy_loss": -0.00163457,
+        "agent/value_loss": 0.24413937,
+        "agent/approx_kl": 0.00220265,
+        "agent/clip_fraction": 0.02332052,
+        "agent/entropy": 2.81852198,
+        "agent/policy_grad_norm": 0.06815093,
+        "agent/critic_grad_norm": 0.06161842,
+    },
+]
+
+
+def test_defaults_give_the_metrics_pinned_before_the_algorithm_interface(tmp_path):
+    trainer = Trainer(TrainConfig(run=RunConfig(device="cpu", progress=False, tensorboard=False)), run_dir=tmp_path)
+    for pinned in PINNED:
+        row = trainer.train_iteration()
+        for key, value in pinned.items():
+            assert row[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key

@@ -1,0 +1,278 @@
+"""The `marl` command as a user runs it."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from marl.algorithms.ppo import PPOConfig
+from marl.app.cli import algorithms_text, build_parser, config_from_args, main
+from marl.config import SECTIONS, ModelConfig, TrainConfig
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_train_help_explains_every_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = capsys.readouterr().out
+    for cls in SECTIONS.values():
+        for field in dataclasses.fields(cls):
+            if field.name != "env_options":
+                assert "--" + field.name.replace("_", "-") in text, field.name
+    assert "PPO epochs over each rollout" in text and "--env-option" in text and "--resume" in text
+
+
+def test_options_reach_the_config():
+    args = build_parser().parse_args(
+        [
+            "train",
+            "--env",
+            "navigation",
+            "--algo",
+            "ippo",
+            "--num-envs",
+            "8",
+            "--hidden",
+            "32",
+            "16",
+            "--env-option",
+            "n_agents=5",
+            "--env-option",
+            "shared_reward=False",
+            "--group",
+            "agent.lr=0.003",
+            "--no-clip-value",
+            "--total-frames",
+            "1000",
+            "--minibatch-size",
+            "256",
+            "--std",
+            "state",
+        ]
+    )
+    config = config_from_args(args)
+    assert config.algo.algo == "ippo" and config.env.num_envs == 8 and config.model.hidden == (32, 16)
+    assert config.model.std == "state"
+    assert config.env.env_options == {"n_agents": 5, "shared_reward": False}
+    assert config.group_overrides == {"agent": {"lr": 0.003}} and not config.algo.clip_value
+    assert config.for_group("agent")[0].lr == 0.003 and config.algo.lr == 1e-3
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "--env", "navigaton"], "unknown env 'navigaton'"),
+        (["train", "--env-option", "n_agent=3"], "unknown option(s) ['n_agent'] for env 'navigation'"),
+        (["train", "--gamma", "1.5"], "gamma must be in [0, 1], got 1.5"),
+        (
+            ["train", "--num-envs", "4", "--rollout-length", "8", "--minibatch-size", "64"],
+            "minibatch_size=64 is larger",
+        ),
+        (["train", "--group", "agent.lrr=1"], "unknown field(s) ['lrr'] in the overrides for group 'agent'"),
+        (
+            ["train", "--group", "agent.std=net"],
+            "option std='net' for group 'agent' has type str, expected 'param' | 'state'",
+        ),
+        (["eval", "--checkpoint", "/nonexistent/checkpoint.pt"], "no checkpoint at /nonexistent/checkpoint.pt"),
+        (["eval", "--checkpoint", "c.pt", "--num-envs", "0"], "num_envs must be >= 1 (or left out"),
+        (
+            ["eval", "--checkpoint", "c.pt", "--render", "/nonexistent/x.gif"],
+            "cannot write /nonexistent/x.gif: the folder /nonexistent does not exist",
+        ),
+        (["plot", "/nonexistent"], "no metrics.csv in /nonexistent"),
+    ],
+)
+def test_bad_input_is_one_clear_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_configs_built_in_python_refuse_values_outside_their_choices():
+    with pytest.raises(ValueError, match=r"std must be one of \['param', 'state'\], got 'net'"):
+        ModelConfig(std="net")
+    with pytest.raises(ValueError, match=r"algo must be one of \['mappo', 'ippo'\], got 'ppo'"):
+        PPOConfig(algo="ppo")
+
+
+def test_envs_lists_envs_with_options(capsys):
+    main(["envs"])
+    out = capsys.readouterr().out
+    assert "navigation" in out and "n_agents: int = 3" in out
+
+
+def test_train_eval_plot_end_to_end(tmp_path):
+    run = [sys.executable, "-m", "marl"]
+    common = ["--log-dir", str(tmp_path), "--run-name", "cli", "--no-progress"]
+    train = subprocess.run(
+        [
+            *run,
+            "train",
+            "--num-envs",
+            "16",
+            "--rollout-length",
+            "8",
+            "--minibatch-size",
+            "64",
+            "--total-frames",
+            "256",
+            "--env-option",
+            "max_steps=10",
+            *common,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert train.returncode == 0, train.stderr
+    assert "mean episode return" in train.stdout and "--render episode.gif" in train.stdout
+    checkpoint = tmp_path / "cli" / "checkpoint.pt"
+    gif = tmp_path / "team.gif"
+    evaluate = subprocess.run(
+        [*run, "eval", "--checkpoint", str(checkpoint), "--episodes", "4", "--render", str(gif)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert evaluate.returncode == 0, evaluate.stderr
+    assert "agent: mean episode return" in evaluate.stdout and gif.stat().st_size > 1000
+    plot = subprocess.run([*run, "plot", str(tmp_path / "cli")], capture_output=True, text=True, timeout=300)
+    assert plot.returncode == 0, plot.stderr
+    assert (tmp_path / "cli" / "learning_curve.png").stat().st_size > 1000
+    resume = subprocess.run(
+        [*run, "train", "--resume", str(checkpoint), "--total-frames", "384", "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resume.returncode == 0, resume.stderr
+    assert "resuming" in resume.stdout
+    assert len((tmp_path / "cli" / "metrics.csv").read_text().splitlines()) == 1 + 3
+    refused = subprocess.run(
+        [*run, "train", "--resume", str(checkpoint), "--lr", "0.1"], capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and "only" in refused.stderr and "['lr']" in refused.stderr
+
+
+def test_train_an_env_registered_by_the_users_own_module(tmp_path, monkeypatch, capsys):
+    (tmp_path / "my_envs.py").write_text(
+        "import envs\nfrom tests.envs.broken_envs import Counter\n\n"
+        "@envs.register('my_counter')\nclass MyCounter(Counter):\n    _render = envs.MultiAgentEnv._render  # no images\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    argv = [
+        "train",
+        "--imports",
+        "my_envs",
+        "--env",
+        "my_counter",
+        "--num-envs",
+        "8",
+        "--rollout-length",
+        "8",
+        "--minibatch-size",
+        "32",
+        "--total-frames",
+        "64",
+        "--log-dir",
+        str(tmp_path),
+        "--run-name",
+        "mine",
+        "--no-progress",
+        "--no-tensorboard",
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "mover" in out
+    # The env does not render: the summary suggests eval without --render, and --render is a clear error.
+    assert "marl eval --checkpoint" in out and "--render" not in out
+    gif = tmp_path / "x.gif"
+    assert main(["eval", "--checkpoint", str(tmp_path / "mine" / "checkpoint.pt"), "--render", str(gif)]) == 2
+    assert "my_counter does not render: run marl eval without --render" in capsys.readouterr().err
+    assert not gif.exists()
+    assert main(["train", "--imports", "no_such_module", "--env", "my_counter"]) == 2
+    assert (
+        "--imports no_such_module: no module 'no_such_module' is found here: run marl from the folder that holds "
+        "it, or add that folder to PYTHONPATH"
+    ) in capsys.readouterr().err
+
+
+def test_plot_overlays_runs_against_time(tmp_path, capsys):
+    for name, slope in (("mappo", 1.0), ("ippo", 0.5)):
+        (tmp_path / name).mkdir()
+        rows = ["frames,time_s,agent/episode_return"] + [f"{i * 100},{i * 0.5},{slope * i}" for i in range(1, 6)]
+        (tmp_path / name / "metrics.csv").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "both.png"
+    assert main(["plot", str(tmp_path / "mappo"), str(tmp_path / "ippo"), "--x", "time", "--out", str(out)]) == 0
+    assert out.stat().st_size > 1000 and f"wrote {out}" in capsys.readouterr().out
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "metrics.csv").write_text("frames,time_s,agent/episode_return\n")
+    assert main(["plot", str(tmp_path / "mappo"), str(tmp_path / "empty")]) == 2
+    assert "metrics.csv has no rows yet" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [("train", "<env>-<algo>-seed<seed>-<time>."), ("eval", "default: min(episodes, 256)")],
+)
+def test_help_shows_no_empty_defaults(command, says, capsys):
+    # An option without a value says in its help what leaving it out does; "(default: None)" would not.
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    assert "(default: None)" not in out and "(default: )" not in out
+    assert says in " ".join(out.split())
+
+
+def test_the_console_script_imports_modules_of_the_current_folder(tmp_path):
+    # `python -m marl` puts the current folder on sys.path; the `marl` script must too, or the README's
+    # `marl train --imports my_envs` fails with "No module named 'my_envs'".
+    script = Path(sys.executable).with_name("marl")
+    if not script.exists():
+        pytest.skip("the marl console script is not installed in this environment")
+    (tmp_path / "my_envs.py").write_text(
+        "import envs\nfrom tests.envs.broken_envs import Counter\n\n"
+        "@envs.register('my_counter')\nclass MyCounter(Counter):\n    pass\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # for `tests.envs`, as the module imports it
+    listed = subprocess.run(
+        [str(script), "envs", "--imports", "my_envs"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert "my_counter" in listed.stdout
+
+
+def test_ctrl_c_ends_with_one_line_and_status_130(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("marl.app.cli.cmd_envs", interrupted)
+    assert main(["envs"]) == 130
+    assert capsys.readouterr().err == "marl envs: interrupted\n"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "--gamma", "1.5"], "invalid option for algo options: gamma must be in [0, 1], got 1.5"),
+        (["train", "--env-option", "n_agents=0"], "invalid option for env 'navigation': n_agents must be in [1, "),
+    ],
+)
+def test_a_value_out_of_range_is_exactly_one_line(argv, message, capsys):
+    # The check names the option and its range; a listing of every other option would bury it.
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and message in err
+
+
+def test_the_startup_line_names_what_each_groups_critic_sees():
+    groups = ["speaker", "listener"]
+    assert algorithms_text(TrainConfig(), groups) == "MAPPO"
+    assert algorithms_text(TrainConfig(algo=PPOConfig(algo="ippo")), groups) == "IPPO"
+    assert algorithms_text(TrainConfig(algo=PPOConfig(critic_scope="agent")), groups) == "IPPO"
+    overridden = TrainConfig(group_overrides={"listener": {"critic_scope": "agent"}})
+    assert algorithms_text(overridden, groups) == "MAPPO (speaker), IPPO (listener)"

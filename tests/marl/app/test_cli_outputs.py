@@ -1,0 +1,222 @@
+"""`marl eval`, `marl plot` and `marl bench` as a new user runs them: bad paths and options are refused in
+one line before any work, and what they print and write is what they did."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+import marl.app.evaluate
+import marl.bench.suite
+from marl.app.cli import main
+from marl.bench.suite import main as bench_main
+from marl.config import EnvSettings, TrainConfig
+
+
+def write_run(folder: Path, returns: list[str]) -> Path:
+    folder.mkdir(parents=True)
+    rows = ["iteration,frames,time_s,agent/episode_return"]
+    rows += [f"{i + 1},{(i + 1) * 100},{(i + 1) * 0.5},{r}" for i, r in enumerate(returns)]
+    (folder / "metrics.csv").write_text("\n".join(rows) + "\n")
+    return folder
+
+
+# --- marl plot -----------------------------------------------------------------------------------
+
+
+def test_plot_reports_the_file_it_wrote(tmp_path, capsys, monkeypatch):
+    run = write_run(tmp_path / "runs" / "a", ["nan", "1.0", "2.0"])
+    monkeypatch.chdir(tmp_path)
+    # matplotlib adds .png to a name without an extension: the path printed must be that file.
+    assert main(["plot", str(run), "--out", "curves"]) == 0
+    assert (tmp_path / "curves.png").is_file() and not (tmp_path / "curves").exists()
+    assert capsys.readouterr().out == "wrote curves.png\n"
+    # A folder: the figure goes inside it, not to a sibling "figures.png".
+    (tmp_path / "figures").mkdir()
+    assert main(["plot", str(run), "--out", "figures"]) == 0
+    assert (tmp_path / "figures" / "learning_curve.png").is_file() and not (tmp_path / "figures.png").exists()
+    assert capsys.readouterr().out == f"wrote {Path('figures') / 'learning_curve.png'}\n"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["runs/a", "--out", "nodir/c.png"], "cannot write nodir/c.png: the folder nodir does not exist"),
+        (["runs/a", "--out", "newdir/"], "cannot write newdir/learning_curve.png: the folder newdir does not exist"),
+        (["runs"], "no metrics.csv in runs: it is a folder of runs (a, b); pass one or more of them, e.g. runs/a"),
+        (["runs/a/metrics.csv"], "pass the run folder that holds it (runs/a), not a file"),
+        (["bad/none"], "bad/none: no episode has ended yet in its 2 iteration(s), so there is no return to plot"),
+        (["bad/other"], "bad/other/metrics.csv has no episode_return column"),
+    ],
+)
+def test_plot_refuses_what_it_cannot_draw_or_write_in_one_line(args, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_run(tmp_path / "runs" / "a", ["1.0", "2.0"])
+    write_run(tmp_path / "runs" / "b", ["1.0", "2.0"])
+    (tmp_path / "bad" / "none").mkdir(parents=True)  # iterations shorter than an episode: no return logged
+    (tmp_path / "bad" / "none" / "metrics.csv").write_text("frames,time_s,agent/episode_return\n100,1,\n200,2,nan\n")
+    (tmp_path / "bad" / "other").mkdir()  # some other CSV
+    (tmp_path / "bad" / "other" / "metrics.csv").write_text("frames,time_s,loss\n100,1,0.5\n")
+    assert main(["plot", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.splitlines()) == 1
+    assert not list(tmp_path.rglob("*.png")), "nothing is drawn when the input is refused"
+
+
+# --- marl eval -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "render, message",
+    [
+        ("{tmp}", "cannot write {tmp}: it is a folder; give a file name such as {tmp}/episode.gif"),
+        (
+            "{tmp}/team.mp4",
+            "cannot write {tmp}/team.mp4: --render writes an animated GIF, so give a name ending in .gif",
+        ),
+        ("{tmp}/team", "--render writes an animated GIF"),
+    ],
+)
+def test_eval_refuses_a_render_path_it_cannot_write_before_evaluating(render, message, tmp_path, capsys):
+    # Checked before the checkpoint is even read (c.pt does not exist): Pillow would otherwise fail only
+    # after the whole evaluation, with "unknown file extension: ".
+    render, message = render.format(tmp=tmp_path), message.format(tmp=tmp_path)
+    assert main(["eval", "--checkpoint", "c.pt", "--render", render]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.splitlines()) == 1
+
+
+def fake_result(episodes: int, std: float):
+    return {"returns": {"agent": {"mean": -1.5, "std": std}}, "episodes": episodes, "episode_length": 25.0}
+
+
+def test_eval_names_the_spread_it_prints(monkeypatch, capsys):
+    # "+- 11.09" read as the mean's uncertainty (sqrt(100) times smaller than the episodes' spread),
+    # and one episode printed "+- 0.0000 over 1 episodes".
+    monkeypatch.setattr(marl.app.evaluate, "evaluate", lambda checkpoint, **kwargs: fake_result(100, 11.0931))
+    assert main(["eval", "--checkpoint", "c.pt"]) == 0
+    out = capsys.readouterr().out
+    assert "agent: mean episode return -1.5000 over 100 episodes (std across episodes 11.0931)" in out
+    assert "+-" not in out
+    monkeypatch.setattr(marl.app.evaluate, "evaluate", lambda checkpoint, **kwargs: fake_result(1, 0.0))
+    assert main(["eval", "--checkpoint", "c.pt", "--episodes", "1"]) == 0
+    assert "agent: mean episode return -1.5000 over 1 episode\n" in capsys.readouterr().out
+
+
+def test_eval_says_which_module_registers_the_checkpoints_env(monkeypatch, capsys, tmp_path):
+    # A run trained with --imports my_envs, evaluated from another folder.
+    config = TrainConfig(env=EnvSettings(env="my_counter", imports=("my_envs_not_here",)))
+    monkeypatch.setattr(marl.app.evaluate, "load_checkpoint", lambda path: {"config": config.to_dict()})
+    assert main(["eval", "--checkpoint", "c.pt"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "--imports my_envs_not_here: no module 'my_envs_not_here' is found here: run marl from the folder that "
+        "holds it" in err
+    )
+    # Found, but one of its own imports is missing: that is what the message names.
+    (tmp_path / "my_envs_broken.py").write_text("import a_dependency_not_installed\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = TrainConfig(env=EnvSettings(env="my_counter", imports=("my_envs_broken",)))
+    assert main(["eval", "--checkpoint", "c.pt"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "importing 'my_envs_broken' failed: No module named 'a_dependency_not_installed'" in err
+        and "not found here" not in err
+    )
+
+
+# --- marl bench ----------------------------------------------------------------------------------
+
+SKIP_ALL = ["--quick", "--no-vmas", "--skip", "env", "gae", "train", "target"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--device", "gpu"], "unknown device 'gpu'; expected cpu, cuda, cuda:N or auto"),
+        (["--json", "{tmp}/nodir/b.json"], "--json {tmp}/nodir/b.json: the folder {tmp}/nodir does not exist"),
+        (["--json", "{tmp}"], "--json {tmp}: it is a folder"),
+        (["--jaxmarl-python", "{tmp}/no-python"], "--jaxmarl-python {tmp}/no-python: no such interpreter"),
+        (["--benchmarl-python", "{tmp}/no-python"], "--benchmarl-python {tmp}/no-python: no such interpreter"),
+        (["--torchrl-python", "{python}"], "--torchrl-python {python}: torchrl not installed in that interpreter"),
+    ],
+)
+@pytest.mark.parametrize("entry", ["marl", "bench"])
+def test_bench_refuses_bad_paths_and_devices_before_any_section_runs(argv, message, entry, tmp_path, capsys):
+    import importlib.util
+    import sys
+
+    if "{python}" in " ".join(argv) and importlib.util.find_spec("torchrl") is not None:
+        pytest.skip("torchrl is installed here")
+    argv = [a.format(tmp=tmp_path, python=sys.executable) for a in argv]
+    message = message.format(tmp=tmp_path, python=sys.executable)
+    with pytest.raises(SystemExit) as exit:  # `marl bench` hands its arguments to the benchmark's parser
+        main(["bench", *SKIP_ALL, *argv]) if entry == "marl" else bench_main([*SKIP_ALL, *argv])
+    assert exit.value.code == 2
+    captured = capsys.readouterr()
+    assert f"marl bench: error: {message}" in captured.err and "Traceback" not in captured.err
+    assert "command: marl bench" not in captured.out  # no section started
+
+
+def test_bench_json_is_valid_json_when_a_target_is_not_reached(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(marl.bench.suite, "yardsticks", lambda env_name, device: (0.0, 1.0))
+    monkeypatch.setattr(marl.bench.suite, "time_to_target", lambda config, target: (math.nan, 300_000, 0.5))
+    out = tmp_path / "bench.json"
+    rows = bench_main(["--quick", "--device", "cpu", "--skip", "env", "gae", "train", "--json", str(out)])
+    assert [math.isnan(r["vecmarl"]) for r in rows] == [True, True]
+    # NaN is not JSON (JSON.parse and other strict readers refuse it): a target not reached is null.
+    text = out.read_text()
+    saved = json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
+    assert [r["vecmarl"] for r in saved] == [None, None]
+    printed = capsys.readouterr().out
+    assert "nan: the return did not reach 0.80 within the cap of 300,000 frames" in printed
+
+
+def test_bench_says_the_train_rows_jaxmarl_figure_is_quoted(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(marl.bench.suite, "train_rate", lambda config, warmup, iterations, repeats: 1000.0)
+    rows = bench_main(["--quick", "--device", "cpu", "--skip", "env", "gae", "target"])
+    peers = {r["peer"] for r in rows if r["benchmark"].startswith("spread IPPO")}
+    assert peers == {"JaxMARL (quoted)"}
+    assert "not measured in the run" in " ".join(marl.bench.suite.__doc__.split())
+
+
+def test_bench_help_shows_the_defaults(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for says in ("(default: auto", "(default: 3)", "(default: on)", "(default: 0.8)"):
+        assert says in out
+
+
+# --- marl envs -----------------------------------------------------------------------------------
+
+
+def test_envs_says_what_the_adapter_patterns_take(capsys, monkeypatch):
+    # `vmas/<scenario>` and `pettingzoo/<module.env>` were listed bare: no example, no options, and no
+    # word that they need an extra.
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vmas" else find_spec(name, *a))
+    assert main(["envs"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    vmas = lines[lines.index("vmas/<scenario>") + 1]
+    assert "e.g. vmas/navigation" in vmas and "continuous_actions" in vmas
+    assert vmas.endswith('(not installed: pip install "vecmarl[vmas]")')
+    pettingzoo = lines[lines.index("pettingzoo/<module.env>") + 1]
+    assert "e.g. pettingzoo/mpe2.simple_spread_v3" in pettingzoo and "max_steps" in pettingzoo
+
+
+def test_plot_tells_apart_runs_whose_folders_share_a_name(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    labels = []
+    plot = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(
+        matplotlib.axes.Axes, "plot", lambda self, *a, **k: labels.append(k["label"]) or plot(self, *a, **k)
+    )
+    seed0, seed1 = write_run(tmp_path / "seed0" / "nav", ["1.0"]), write_run(tmp_path / "seed1" / "nav", ["2.0"])
+    other = write_run(tmp_path / "ippo", ["3.0"])
+    assert main(["plot", str(seed0), str(seed1), str(other), "--out", str(tmp_path / "all.png")]) == 0
+    assert labels == [f"{seed0}: agent", f"{seed1}: agent", "ippo: agent"]

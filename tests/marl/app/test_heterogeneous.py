@@ -1,0 +1,170 @@
+"""Heterogeneous groups: per-group configs, a discrete and a continuous group in one run, critics
+that see across groups, and padding."""
+
+import pytest
+import torch
+
+import envs
+from envs.native.speaker_listener import scripted_actions
+from marl.algorithms.ppo import PPOConfig
+from marl.app.trainer import Trainer, make_env
+from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
+from marl.core.models import CriticInput
+
+
+def config(tmp_path, env="speaker_listener", frames=None, **kwargs) -> TrainConfig:
+    run = dict(
+        rollout_length=16,
+        log_dir=str(tmp_path),
+        run_name="run",
+        progress=False,
+        tensorboard=False,
+        checkpoint_every=1000,
+    )
+    return TrainConfig(
+        env=kwargs.pop("env_settings", EnvSettings(env=env, num_envs=32)),
+        algo=kwargs.pop("algo", PPOConfig(minibatch_size=256, epochs=2)),
+        model=kwargs.pop("model", ModelConfig(hidden=(32, 32))),
+        run=RunConfig(total_frames=frames or 32 * 16 * 2, **run),
+        **kwargs,
+    )
+
+
+def test_per_group_configs_reach_their_networks(tmp_path):
+    trainer = Trainer(
+        config(
+            tmp_path,
+            group_overrides={
+                "speaker": {"hidden": (16,), "lr": 3e-3, "activation": "relu", "critic_scope": "agent"},
+                "listener": {"share_params": False},
+            },
+        )
+    )
+    speaker, listener = trainer.algorithm.learners["speaker"], trainer.algorithm.learners["listener"]
+    assert [m.out_features for m in speaker.policy.net.layers if hasattr(m, "out_features")] == [16, 3]
+    assert isinstance(speaker.policy.net.layers[1], torch.nn.ReLU)
+    assert speaker.optimizer.param_groups[0]["lr"] == 3e-3 and listener.optimizer.param_groups[0]["lr"] == 1e-3
+    assert speaker.critic_input.scope == "agent" and listener.critic_input.scope == "global"
+    assert not listener.policy.net.share_params and speaker.policy.net.share_params
+    # The listener's critic sees every group: speaker (3) + listener (11) observations, no agent id.
+    assert listener.critic_input.size == 3 + 11
+
+
+def test_global_critic_input_shapes():
+    env = envs.make("tag", num_envs=5, seed=0)  # predators see 16 numbers, the prey 14
+    groups = env.groups
+    obs = env.reset()
+    observations = {g: obs[g, "observation"] for g in groups}
+    sizes = {g: s.observation.shape[0] for g, s in groups.items()}
+    assert sizes == {"predator": 16, "prey": 14}
+    total = 3 * 16 + 1 * 14
+    for group, n in (("predator", 3), ("prey", 1)):
+        build = CriticInput("global", group, groups, state_size=None, agent_id=True)
+        x = build(observations, None)
+        assert x.shape == (5, n, total + n) and build.size == total + n
+        # Every agent of the group sees the same observations of everyone, then its own one-hot id.
+        torch.testing.assert_close(
+            x[:, 0, :total], torch.cat([observations["predator"].flatten(1), observations["prey"].flatten(1)], -1)
+        )
+        torch.testing.assert_close(x[0, :, total:], torch.eye(n))
+    local = CriticInput("agent", "prey", groups, state_size=None, agent_id=True)
+    assert local(observations, None).shape == (5, 1, 14)
+    time_major = {g: o.expand(7, *o.shape) for g, o in observations.items()}
+    assert CriticInput("group", "predator", groups, None, True)(time_major, None).shape == (7, 5, 3, 3 * 16 + 3)
+
+
+def test_discrete_and_continuous_groups_train_in_one_run(tmp_path):
+    trainer = Trainer(config(tmp_path))
+    before = {g: [p.detach().clone() for p in lr.policy.parameters()] for g, lr in trainer.algorithm.learners.items()}
+    rows = trainer.train()
+    assert {g: type(s.action).__name__ for g, s in trainer.env.groups.items()} == {
+        "speaker": "Discrete",
+        "listener": "Box",
+    }
+    for g, learner in trainer.algorithm.learners.items():
+        assert any(not torch.equal(a, b) for a, b in zip(before[g], learner.policy.parameters())), g
+        assert rows[-1][f"{g}/loss"] == rows[-1][f"{g}/loss"]  # finite, not NaN
+
+
+def test_all_in_one_needs_padding_on_heterogeneous_envs(tmp_path):
+    with pytest.raises(ValueError, match="cannot stack agent 'predator_0'.*pass pad=True"):
+        make_env(config(tmp_path, env_settings=EnvSettings(env="tag", num_envs=16, group_map="all_in_one")), "cpu")
+    # Speaker and listener act differently: padding cannot help.
+    with pytest.raises(ValueError, match="cannot stack agent 'speaker_0'.*keep them in separate groups$"):
+        make_env(
+            config(
+                tmp_path,
+                env_settings=EnvSettings(env="speaker_listener", num_envs=16, group_map="all_in_one", pad=True),
+            ),
+            "cpu",
+        )
+    padded = make_env(
+        config(tmp_path, env_settings=EnvSettings(env="tag", num_envs=16, group_map="all_in_one", pad=True)), "cpu"
+    )
+    assert list(padded.groups) == ["agents"] and padded.groups["agents"].observation.shape == (16 + 2,)
+    envs.check_env(padded)
+
+
+def test_padded_team_trains_as_one_group(tmp_path):
+    trainer = Trainer(
+        config(tmp_path, env_settings=EnvSettings(env="tag", num_envs=32, group_map="all_in_one", pad=True))
+    )
+    rows = trainer.train()
+    assert list(trainer.algorithm.learners) == ["agents"] and len(rows) == 2
+
+
+def mean_return(env, act, steps=25) -> float:
+    obs = env.reset(seed=99)
+    total = torch.zeros(env.num_envs)
+    for _ in range(steps):
+        next_td, obs = env.step(act(obs))
+        total += next_td["listener", "reward"][:, 0, 0]
+    return total.mean().item()
+
+
+def test_short_heterogeneous_training_improves_on_random(tmp_path):
+    trainer = Trainer(
+        config(
+            tmp_path,
+            frames=64 * 25 * 60,
+            env_settings=EnvSettings(env="speaker_listener", num_envs=64),
+            algo=PPOConfig(minibatch_size=800, epochs=4, lr=1e-3, entropy_coef=0.01),
+            model=ModelConfig(hidden=(64, 64)),
+        )
+    )
+    trainer.train()
+    env = envs.make("speaker_listener", num_envs=512, seed=3)
+    policies = {g: lr.policy for g, lr in trainer.algorithm.learners.items()}
+
+    def trained(obs):
+        with torch.no_grad():
+            return {g: (d := p(obs[g, "observation"])).env_action(d.mode()) for g, p in policies.items()}
+
+    generator = torch.Generator().manual_seed(0)
+    learned = mean_return(env, trained)
+    random = mean_return(env, lambda obs: env.sample_actions(generator))
+    scripted = mean_return(env, scripted_actions)
+    assert learned > random + 0.4 * (scripted - random), (learned, random, scripted)
+
+
+def test_unknown_groups_in_overrides_are_errors_naming_the_groups(tmp_path):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown group\(s\) \['speakr'\] in the per-group overrides; .* are \['listener', 'speaker'\]",
+    ):
+        Trainer(config(tmp_path, group_overrides={"speakr": {"lr": 1e-3}}))
+    # After the group map: `all_in_one` puts tag's agents in one group, `agents`.
+    padded = EnvSettings(env="tag", num_envs=32, group_map="all_in_one", pad=True)
+    with pytest.raises(ValueError, match=r"\['predator'\] .* are \['agents'\]"):
+        Trainer(config(tmp_path, env_settings=padded, group_overrides={"predator": {"lr": 1e-3}}))
+    Trainer(config(tmp_path, env_settings=padded, group_overrides={"agents": {"lr": 1e-3}}))
+
+
+def test_the_cli_reports_an_unknown_group_in_one_line(tmp_path, capsys):
+    from marl.app.cli import main
+
+    argv = ["train", "--env", "speaker_listener", "--group", "foo.lr=3e-4", "--log-dir", str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "marl train: error: unknown group(s) ['foo']" in err and "['listener', 'speaker']" in err
+    assert "Traceback" not in err

@@ -1,0 +1,97 @@
+"""Problems found by running torchrun, resume and --compile as a user (none needs a GPU or 2 ranks)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import envs.compile
+from envs.specs import Box, GroupSpec
+from marl.app import distributed
+from marl.core.rollout import EpisodeStats
+
+
+def test_resumed_episode_stats_live_on_the_collectors_device():
+    """Checkpoints load on the CPU (`load_checkpoint`, and `gather_checkpoint` sends every rank's state
+    there): a run resumed on CUDA kept its running returns on the CPU and failed at its first step,
+    adding CUDA rewards to them. `meta` stands in for CUDA here."""
+    groups = {"agent": GroupSpec(["a0", "a1"], Box((4,)), Box((2,), -1.0, 1.0))}
+    stats = EpisodeStats(groups, num_envs=3, device=torch.device("meta"))
+    stats.load_state_dict({"running": {"agent": torch.ones(3, 2)}, "length": torch.full((3,), 5.0)})
+    assert stats.running["agent"].device.type == "meta"
+    assert stats.length.device.type == "meta"
+    stats.update({"agent": torch.zeros(3, 2, device="meta")}, torch.zeros(3, dtype=torch.bool, device="meta"))
+
+
+def test_an_error_of_the_function_itself_is_not_blamed_on_torch_compile(monkeypatch):
+    """An env raising under --compile (here a bad input) printed "torch.compile could not compile ...;
+    running eagerly instead" before the same error came again from the eager run."""
+    monkeypatch.setattr(envs.compile, "_warned", False)
+
+    def step(x):
+        if x.shape[0] == 3:
+            raise ValueError("the env's own error")
+        return x + 1
+
+    compiled = envs.compile.maybe_compile(step, True, torch.device("cpu"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the fallback warning would fail the test
+        with pytest.raises(ValueError, match="the env's own error") as raised:
+            compiled(torch.zeros(3))
+    assert raised.value.__context__ is None  # not chained to a compiler traceback
+
+
+def test_a_compiler_failure_still_falls_back_with_one_warning(monkeypatch):
+    monkeypatch.setattr(envs.compile, "_warned", False)
+
+    def broken_compile(fn, **_):
+        def call(*args, **kwargs):
+            raise RuntimeError("no working C++ compiler")
+
+        return call
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    calls = []
+
+    def step(x):
+        calls.append(1)
+        return x + 1
+
+    compiled = envs.compile.maybe_compile(step, True, torch.device("cpu"))
+    with pytest.warns(RuntimeWarning, match="could not compile .*no working C.. compiler.*running eagerly"):
+        assert torch.equal(compiled(torch.zeros(2)), torch.ones(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(compiled(torch.ones(2)), torch.full((2,), 2.0))
+    assert len(calls) == 2
+
+
+def test_more_ranks_per_node_than_cuda_devices_is_one_clear_error(monkeypatch):
+    """`torchrun --nproc-per-node 2` on a node with one GPU: rank 1 asked torch for cuda:1 and died with
+    a traceback ("invalid device ordinal") instead of saying what to change."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: pytest.fail(f"set_device({device}) was called"))
+    with pytest.raises(ValueError, match=r"LOCAL_RANK=1, but this node has 1 CUDA device.*--nproc-per-node 1"):
+        distributed.setup(torch.device("cuda"), {})
+
+
+def test_resume_hints_name_nodes_and_processes_per_node(monkeypatch):
+    """A job of 2 nodes x 4 ranks was told to resume with `torchrun --nproc-per-node 8`, which starts 8
+    processes on one node: the hints now say `--nnodes 2 --nproc-per-node 4` (torchrun's
+    LOCAL_WORLD_SIZE, saved in the checkpoint)."""
+    assert distributed.launcher(1, 1) == "marl"
+    assert distributed.launcher(4, 4) == "torchrun --nproc-per-node 4 -m marl"
+    assert distributed.launcher(8, 4).startswith("torchrun --nnodes 2 --nproc-per-node 4 ")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    world = distributed.DistributedWorld(rank=0, size=8, device=torch.device("cpu"))
+    assert world.local_size == 4
+    saved = {"world_size": 8, "local_world_size": 4}
+    with pytest.raises(ValueError, match="torchrun --nnodes 2 --nproc-per-node 4 .*-m marl train --resume"):
+        distributed.World().own_checkpoint(saved)
+    with pytest.raises(ValueError, match=r"this job has 2; resume it on 8 rank\(s\) \(e.g. torchrun --nnodes 2"):
+        distributed.DistributedWorld(rank=0, size=2, device=torch.device("cpu")).own_checkpoint(saved)

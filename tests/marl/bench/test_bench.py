@@ -1,0 +1,84 @@
+"""`marl bench`: its sections run and its time-to-target stops where it should."""
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+
+from marl.app.cli import main
+from marl.bench.suite import main as bench_main
+from marl.bench.suite import navigation_config, time_to_target
+
+
+def small_navigation(tmp_path, frames: int):
+    config = navigation_config(frames, False, "cpu", str(tmp_path))
+    return replace(config, env=replace(config.env, num_envs=32), algo=replace(config.algo, minibatch_size=512))
+
+
+def test_time_to_target_stops_at_the_target_or_the_cap(tmp_path):
+    seconds, frames, reached = time_to_target(small_navigation(tmp_path, 20_000), -math.inf)
+    # 100-step episodes, 64-step iterations: episodes end in iterations 2, 4 and 5, the third with a return
+    assert math.isfinite(seconds) and frames == 5 * 32 * 64
+    seconds, frames, reached = time_to_target(small_navigation(tmp_path, 6_000), math.inf)
+    assert math.isnan(seconds) and frames >= 6_000 and math.isfinite(reached)
+
+
+def test_gae_section_prints_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    main(["bench", "--quick", "--device", "cpu", "--skip", "env", "train", "target", "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert "gae elements" in printed and "100x1024x3x1" in printed
+    rows = json.loads(out.read_text())
+    assert [r["benchmark"] for r in rows] == ["gae elements", "gae effective bandwidth"]
+    assert all(r["vecmarl"] > 0 for r in rows)
+
+
+def test_benchmarl_section_needs_a_python_with_benchmarl(tmp_path, capsys):
+    """Without `--benchmarl-python` the section prints nothing; a missing interpreter is named, in one
+    line, before any section runs."""
+    out = tmp_path / "bench.json"
+    main(["bench", "--quick", "--device", "cpu", "--skip", "env", "gae", "train", "target", "--json", str(out)])
+    assert json.loads(out.read_text()) == []
+    capsys.readouterr()
+    missing = str(tmp_path / "no-python")
+    with pytest.raises(SystemExit) as exit:
+        main(["bench", "--quick", "--skip", "env", "gae", "train", "target", "--benchmarl-python", missing])
+    assert exit.value.code == 2
+    assert f"marl bench: error: --benchmarl-python {missing}: no such interpreter" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--repeats", "0"], "argument --repeats: must be >= 1 (timed runs per figure), got 0"),
+        (["--repeats", "-2"], "argument --repeats: must be >= 1"),
+        (["--target", "2"], "argument --target: must be in (0, 1]"),
+        (["--target", "-1"], "argument --target: must be in (0, 1]"),
+        (["--target", "0"], "argument --target: must be in (0, 1]"),
+        (["--target", "nan"], "argument --target: must be in (0, 1]"),
+        (["--target", "most"], "argument --target: expected a number, got 'most'"),
+    ],
+)
+@pytest.mark.parametrize("entry", ["marl", "bench"])
+def test_bad_arguments_are_refused_before_any_section_runs(argv, message, entry, capsys):
+    argv = ["--quick", "--no-vmas", "--skip", "gae", "train", "target", *argv]
+    with pytest.raises(SystemExit) as exit:
+        main(["bench", *argv]) if entry == "marl" else bench_main(argv)
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert f"marl bench: error: {message}" in err and "Traceback" not in err
+
+
+def test_gae_section_times_each_call_repeats_times(monkeypatch, capsys):
+    import kernels.bench.gae
+
+    counts = []
+
+    def fake_median_seconds(calls, repeats, device):
+        counts.append(repeats)
+        return {name: 1e-3 for name in calls}
+
+    monkeypatch.setattr(kernels.bench.gae, "median_seconds", fake_median_seconds)
+    main(["bench", "--quick", "--device", "cpu", "--skip", "env", "train", "target", "--repeats", "7"])
+    assert counts == [7]

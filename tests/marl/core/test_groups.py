@@ -1,0 +1,125 @@
+import pytest
+import torch
+
+import envs
+from marl.core.groups import GroupedEnv
+from tests.marl.echo_env import Echo, EchoConfig
+
+B = 4
+
+
+def echo(green="none"):
+    return Echo(EchoConfig(green=green), num_envs=B, seed=0)
+
+
+def uids(obs, group):
+    return obs[group, "observation"][0, :, 0].tolist()
+
+
+def test_by_type_is_the_env_itself_without_copies():
+    env = echo()
+    grouped = GroupedEnv(env)
+    assert grouped.identity and list(grouped.groups) == ["red", "blue"]
+    action = {"red": torch.zeros(B, 2, 2), "blue": torch.zeros(B, 3, 2)}
+    next_td, _ = grouped.step(action)
+    # The returned TensorDict holds the env's own tensors.
+    assert next_td["red", "observation"].shape == (B, 2, 4)
+
+
+@pytest.mark.parametrize(
+    "group_map, expected",
+    [
+        ("all_in_one", {"agents": ["red_0", "red_1", "blue_0", "blue_1", "blue_2"]}),
+        ("per_agent", {a: [a] for a in ["red_0", "red_1", "blue_0", "blue_1", "blue_2"]}),
+        (
+            {"mixed": ["blue_1", "red_0"], "rest": ["blue_2", "red_1", "blue_0"]},
+            {"mixed": ["blue_1", "red_0"], "rest": ["blue_2", "red_1", "blue_0"]},
+        ),
+    ],
+    ids=["all_in_one", "per_agent", "explicit"],
+)
+def test_round_trip_of_observations_actions_and_rewards(group_map, expected):
+    env = echo()
+    grouped = GroupedEnv(env, group_map)
+    assert {g: list(s.agents) for g, s in grouped.groups.items()} == expected
+    uid = {a: float(i) for i, a in enumerate(env.agents)}
+    obs = grouped.reset(seed=0)
+    for g, agents in expected.items():
+        assert uids(obs, g) == [uid[a] for a in agents]
+    # Give each agent an action equal to a code of its uid, then read back what the env received.
+    action = {
+        g: torch.tensor([[uid[a] / 10, -uid[a] / 10] for a in agents]).expand(B, -1, -1)
+        for g, agents in expected.items()
+    }
+    next_td, obs = grouped.step(action)
+    for g, agents in expected.items():
+        received = next_td[g, "observation"][..., 2:4]
+        torch.testing.assert_close(received, action[g])
+        torch.testing.assert_close(
+            next_td[g, "reward"][..., 0], torch.tensor([uid[a] * 1.1 for a in agents]).expand(B, -1)
+        )
+        assert next_td[g, "done"].shape == (B, len(agents), 1)
+    assert torch.equal(next_td["done"], env.step(env.sample_actions())[0]["done"])
+
+
+@pytest.mark.parametrize(
+    "group_map", ["by_type", "all_in_one", "per_agent", {"x": ["blue_2"], "y": ["red_0", "red_1", "blue_0", "blue_1"]}]
+)
+def test_grouped_env_passes_check_env(group_map):
+    envs.check_env(GroupedEnv(echo(), group_map))
+
+
+def test_grouped_navigation_passes_check_env():
+    envs.check_env(GroupedEnv(envs.make("navigation", num_envs=3, seed=0, max_steps=10), "per_agent"))
+
+
+def test_stacking_different_specs_names_both():
+    with pytest.raises(ValueError) as error:
+        GroupedEnv(echo("small_obs"), "all_in_one")
+    message = str(error.value)
+    assert "cannot stack agent 'red_0' (group 'red': observation Box(shape=(4,)" in message
+    assert "with agent 'green_0' (group 'green': observation Box(shape=(2,)" in message
+    assert "pass pad=True" in message
+
+
+def test_padding_stacks_different_observation_sizes():
+    grouped = GroupedEnv(echo("small_obs"), "all_in_one", pad=True)
+    spec = grouped.groups["agents"]
+    assert spec.observation.shape == (4 + 3,)  # largest observation + one-hot of 3 env groups
+    obs = grouped.reset(seed=1)["agents", "observation"]
+    assert obs.shape == (B, 6, 7)
+    # green_0 (last) sees 2 numbers, zero padding, then the one-hot of type 2.
+    torch.testing.assert_close(obs[:, 5, 2:4], torch.zeros(B, 2))
+    torch.testing.assert_close(obs[:, 5, 4:], torch.tensor([0.0, 0.0, 1.0]).expand(B, 3))
+    torch.testing.assert_close(obs[:, 0, 4:], torch.tensor([1.0, 0.0, 0.0]).expand(B, 3))
+    envs.check_env(grouped)
+
+
+def test_padding_needs_matching_actions():
+    with pytest.raises(ValueError, match="their specs differ; keep them in separate groups$"):
+        GroupedEnv(echo("discrete"), "all_in_one", pad=True)
+    with pytest.raises(ValueError, match="pad=True only applies to group_map='all_in_one'"):
+        GroupedEnv(echo(), "per_agent", pad=True)
+
+
+@pytest.mark.parametrize(
+    "group_map, message",
+    [
+        ("by_colour", "unknown group map 'by_colour'"),
+        ({"a": ["red_0", "nobody"]}, "names unknown agent 'nobody'"),
+        ({"a": ["red_0"], "b": ["red_0"]}, "agent 'red_0' is in both group 'a' and group 'b'"),
+        ({"a": ["red_0", "red_1"]}, r"leaves out agents \['blue_0', 'blue_1', 'blue_2'\]"),
+        ({"a": "red_0"}, "must list one or more agent names"),
+    ],
+)
+def test_bad_group_maps(group_map, message):
+    with pytest.raises(ValueError, match=message):
+        GroupedEnv(echo(), group_map)
+
+
+def test_bad_action_shape_for_a_regrouped_group():
+    grouped = GroupedEnv(echo(), "all_in_one")
+    with pytest.raises(ValueError, match=r"action for group 'agents' has shape \(4, 4, 2\), expected \(4, 5, 2\)"):
+        grouped.step({"agents": torch.zeros(B, 4, 2)})
+    with pytest.raises(KeyError, match="missing"):
+        grouped.step({"red": torch.zeros(B, 2, 2)})

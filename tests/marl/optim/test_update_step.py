@@ -1,0 +1,110 @@
+"""marl.optim.update_step: the compiled one-graph step does what the eager step does (autograd, per-net
+clipping, torch's fused Adam), here run eagerly on two groups with different settings."""
+
+import pytest
+import torch
+
+from marl.algorithms.ppo import LOSS_TERMS, PPOConfig
+from marl.app.trainer import Trainer
+from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
+from marl.optim.update_step import Trainable, UpdateStep, _adam_, adam, adam_step_scalars
+
+
+def config(tmp_path) -> TrainConfig:
+    return TrainConfig(
+        env=EnvSettings(env="speaker_listener", num_envs=16),
+        algo=PPOConfig(minibatch_size=128, epochs=2, lr_schedule="linear", max_grad_norm=0.05),
+        model=ModelConfig(hidden=(16, 16)),
+        run=RunConfig(total_frames=16 * 16 * 10, rollout_length=16, log_dir=str(tmp_path), progress=False),
+        # A discrete and a continuous group; one without clipping, one with its own lr and Adam eps.
+        group_overrides={"speaker": {"max_grad_norm": 0.0, "lr": 1e-3}, "listener": {"adam_eps": 1e-6}},
+    )
+
+
+def fused_step(trainer: Trainer) -> UpdateStep:
+    """The trainer's update step taken as the compiled one is, but run eagerly (no compiling in a test)."""
+    step = trainer.algorithm.step
+    fused = UpdateStep(step.trainables, step.loss, trainer.device, trainer.world, compile=True)
+    fused._fused_step = fused._fused_step_eager
+    return fused
+
+
+def test_fused_step_equals_the_eager_update(tmp_path):
+    trainers = [Trainer(config(tmp_path), run_dir=tmp_path / name) for name in ("eager", "fused")]
+    eager, fused = trainers
+    assert not eager.algorithm.step.fused
+    fused.algorithm.step = fused_step(fused)
+    learners = fused.algorithm.learners
+    # 10 iterations: a systematic difference (Adam's scalars in float32) grew past the tolerance by then.
+    for iteration in range(10):
+        terms = []
+        for trainer in trainers:
+            frames = iteration * trainer.frames_per_iteration  # the annealed lr differs per iteration
+            trainer.algorithm.begin_iteration(frames, trainer.config.run.total_frames)
+            buffer = trainer.collector.collect()
+            trainer.algorithm.advantages(buffer)
+            terms.append(trainer.algorithm.epochs(buffer))
+        for g in learners:
+            for name in (*LOSS_TERMS, "policy_grad_norm", "critic_grad_norm"):
+                torch.testing.assert_close(terms[0][g][name], terms[1][g][name], rtol=1e-5, atol=1e-6, equal_nan=True)
+            for net in ("policy", "critic"):
+                ours = getattr(fused.algorithm.learners[g], net).parameters()
+                for a, b in zip(getattr(eager.algorithm.learners[g], net).parameters(), ours, strict=True):
+                    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+            state = fused.algorithm.learners[g].optimizer.state_dict()["state"]
+            assert all(s["step"].item() == (iteration + 1) * 4 for s in state.values())
+    # The clipped group's norms are recorded; the unclipped one's are not measured: NaN, as in the eager update.
+    assert terms[1]["listener"]["policy_grad_norm"] > 0
+    assert terms[1]["speaker"]["policy_grad_norm"].isnan()
+
+
+def test_the_optimiser_must_hold_the_nets_parameters_in_order():
+    policy, critic = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
+    nets = {"policy": policy, "critic": critic}
+    wrong = adam([*critic.parameters(), *policy.parameters()], lr=1e-3, eps=1e-5)
+    with pytest.raises(ValueError, match="group 'g': the optimiser must hold its nets' parameters, in order"):
+        UpdateStep({"g": Trainable(nets, wrong, 1.0)}, lambda: None, torch.device("cpu"), world=None)
+
+
+def test_written_out_adam_follows_torchs_fused_adam_over_many_steps():
+    """`_adam_` with `adam_step_scalars` against `torch.optim.Adam(fused=True)` over 1000 annealed steps:
+    no systematic drift (computing the lr and `beta ** step` in float32 drifted here past the tolerance)."""
+    generator = torch.Generator().manual_seed(0)
+    params = [torch.randn(64, 64, generator=generator), torch.randn(64, generator=generator)]
+    reference = [p.clone().requires_grad_() for p in params]
+    optimizer = torch.optim.Adam(reference, lr=2.5e-4, eps=1e-5, fused=True)
+    ours = [p.clone() for p in params]
+    exp_avgs, exp_avg_sqs = [torch.zeros_like(p) for p in ours], [torch.zeros_like(p) for p in ours]
+    steps = torch.zeros(len(ours))
+    for step in range(1000):
+        grads = [torch.randn(p.shape, generator=generator) * 1e-3 for p in params]
+        optimizer.param_groups[0]["lr"] = 2.5e-4 * (1 - step / 1000)
+        for p, g in zip(reference, grads):
+            p.grad = g.clone()
+        optimizer.step()
+        steps.add_(1)
+        scalars = adam_step_scalars(steps, optimizer.param_groups[0]["lr"], 0.9, 0.999)
+        _adam_(ours, grads, exp_avgs, exp_avg_sqs, *scalars, 0.9, 0.999, 1e-5)
+    for a, b in zip(reference, ours):
+        torch.testing.assert_close(a.detach(), b, rtol=0, atol=2e-7)
+
+
+def test_the_step_compiles_in_one_trace(tmp_path):
+    """The compiled step is traced once. A Python float met while tracing (the critic's float64 target
+    count was one, reached by `functional_call`'s search for tied weights) becomes a symbol that
+    AOTAutograd specialises by restarting the whole trace: ~3 s more of compiling with a cold cache."""
+    torch._dynamo.reset()
+    trainer = Trainer(config(tmp_path), run_dir=tmp_path / "run")
+    traces = []
+
+    def counting_aot_eager(graph, example_inputs):  # AOTAutograd's passes without Inductor's codegen
+        traces.append(graph)
+        return torch._dynamo.lookup_backend("aot_eager")(graph, example_inputs)
+
+    step = fused_step(trainer)
+    step._fused_step = torch.compile(step._fused_step_eager, backend=counting_aot_eager, dynamic=False)
+    buffer = trainer.collector.collect()
+    trainer.algorithm.advantages(buffer)
+    flat, state = trainer.algorithm.update_inputs(buffer)
+    step(flat, state, torch.arange(128))
+    assert len(traces) == 1
