@@ -123,6 +123,10 @@ class RunConfig:
     """With --compile, on native envs: env steps per compiled rollout call. Each call has a fixed cost
     (guards, wrapper), which matters at small batches; each doubling roughly doubles the rollout's
     compile time. Must divide rollout_length."""
+    save_buffer: bool = False
+    """With an algorithm that learns from a replay buffer: save the buffer in checkpoints too (it can be
+    large: its size is printed at the start), so that a resumed run continues exactly; without it a
+    resumed run starts with an empty buffer."""
     progress: bool = True
     """Show a progress bar."""
     tensorboard: bool = True

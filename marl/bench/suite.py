@@ -11,6 +11,9 @@ Rows, each the median of repeats, with the peer measured in the same run (but se
   and with `compile=True`; random actions, finished envs reset the way each library's users do;
 - gae: elements/s and effective GB/s of `kernels.gae` (vs TorchRL's `generalized_advantage_estimate`,
   run in the given TorchRL interpreter);
+- replay: calls/s of the replay buffer's extend, sample and priority update, uniform and prioritized,
+  at 1M navigation transitions (vs TorchRL's buffer with the same storage and sampler, in the TorchRL
+  interpreter; `python -m marl.bench.replay` has the full table);
 - train: frames/s of whole training iterations (collect + advantages + update), eager and
   `--compile`, for the default `marl train` config on `navigation` and for JaxMARL's `ippo_ff_mpe`
   config (16 envs x 128 steps, 4 epochs x 4 minibatches, MLP 64-64 tanh, lr 2.5e-4 annealed, ...) on
@@ -250,7 +253,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--skip",
         nargs="+",
         default=[],
-        choices=["env", "gae", "train", "target", "benchmarl"],
+        choices=["env", "gae", "replay", "train", "target", "benchmarl"],
         help="sections to leave out",
     )
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
@@ -395,6 +398,8 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
                 )
                 emit("gae", "gae effective bandwidth", label, ours["gb_per_s"], "GB/s")
     with tempfile.TemporaryDirectory() as log_dir:
+        if "replay" not in args.skip:
+            replay_rows(device, quick, repeats, args.torchrl_python, emit)
         if "train" not in args.skip:
             iterations = 2 if quick else 5
             for compiled in (False, True):
@@ -444,6 +449,30 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
         safe = [{k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in r.items()} for r in rows]
         Path(args.json).write_text(json.dumps(safe, indent=2, allow_nan=False))
     return rows
+
+
+def replay_rows(device: str, quick: bool, repeats: int, torchrl_python: str | None, emit) -> None:
+    """The replay buffer's extend, sample and priority update at 1M navigation transitions (65,536 with
+    `--quick`), against TorchRL's buffer with the same storage and sampler (`marl.bench.replay`)."""
+    from marl.bench.replay import bench_replay
+
+    capacity = 65_536 if quick else 1_000_000
+    batch_sizes = (128,) if quick else (128, 4096)
+    report = bench_replay(
+        capacity, batch_sizes=batch_sizes, repeats=repeats * 4, device=device, peer_python=torchrl_python
+    )
+    for row in report["rows"]:
+        theirs = 1e3 / row["torchrl_ms"] if row["torchrl_ms"] else None
+        peer = "TorchRL" if theirs else None
+        emit(
+            "replay",
+            f"{row['call']} {row['sampler']}",
+            f"{capacity:,} cap",
+            1e3 / row["vecmarl_ms"],
+            "calls/s",
+            peer,
+            theirs,
+        )
 
 
 def against_benchmarl(python: str, frames: int, repeats: int, emit) -> None:

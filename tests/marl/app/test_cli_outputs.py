@@ -128,7 +128,7 @@ def test_eval_says_which_module_registers_the_checkpoints_env(monkeypatch, capsy
 
 # --- marl bench ----------------------------------------------------------------------------------
 
-SKIP_ALL = ["--quick", "--no-vmas", "--skip", "env", "gae", "train", "target"]
+SKIP_ALL = ["--quick", "--no-vmas", "--skip", "env", "replay", "gae", "train", "target"]
 
 
 @pytest.mark.parametrize(
@@ -163,7 +163,7 @@ def test_bench_json_is_valid_json_when_a_target_is_not_reached(tmp_path, monkeyp
     monkeypatch.setattr(marl.bench.suite, "yardsticks", lambda env_name, device: (0.0, 1.0))
     monkeypatch.setattr(marl.bench.suite, "time_to_target", lambda config, target: (math.nan, 300_000, 0.5))
     out = tmp_path / "bench.json"
-    rows = bench_main(["--quick", "--device", "cpu", "--skip", "env", "gae", "train", "--json", str(out)])
+    rows = bench_main(["--quick", "--device", "cpu", "--skip", "env", "replay", "gae", "train", "--json", str(out)])
     assert [math.isnan(r["vecmarl"]) for r in rows] == [True, True]
     # NaN is not JSON (JSON.parse and other strict readers refuse it): a target not reached is null.
     text = out.read_text()
@@ -175,7 +175,7 @@ def test_bench_json_is_valid_json_when_a_target_is_not_reached(tmp_path, monkeyp
 
 def test_bench_says_the_train_rows_jaxmarl_figure_is_quoted(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(marl.bench.suite, "train_rate", lambda config, warmup, iterations, repeats: 1000.0)
-    rows = bench_main(["--quick", "--device", "cpu", "--skip", "env", "gae", "target"])
+    rows = bench_main(["--quick", "--device", "cpu", "--skip", "env", "replay", "gae", "target"])
     peers = {r["peer"] for r in rows if r["benchmark"].startswith("spread IPPO")}
     assert peers == {"JaxMARL (quoted)"}
     assert "not measured in the run" in " ".join(marl.bench.suite.__doc__.split())

@@ -26,7 +26,7 @@ def test_time_to_target_stops_at_the_target_or_the_cap(tmp_path):
 
 def test_gae_section_prints_and_writes_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    main(["bench", "--quick", "--device", "cpu", "--skip", "env", "train", "target", "--json", str(out)])
+    main(["bench", "--quick", "--device", "cpu", "--skip", "env", "replay", "train", "target", "--json", str(out)])
     printed = capsys.readouterr().out
     assert "gae elements" in printed and "100x1024x3x1" in printed
     rows = json.loads(out.read_text())
@@ -38,12 +38,14 @@ def test_benchmarl_section_needs_a_python_with_benchmarl(tmp_path, capsys):
     """Without `--benchmarl-python` the section prints nothing; a missing interpreter is named, in one
     line, before any section runs."""
     out = tmp_path / "bench.json"
-    main(["bench", "--quick", "--device", "cpu", "--skip", "env", "gae", "train", "target", "--json", str(out)])
+    main(
+        ["bench", "--quick", "--device", "cpu", "--skip", "env", "replay", "gae", "train", "target", "--json", str(out)]
+    )
     assert json.loads(out.read_text()) == []
     capsys.readouterr()
     missing = str(tmp_path / "no-python")
     with pytest.raises(SystemExit) as exit:
-        main(["bench", "--quick", "--skip", "env", "gae", "train", "target", "--benchmarl-python", missing])
+        main(["bench", "--quick", "--skip", "env", "replay", "gae", "train", "target", "--benchmarl-python", missing])
     assert exit.value.code == 2
     assert f"marl bench: error: --benchmarl-python {missing}: no such interpreter" in capsys.readouterr().err
 
@@ -62,7 +64,7 @@ def test_benchmarl_section_needs_a_python_with_benchmarl(tmp_path, capsys):
 )
 @pytest.mark.parametrize("entry", ["marl", "bench"])
 def test_bad_arguments_are_refused_before_any_section_runs(argv, message, entry, capsys):
-    argv = ["--quick", "--no-vmas", "--skip", "gae", "train", "target", *argv]
+    argv = ["--quick", "--no-vmas", "--skip", "gae", "replay", "train", "target", *argv]
     with pytest.raises(SystemExit) as exit:
         main(["bench", *argv]) if entry == "marl" else bench_main(argv)
     assert exit.value.code == 2
@@ -80,5 +82,5 @@ def test_gae_section_times_each_call_repeats_times(monkeypatch, capsys):
         return {name: 1e-3 for name in calls}
 
     monkeypatch.setattr(kernels.bench.gae, "median_seconds", fake_median_seconds)
-    main(["bench", "--quick", "--device", "cpu", "--skip", "env", "train", "target", "--repeats", "7"])
+    main(["bench", "--quick", "--device", "cpu", "--skip", "env", "replay", "train", "target", "--repeats", "7"])
     assert counts == [7]

@@ -1,0 +1,464 @@
+"""A replay buffer on the env's device: every group's transitions under one index, uniform or prioritized.
+
+Storage is preallocated ring storage of `capacity` env steps. Per group (`[capacity, n, ...]`):
+`observation`, `next_observation` (the true one, before any auto-reset), `action` (the policy's raw action),
+`reward`, `terminated`, `done` (`[capacity, n]`, as `marl.core.rollout` stores them), and `action_mask`
+where the group has one; at the root `state` and `next_state` where the env has a global state. Slot `i`
+of every tensor is the same env step, so one sampled index gives every group's view of that step (MADDPG
+and QMIX critics read the other agents' observations and actions).
+
+    buffer = ReplayBuffer.for_env(env, capacity=1_000_000, prioritized=Prioritized(alpha=0.6, beta=0.4))
+    buffer.extend(collector.collect())          # a [T, B] rollout: T * B env steps, time-major order
+    batch = buffer.sample(256, generator)       # TensorDict [256]: groups, "index", "weight"
+    buffer.update_priority(batch["index"], {g: td_error[g].abs() for g in groups})
+
+Nothing in `extend`, `sample` or `update_priority` reads a device value on the host, and none of them loops
+over envs, agents or steps: the write position and fill count are device tensors (`position`, `size`), and
+a host mirror of the fill count (`len(buffer)`), known from the shapes alone, serves the argument checks.
+Value checks (priorities negative, NaN or infinite; indices out of range) do read the device, so they run
+only with `check_values=True`, as for envs.
+
+Prioritized sampling (Schaul et al. 2016): priorities `p = (priority + eps) ** alpha` live in a float64
+sum tree (`kernels.sum_tree`); a batch of `k` is drawn stratified, one draw in each `k`-th of the total;
+the importance weight of draw `i` is `w_i = (N * P(i)) ** -beta / max_j (N * P(j)) ** -beta` over the
+batch's draws `j` (so at most 1); new items enter at the largest priority given so far (1 before any).
+An index repeated in one `update_priority` call keeps the largest of its priorities (not the last one
+written: that order is not kept on a GPU).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from envs.specs import Box, GroupSpec
+from kernels.sum_tree import sum_tree_find, sum_tree_nbytes, sum_tree_update_, sum_tree_zeros
+from marl.core.distributions import raw_action_dtype
+
+Key = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Prioritized:
+    """Proportional prioritized replay."""
+
+    alpha: float = 0.6
+    """How strongly priorities shape the draws: `P(i) ~ (priority_i + eps) ** alpha`; 0 is uniform."""
+    beta: float = 0.4
+    """Importance-weight exponent: 1 fully corrects the bias of prioritized draws, 0 not at all."""
+    eps: float = 1e-8
+    """Added to every priority, so an item whose TD error is 0 can still be drawn (must be > 0)."""
+    reduce: Literal["max", "mean"] = "max"
+    """How a priority per agent (a group's `[k, n]`, or several groups') becomes one per env step."""
+
+    def __post_init__(self) -> None:
+        for name, value, low, high in (("alpha", self.alpha, 0.0, math.inf), ("beta", self.beta, 0.0, 1.0)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+                raise ValueError(f"Prioritized: {name} = {value!r}, expected a float in [{low}, {high}]")
+        if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) or not 0.0 < self.eps < math.inf:
+            raise ValueError(f"Prioritized: eps = {self.eps!r}, expected a float > 0")
+        if self.reduce not in ("max", "mean"):
+            raise ValueError(f"Prioritized: reduce = {self.reduce!r}, expected 'max' or 'mean'")
+
+
+def replay_layout(
+    groups: Mapping[str, GroupSpec], state_spec: Box | None = None
+) -> dict[Key, tuple[tuple, torch.dtype]]:
+    """What one stored env step holds: `{key: (shape without the capacity dim, dtype)}`, keys as in the
+    rollout (`(group, "observation")`, ..., `("state",)`)."""
+    layout: dict[Key, tuple[tuple, torch.dtype]] = {}
+    for g, spec in groups.items():
+        n, observation = spec.n_agents, spec.observation
+        layout[(g, "observation")] = ((n, *observation.shape), observation.dtype)
+        layout[(g, "next_observation")] = ((n, *observation.shape), observation.dtype)
+        layout[(g, "action")] = ((n, *spec.action.shape), raw_action_dtype(spec.action))
+        layout[(g, "reward")] = ((n,), torch.float32)
+        layout[(g, "terminated")] = ((n,), torch.bool)
+        layout[(g, "done")] = ((n,), torch.bool)
+        if spec.has_action_mask:
+            layout[(g, "action_mask")] = ((n, spec.action.n), torch.bool)
+    if state_spec is not None:
+        layout[("state",)] = (tuple(state_spec.shape), state_spec.dtype)
+        layout[("next_state",)] = (tuple(state_spec.shape), state_spec.dtype)
+    return layout
+
+
+def replay_nbytes(
+    groups: Mapping[str, GroupSpec], capacity: int, state_spec: Box | None = None, prioritized: bool = False
+) -> int:
+    """Bytes a `ReplayBuffer` of these specs and `capacity` allocates (storage, and the sum tree when
+    prioritized), computed before allocating anything."""
+    per_step = sum(math.prod(shape) * _itemsize(dtype) for shape, dtype in replay_layout(groups, state_spec).values())
+    return capacity * per_step + (sum_tree_nbytes(capacity) if prioritized else 0)
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Memory free for a new allocation on `device` (the CPU: the kernel's MemAvailable), or None if unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo") as meminfo:
+                line = next(line for line in meminfo if line.startswith("MemAvailable:"))
+            return int(line.split()[1]) * 1024
+        except (OSError, StopIteration, ValueError):
+            try:
+                return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            except (ValueError, OSError, AttributeError):
+                return None
+    return None
+
+
+def format_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def _shape(shape) -> str:
+    return str(tuple(shape))
+
+
+class ReplayBuffer:
+    """Ring storage of every group's transitions on one device; see the module docstring.
+
+    Args:
+        groups: group name -> spec (`env.groups`; a `GroupedEnv`'s for another group map).
+        capacity: how many env steps it keeps; the oldest are overwritten first.
+        device: where the storage lives (the env's device).
+        state_spec: the env's global state spec, if it has one (`env.state_spec`).
+        prioritized: `Prioritized(...)` for prioritized sampling; None for uniform.
+        check_values: also check the values of `update_priority`'s arguments (non-negative, finite
+            priorities; indices of stored items). That reads the device from the host: a sync per call.
+        backend: the sum tree's implementation (`kernels.sum_tree`): `"auto"`, `"triton"`, `"torch"`.
+
+    Raises `MemoryError` before allocating when `nbytes` exceeds the memory free on `device`.
+    """
+
+    def __init__(
+        self,
+        groups: Mapping[str, GroupSpec],
+        capacity: int,
+        device: torch.device | str = "cpu",
+        *,
+        state_spec: Box | None = None,
+        prioritized: Prioritized | None = None,
+        check_values: bool = False,
+        backend: str = "auto",
+    ) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"ReplayBuffer: capacity must be a positive int, got {capacity!r}")
+        if prioritized is not None and not isinstance(prioritized, Prioritized):
+            raise TypeError(f"ReplayBuffer: prioritized must be a Prioritized(...) or None, got {prioritized!r}")
+        self.groups = dict(groups)
+        self.capacity = capacity
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.state_spec = state_spec
+        self.prioritized = prioritized
+        self.check_values = check_values
+        self.backend = backend
+        self.layout = replay_layout(self.groups, state_spec)
+        self.nbytes = replay_nbytes(self.groups, capacity, state_spec, prioritized is not None)
+        self._check_fits()
+        try:
+            self.storage = {
+                key: torch.zeros((capacity, *shape), dtype=dtype, device=self.device)
+                for key, (shape, dtype) in self.layout.items()
+            }
+            self.tree = sum_tree_zeros(capacity, self.device) if prioritized else None
+        except torch.OutOfMemoryError as error:
+            raise MemoryError(self._too_large(free_bytes(self.device))) from error
+        self.position = torch.zeros((), dtype=torch.int64, device=self.device)  # next slot written
+        self.size = torch.zeros((), dtype=torch.int64, device=self.device)  # slots filled: [0, size)
+        self.max_priority = torch.ones((), dtype=torch.float64, device=self.device)  # before alpha
+        self._count = 0  # host mirror of `size`, from the shapes extended
+        self._aranges: dict[int, torch.Tensor] = {}
+
+    @classmethod
+    def for_env(cls, env, capacity: int, **options) -> ReplayBuffer:
+        """A buffer for `env`'s groups, global state and device."""
+        return cls(env.groups, capacity, env.device, state_spec=env.state_spec, **options)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __repr__(self) -> str:
+        kind = f"prioritized {self.prioritized}" if self.prioritized else "uniform"
+        return (
+            f"ReplayBuffer({len(self)}/{self.capacity} env steps, groups {list(self.groups)}, {kind}, "
+            f"{format_bytes(self.nbytes)} on {self.device})"
+        )
+
+    # ---- memory ----------------------------------------------------------------------------------
+
+    def _too_large(self, free: int | None) -> str:
+        per_step = (self.nbytes - (sum_tree_nbytes(self.capacity) if self.prioritized else 0)) / self.capacity
+        fits = "" if free is None else f"; at most about {int(free // max(per_step, 1)):,} env steps would fit"
+        where = "unknown" if free is None else format_bytes(free)
+        return (
+            f"replay buffer of capacity {self.capacity:,} needs {format_bytes(self.nbytes)} "
+            f"({per_step:.0f} bytes per env step over groups {list(self.groups)}) but {where} is free on "
+            f"{self.device}: lower the capacity{fits}"
+        )
+
+    def _check_fits(self) -> None:
+        free = free_bytes(self.device)
+        if free is not None and self.nbytes > free:
+            raise MemoryError(self._too_large(free))
+
+    # ---- extend ----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def extend(self, data: TensorDictBase) -> None:
+        """Append every env step of `data`: a rollout `[T, B]` (or any batch dims, flattened in row-major,
+        i.e. time-major, order). Where it holds more than `capacity` steps only the last `capacity` are
+        kept. Keys not in the layout (e.g. `log_prob`) are not stored."""
+        tensors, batch = self._check_extend(data)
+        num_steps = math.prod(batch)
+        if num_steps == 0:
+            return
+        skipped = max(0, num_steps - self.capacity)  # steps overwritten within this same call
+        kept = num_steps - skipped
+        slots = (self._arange(kept) + (self.position + skipped)).remainder_(self.capacity)  # [kept]
+        for key, value in tensors.items():
+            flat = value.reshape(num_steps, *value.shape[len(batch) :])[skipped:]
+            self.storage[key].index_copy_(0, slots, flat)
+        if self.tree is not None:
+            leaf = self.max_priority.pow(self.prioritized.alpha).expand(kept).contiguous()
+            sum_tree_update_(self.tree, slots, leaf, backend=self.backend)
+        self.position.add_(num_steps).remainder_(self.capacity)
+        self.size.add_(num_steps).clamp_(max=self.capacity)
+        self._count = min(self._count + num_steps, self.capacity)
+
+    def _arange(self, n: int) -> torch.Tensor:
+        arange = self._aranges.get(n)
+        if arange is None:
+            arange = self._aranges[n] = torch.arange(n, device=self.device)
+        return arange
+
+    def _check_extend(self, data: TensorDictBase) -> tuple[dict[Key, torch.Tensor], tuple[int, ...]]:
+        if not isinstance(data, TensorDictBase):
+            raise TypeError(
+                f"extend takes the TensorDict [T, B] that marl.core.rollout collects, got {type(data).__name__}"
+            )
+        batch = tuple(data.batch_size)
+        if not batch:
+            raise ValueError("extend: data has batch_size []; expected [T, B] (or [N]) env steps")
+        present = set(data.keys(include_nested=True, leaves_only=True))
+        tensors = {}
+        for key, (shape, dtype) in self.layout.items():
+            where = f"group {key[0]!r}, key {key[1]!r}" if len(key) == 2 else f"key {key[0]!r} (env state)"
+            expected = (*batch, *shape)
+            if (key if len(key) > 1 else key[0]) not in present:
+                got = sorted("/".join(k) if isinstance(k, tuple) else k for k in present)
+                raise KeyError(
+                    f"extend: {where} is missing from the data; expected a tensor of shape {_shape(expected)} "
+                    f"and dtype {dtype} (got keys {got})"
+                )
+            value = data.get(key if len(key) > 1 else key[0])
+            if tuple(value.shape) != expected:
+                raise ValueError(
+                    f"extend: {where} has shape {_shape(value.shape)}, expected {_shape(expected)} "
+                    f"(batch {list(batch)} + {_shape(shape)} per env step)"
+                )
+            if value.dtype != dtype:
+                raise TypeError(f"extend: {where} has dtype {value.dtype}, expected {dtype} (shape {_shape(expected)})")
+            if value.device != self.device:
+                raise ValueError(
+                    f"extend: {where} is on {value.device}, expected {self.device} like the buffer "
+                    f"(shape {_shape(expected)})"
+                )
+            tensors[key] = value
+        return tensors, batch
+
+    # ---- sample ----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> TensorDict:
+        """Draw `batch_size` stored env steps, with replacement: uniformly, or by priority.
+
+        Returns a TensorDict `[batch_size]` on the buffer's device with every group's keys (as stored),
+        `state`/`next_state` where the env has them, `"index"` (int64, the slots drawn, for
+        `update_priority`) and, when prioritized, `"weight"` (float32 importance weights, at most 1).
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"sample: batch_size must be a positive int, got {batch_size!r}")
+        if batch_size > self._count:
+            raise ValueError(
+                f"sample: batch_size {batch_size} is larger than the {self._count} env steps stored "
+                f"(capacity {self.capacity}); extend the buffer first, or draw fewer"
+            )
+        if generator is not None and torch.device(generator.device).type != self.device.type:
+            raise ValueError(f"sample: the generator is on {generator.device}, expected {self.device} like the buffer")
+        out: dict = {}
+        if self.tree is None:
+            index = torch.randint(self._count, (batch_size,), generator=generator, device=self.device)
+        else:
+            # Stratified: draw i falls in the i-th of batch_size equal slices of the total priority.
+            fraction = torch.rand(batch_size, dtype=torch.float64, generator=generator, device=self.device)
+            fraction.add_(self._arange(batch_size)).div_(batch_size)
+            index, leaf = sum_tree_find(self.tree, fraction, backend=self.backend)
+            # (N P_i)^-beta / max_j (N P_j)^-beta = (min_j p_j / p_i)^beta: N and the total cancel.
+            out["weight"] = leaf.amin().div(leaf).pow_(self.prioritized.beta).float()
+        for key, storage in self.storage.items():
+            group = out.setdefault(key[0], {}) if len(key) == 2 else out
+            group[key[-1]] = storage.index_select(0, index)
+        out["index"] = index
+        return TensorDict(out, batch_size=[batch_size], device=self.device)
+
+    # ---- priorities ------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def update_priority(
+        self, index: torch.Tensor, priority: torch.Tensor | Mapping[str, torch.Tensor] | TensorDictBase
+    ) -> None:
+        """Set the priorities of the stored env steps `index` (from `sample`'s `"index"`).
+
+        `priority` is non-negative (e.g. `|TD error|`): a tensor `[k]` (one per env step), `[k, n]` or
+        `[k, n, 1]` (per agent), or a mapping group -> `[k, n]` / `[k, n, 1]` for any of the groups; agents
+        (of all groups given) are reduced to one priority per env step by `prioritized.reduce`. An index
+        repeated within a call keeps the largest of its priorities.
+        """
+        if self.tree is None:
+            raise RuntimeError(
+                "update_priority: this buffer samples uniformly; build it with prioritized=Prioritized()"
+            )
+        reduced = self._check_priority(index, priority)
+        if self.check_values:
+            self._check_priority_values(index, reduced)
+        p = reduced.double() + self.prioritized.eps  # [k]
+        torch.maximum(self.max_priority, p.amax(), out=self.max_priority)
+        sum_tree_update_(self.tree, index, p.pow_(self.prioritized.alpha), backend=self.backend)
+
+    def _check_priority(self, index, priority) -> torch.Tensor:
+        if not isinstance(index, torch.Tensor):
+            raise TypeError(
+                f"update_priority: index must be a torch.Tensor (sample's 'index'), got {type(index).__name__}"
+            )
+        if index.dim() != 1 or index.dtype not in (torch.int64, torch.int32):
+            raise ValueError(
+                f"update_priority: index has shape {_shape(index.shape)} and dtype {index.dtype}; expected int64 (k,)"
+            )
+        if index.device != self.device:
+            raise ValueError(f"update_priority: index is on {index.device}, expected {self.device} like the buffer")
+        k = index.shape[0]
+        if isinstance(priority, torch.Tensor):
+            per_group = {None: priority}
+        elif isinstance(priority, (Mapping, TensorDictBase)):
+            per_group = {g: priority[g] for g in priority.keys()}
+            if not per_group:
+                raise ValueError("update_priority: priority is an empty mapping; give at least one group")
+        else:
+            raise TypeError(
+                f"update_priority: priority must be a tensor or a mapping group -> tensor, got {type(priority).__name__}"
+            )
+        columns = []
+        for g, value in per_group.items():
+            where = "priority" if g is None else f"priority of group {g!r}"
+            if g is not None and g not in self.groups:
+                raise KeyError(f"update_priority: group {g!r} is not in the buffer; its groups: {list(self.groups)}")
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"update_priority: {where} must be a tensor, got {type(value).__name__}")
+            n = None if g is None else self.groups[g].n_agents
+            expected = f"({k},), ({k}, n) or ({k}, n, 1)" if n is None else f"({k}, {n}) or ({k}, {n}, 1)"
+            shape = tuple(value.shape)
+            fits = shape[:1] == (k,) and (
+                (len(shape) == 1 and n is None)
+                or (len(shape) == 2 and n in (None, shape[1]))
+                or (len(shape) == 3 and n in (None, shape[1]) and shape[2] == 1)
+            )
+            if not fits:
+                raise ValueError(
+                    f"update_priority: {where} has shape {_shape(shape)}, expected {expected} for {k} indices"
+                )
+            if not value.is_floating_point():
+                raise TypeError(f"update_priority: {where} has dtype {value.dtype}, expected floating point")
+            if value.device != self.device:
+                raise ValueError(
+                    f"update_priority: {where} is on {value.device}, expected {self.device} like the buffer"
+                )
+            columns.append(value.reshape(k, -1))
+        if len(columns) == 1 and columns[0].shape[1] == 1:
+            return columns[0][:, 0]
+        stacked = columns[0] if len(columns) == 1 else torch.cat(columns, dim=1)  # [k, agents of all groups]
+        return stacked.amax(1) if self.prioritized.reduce == "max" else stacked.mean(1)
+
+    def _check_priority_values(self, index: torch.Tensor, reduced: torch.Tensor) -> None:
+        # One host read for all checks (check_values=True only).
+        low, high, bad = (
+            torch.stack([index.min(), index.max(), (~torch.isfinite(reduced) | (reduced < 0)).sum()]).tolist()
+            if index.numel()
+            else (0, 0, 0)
+        )
+        if index.numel() and (low < 0 or high >= self._count):
+            raise IndexError(
+                f"update_priority: index holds {low if low < 0 else high}, expected slots in [0, {self._count}) "
+                f"(the {self._count} env steps stored)"
+            )
+        if bad:
+            raise ValueError(
+                f"update_priority: {bad} of {reduced.numel()} priorities are negative, NaN or infinite; expected "
+                "finite values >= 0 (e.g. |TD error|)"
+            )
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """The buffer's content (the filled slots only) and its counters, for a checkpoint; the tree is
+        saved as its leaves, from which `load_state_dict` rebuilds the very same tree."""
+        count = self._count
+        state = {
+            "capacity": self.capacity,
+            "count": count,
+            "position": self.position.clone(),
+            "size": self.size.clone(),
+            "layout": {"/".join(key): (list(shape), str(dtype)) for key, (shape, dtype) in self.layout.items()},
+            "storage": {"/".join(key): value[:count].clone() for key, value in self.storage.items()},
+        }
+        if self.tree is not None:
+            state["leaves"] = self.tree[self.tree.numel() // 2 :][:count].clone()
+            state["max_priority"] = self.max_priority.clone()
+        return state
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Restore `state_dict()` of a buffer of the same layout and capacity (a checkpoint's tensors may
+        be on the CPU: they are moved to this device)."""
+        layout = {"/".join(key): (list(shape), str(dtype)) for key, (shape, dtype) in self.layout.items()}
+        if state.get("capacity") != self.capacity or state.get("layout") != layout:
+            raise ValueError(
+                f"load_state_dict: the saved buffer (capacity {state.get('capacity')}, layout {state.get('layout')}) "
+                f"does not match this one (capacity {self.capacity}, layout {layout})"
+            )
+        if ("leaves" in state) != (self.tree is not None):
+            saved, this = (
+                ("prioritized" if "leaves" in state else "uniform"),
+                ("prioritized" if self.tree is not None else "uniform"),
+            )
+            raise ValueError(f"load_state_dict: the saved buffer is {saved}, this one is {this}")
+        count = int(state["count"])
+        for name, value in state["storage"].items():
+            storage = self.storage[tuple(name.split("/"))]
+            storage[:count].copy_(value)
+            storage[count:].zero_()
+        self.position.copy_(state["position"])
+        self.size.copy_(state["size"])
+        self._count = count
+        if self.tree is not None:
+            self.tree.zero_()
+            slots = torch.arange(count, device=self.device)
+            sum_tree_update_(self.tree, slots, state["leaves"].to(self.device), backend=self.backend)
+            self.max_priority.copy_(state["max_priority"])

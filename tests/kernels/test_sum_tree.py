@@ -1,0 +1,271 @@
+"""The sum tree: the Triton kernels (under TRITON_INTERPRET=1 here) and the torch path against the plain
+loops, the loops against hand-computed trees, zero priorities never drawn, drawn frequencies by chi-square,
+and the kernels compiled for an H100/H200 (sm_90) without a GPU."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+
+from kernels import sum_tree_find, sum_tree_update_, sum_tree_zeros
+from kernels.sum_tree import sum_tree_nbytes
+
+REPO = Path(__file__).resolve().parents[2]
+BACKENDS = ("triton", "torch", "reference")
+
+
+def chi_square_limit(df: int) -> float:
+    """The 0.999 quantile of a chi-square with `df` degrees of freedom (Wilson-Hilferty)."""
+    z = 3.090232
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def random_updates(capacity, k, generator, integer=False):
+    index = torch.randint(capacity, (k,), generator=generator)
+    if integer:  # small integers: every sum is exact, so all paths agree bit for bit for any order
+        return index, torch.randint(0, 5, (k,), generator=generator).double()
+    value = torch.rand(k, generator=generator, dtype=torch.float64) * 10.0 ** torch.randint(
+        -6, 6, (k,), generator=generator
+    )
+    return index, value
+
+
+def trees_after(capacity, updates):
+    trees = {backend: sum_tree_zeros(capacity) for backend in BACKENDS}
+    for index, value in updates:
+        for backend, tree in trees.items():
+            assert sum_tree_update_(tree, index, value, backend=backend) is tree
+    return trees
+
+
+def test_layout_and_size():
+    assert sum_tree_zeros(1).shape == (4,) and sum_tree_zeros(3).shape == (8,) and sum_tree_zeros(4).shape == (8,)
+    assert sum_tree_zeros(1000).dtype == torch.float64 and sum_tree_zeros(1000).shape == (2048,)
+    assert sum_tree_nbytes(1000) == 2048 * 8 and sum_tree_nbytes(1_000_000) == 2**21 * 8
+
+
+def test_update_by_hand_repeated_index_keeps_the_largest():
+    tree = sum_tree_zeros(4)  # leaves are nodes 4..7
+    index, value = torch.tensor([2, 2, 0, 2]), torch.tensor([1.0, 5.0, 3.0, 2.0], dtype=torch.float64)
+    expected = torch.tensor([0, 8, 3, 5, 3, 0, 5, 0], dtype=torch.float64)  # root 8 = (3 + 0) + (5 + 0)
+    for backend in BACKENDS:
+        assert torch.equal(sum_tree_update_(sum_tree_zeros(4), index, value, backend=backend), expected), backend
+    # A later update replaces the leaf (no max with the old value); untouched leaves keep theirs.
+    sum_tree_update_(tree, index, value)
+    sum_tree_update_(tree, torch.tensor([2]), torch.tensor([0.5], dtype=torch.float64))
+    assert torch.equal(tree, torch.tensor([0, 3.5, 3, 0.5, 3, 0, 0.5, 0], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("k", [1, 7, 40], ids=lambda k: f"k{k}")
+@pytest.mark.parametrize("capacity", [1, 3, 63, 500, 3000], ids=lambda c: f"cap{c}")
+def test_update_matches_reference(capacity, k):
+    generator = torch.Generator().manual_seed(capacity * 1000 + k)
+    for integer in (True, False):
+        trees = trees_after(capacity, [random_updates(capacity, k, generator, integer) for _ in range(2)])
+        for backend in ("triton", "torch"):
+            # Every inner node is left + right of the same leaves, so the trees agree bit for bit.
+            assert torch.equal(trees[backend], trees["reference"]), (backend, integer)
+
+
+def test_update_of_every_leaf_and_int32_indices():
+    capacity = 40
+    value = torch.rand(capacity, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    trees = {b: sum_tree_update_(sum_tree_zeros(capacity), torch.arange(capacity), value, backend=b) for b in BACKENDS}
+    int32 = sum_tree_update_(sum_tree_zeros(capacity), torch.arange(capacity, dtype=torch.int32), value)
+    for tree in (trees["triton"], trees["torch"], int32):
+        assert torch.equal(tree, trees["reference"])
+    assert math.isclose(trees["reference"][1], value.sum(), rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_update_writes_only_the_updated_part(backend):
+    # 4096 leaves: the Triton path recomputes the 256-leaf subtrees of the updated leaves and the 15 nodes
+    # above depth 4; the torch path only the ancestors (whole levels no larger than the update).
+    capacity = 4096
+    tree = sum_tree_zeros(capacity)
+    sum_tree_update_(tree, torch.arange(capacity), torch.ones(capacity, dtype=torch.float64), backend="torch")
+    untouched = (1 << 6) + 60  # a depth-6 node over leaves 3840..3903, far from the updated ones
+    tree[untouched] = -1.0  # a sentinel that no rebuild of its own subtree would keep
+    sum_tree_update_(
+        tree, torch.tensor([5, 700, 9]), torch.tensor([2.0, 3.0, 4.0], dtype=torch.float64), backend=backend
+    )
+    assert tree[untouched] == -1.0
+    assert tree[1] == capacity - 3 + 2 + 3 + 4  # three of the ones replaced; the sentinel is not under them
+
+
+def test_find_by_hand():
+    tree = sum_tree_update_(sum_tree_zeros(4), torch.arange(4), torch.tensor([1.0, 0.0, 2.0, 1.0], dtype=torch.float64))
+    fraction = torch.tensor([0.0, 0.2, 0.25, 0.74, 0.75, 0.99, 1.0], dtype=torch.float64)
+    # Running sums 1, 1, 3, 4 of the total 4: [0, 1) -> 0, [1, 3) -> 2 (leaf 1 is empty), [3, 4] -> 3
+    # (a fraction of exactly 1 reaches past the end: the last non-empty leaf).
+    expected = torch.tensor([0, 0, 2, 2, 3, 3, 3])
+    for backend in BACKENDS:
+        index, leaf = sum_tree_find(tree, fraction, backend=backend)
+        assert torch.equal(index, expected), backend
+        assert torch.equal(leaf, torch.tensor([1.0, 1.0, 2.0, 2.0, 1.0, 1.0, 1.0], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("capacity", [1, 3, 63, 500, 3000], ids=lambda c: f"cap{c}")
+def test_find_matches_reference(capacity):
+    generator = torch.Generator().manual_seed(capacity)
+    tree = sum_tree_zeros(capacity)
+    for integer in (True, False):
+        index, value = random_updates(capacity, max(1, capacity // 2), generator, integer)
+        sum_tree_update_(tree, index, value, backend="reference")
+        fraction = torch.cat([torch.tensor([0.0, 1.0, 1 - 2**-53]), torch.rand(300, generator=generator)])
+        want = sum_tree_find(tree, fraction, backend="reference")
+        for backend in ("triton", "torch"):
+            got = sum_tree_find(tree, fraction, backend=backend)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (backend, integer)
+        assert (want[1] > 0).all()
+
+
+def naive_float32_find(leaves: list[float], fraction: float) -> int:
+    """How a float32 tree that subtracts its way down finds a leaf, with no guard against empty subtrees."""
+    level = torch.tensor(leaves, dtype=torch.float32)
+    levels = [level]
+    while level.numel() > 1:
+        level = level.view(-1, 2).sum(1)
+        levels.append(level)
+    mass, node = torch.tensor(fraction, dtype=torch.float32) * levels[-1][0], 0
+    for level in reversed(levels[:-1]):
+        left = level[2 * node]
+        node = 2 * node + int(mass >= left)
+        mass = mass - left if mass >= left else mass
+    return node
+
+
+def test_zero_priority_is_never_found():
+    # In float32, 1 + 0.75 ulp rounds the total up to 1 + 1 ulp: the mass at fraction 1 overshoots the
+    # last non-empty leaf, and a plain float32 descent lands on the empty leaf 3.
+    z = 0.75 * 2.0**-23
+    leaves = [0.5, 0.5, z, 0.0]
+    assert naive_float32_find(leaves, 1.0) == 3
+    tree = sum_tree_update_(sum_tree_zeros(4), torch.arange(4), torch.tensor(leaves, dtype=torch.float64))
+    near_one = torch.tensor([1.0, 1 - 2**-53, 1 - 2**-40, 1 - 2**-30], dtype=torch.float64)
+    for backend in BACKENDS:
+        assert torch.equal(sum_tree_find(tree, near_one, backend=backend)[0], torch.full((4,), 2)), backend
+    # Priorities over 60 orders of magnitude between empty leaves; fractions at every running-sum boundary
+    # and one ulp either side of it, plus 0 and 1.
+    capacity = 200
+    generator = torch.Generator().manual_seed(0)
+    value = 10.0 ** torch.randint(-30, 30, (capacity,), generator=generator).double()
+    value[torch.rand(capacity, generator=generator) < 0.6] = 0.0
+    value[-20:] = 0.0
+    tree = sum_tree_update_(sum_tree_zeros(capacity), torch.arange(capacity), value)
+    boundary = value.cumsum(0) / tree[1]
+    fraction = torch.cat([boundary, boundary.nextafter(torch.zeros(())), boundary.nextafter(torch.ones(()))])
+    fraction = torch.cat([fraction.clamp(0, 1), torch.tensor([0.0, 1.0], dtype=torch.float64)])
+    for backend in BACKENDS:
+        index, leaf = sum_tree_find(tree, fraction, backend=backend)
+        assert (value[index] > 0).all() and (leaf > 0).all(), backend
+
+
+def test_found_frequencies_match_priorities_chi_square():
+    capacity, draws = 50, 200_000
+    generator = torch.Generator().manual_seed(0)
+    value = torch.rand(capacity, dtype=torch.float64, generator=generator) * 4 + 0.1
+    value[[3, 17, 40]] = 0.0
+    tree = sum_tree_update_(sum_tree_zeros(capacity), torch.arange(capacity), value, backend="torch")
+    index, _ = sum_tree_find(tree, torch.rand(draws, dtype=torch.float64, generator=generator), backend="torch")
+    counts = torch.bincount(index, minlength=capacity).double()
+    assert counts[[3, 17, 40]].sum() == 0
+    positive = value > 0
+    expected = draws * value[positive] / value.sum()
+    chi_square = ((counts[positive] - expected) ** 2 / expected).sum().item()
+    assert chi_square < chi_square_limit(int(positive.sum()) - 1), chi_square
+
+
+def test_empty_inputs():
+    tree = sum_tree_zeros(8)
+    empty = torch.zeros(0, dtype=torch.int64)
+    for backend in BACKENDS:
+        assert torch.equal(sum_tree_update_(tree, empty, empty.double(), backend=backend), sum_tree_zeros(8))
+        index, leaf = sum_tree_find(tree, torch.zeros(0), backend=backend)
+        assert index.shape == (0,) and leaf.shape == (0,)
+
+
+def test_bad_inputs_are_clear_errors():
+    tree = sum_tree_zeros(8)
+    index, value = torch.tensor([1, 2]), torch.tensor([1.0, 2.0])
+    with pytest.raises(ValueError, match=r"tree has shape \(16,\), dtype torch.float32; expected a contiguous float64"):
+        sum_tree_update_(tree.float(), index, value)
+    with pytest.raises(ValueError, match=r"expected a contiguous float64 tensor \[2 \* L\]"):
+        sum_tree_find(torch.zeros(12, dtype=torch.float64), value)
+    with pytest.raises(TypeError, match=r"index has dtype torch.float32; expected int64"):
+        sum_tree_update_(tree, value, value)
+    with pytest.raises(ValueError, match=r"value has shape \(3,\); expected a 1-d tensor \(2,\) like index"):
+        sum_tree_update_(tree, index, torch.ones(3))
+    with pytest.raises(TypeError, match=r"fraction has dtype torch.int64; expected floating point"):
+        sum_tree_find(tree, index)
+    with pytest.raises(ValueError, match=r"index is on meta, expected cpu like tree"):
+        sum_tree_update_(tree, index.to("meta"), value)
+    with pytest.raises(ValueError, match=r"capacity must be a positive int, got 0"):
+        sum_tree_zeros(0)
+    with pytest.raises(ValueError, match=r"backend='cuda' is not one of"):
+        sum_tree_find(tree, value, backend="cuda")
+
+
+# Compile every kernel for an H100/H200 (sm_90) with Triton's bundled ptxas, which needs no GPU.
+COMPILE_SM90 = r"""
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernels import sum_tree as st
+
+def compile_sm90(kernel, signature, constexprs, num_warps=4):
+    source = ASTSource(kernel, {name: signature.get(name, "constexpr") for name in kernel.arg_names}, constexprs=constexprs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    ptx = compiled.asm["ptx"]
+    return {"local": ptx.count(".local"), "atomics": ptx.count("atom.global")}
+
+i64, f64 = "*i64", "*fp64"
+report = {
+    "zero_leaves": compile_sm90(st._zero_leaves_kernel, {"tree_bits_ptr": i64, "index_ptr": i64, "k": "i32",
+                                "num_leaves": "i32"}, {"BLOCK": st.BLOCK}),
+    "max_leaves": compile_sm90(st._max_leaves_kernel, {"tree_bits_ptr": i64, "index_ptr": i64, "value_ptr": f64,
+                               "k": "i32", "num_leaves": "i32"}, {"BLOCK": st.BLOCK}),
+    "rebuild_subtrees": compile_sm90(st._rebuild_subtrees_kernel, {"tree_ptr": f64, "index_ptr": i64,
+                                     "num_leaves": "i32"}, {"SUBTREE_LEVELS": 8}),
+    "rebuild_top": compile_sm90(st._rebuild_top_kernel, {"tree_ptr": f64}, {"TOP_LEVELS": 12}, num_warps=8),
+    "find": compile_sm90(st._find_kernel, {"tree_ptr": f64, "fraction_ptr": f64, "index_ptr": i64, "leaf_ptr": f64,
+                         "k": "i32", "num_leaves": "i32", "depth": "i32"}, {"BLOCK": st.BLOCK}),
+}
+print(json.dumps(report))
+"""
+
+PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+
+
+@pytest.mark.skipif(not PTXAS.exists(), reason="Triton's bundled ptxas is missing")
+def test_kernels_compile_for_sm90_without_spills():
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, "-c", COMPILE_SM90], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert all(stats["local"] == 0 for stats in report.values()), report  # no register spills
+    assert report["max_leaves"]["atomics"] > 0  # the leaves' max is a hardware atomic
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("capacity", [3, 1000, 1_000_000], ids=lambda c: f"cap{c}")
+def test_compiled_kernels_match_reference_on_cuda(capacity):
+    generator = torch.Generator().manual_seed(0)
+    trees = {"cpu": sum_tree_zeros(capacity), "cuda": sum_tree_zeros(capacity, "cuda")}
+    for k in (capacity, 4096, 128):
+        index, value = random_updates(capacity, k, generator)
+        sum_tree_update_(trees["cpu"], index, value, backend="torch")
+        sum_tree_update_(trees["cuda"], index.cuda(), value.cuda())
+        assert torch.equal(trees["cuda"].cpu(), trees["cpu"])
+    fraction = torch.rand(4096, dtype=torch.float64, generator=generator)
+    got = sum_tree_find(trees["cuda"], fraction.cuda())
+    want = sum_tree_find(trees["cpu"], fraction, backend="reference" if capacity < 10_000 else "torch")
+    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])

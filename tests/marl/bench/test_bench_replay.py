@@ -1,0 +1,54 @@
+"""`python -m marl.bench.replay` and `marl bench`'s replay section, at tiny sizes (numbers mean nothing)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import marl.bench.suite
+from marl.bench.suite import main as bench_main
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_the_replay_benchmark_prints_its_table_and_writes_the_json(tmp_path):
+    out = tmp_path / "replay.json"
+    argv = ["--capacity", "2048", "--extend", "4x16", "--batch-sizes", "32", "--repeats", "2", "--json", str(out)]
+    # Without Triton's interpreter, as a user runs it: the CPU takes the sum tree's torch path.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-m", "marl.bench.replay", *argv],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "python -m marl.bench.replay --capacity 2048" in done.stdout
+    report = json.loads(out.read_text())
+    calls = {(row["call"], row["sampler"]) for row in report["rows"]}
+    assert {("sample(32)", "uniform"), ("sample(32)", "prioritized")} <= calls
+    assert all(row["vecmarl_ms"] > 0 and row["torchrl_ms"] is None for row in report["rows"])
+
+
+def test_the_suite_section_reports_calls_per_second(monkeypatch, capsys):
+    report = {"rows": [{"call": "sample(128)", "sampler": "uniform", "vecmarl_ms": 0.5, "torchrl_ms": 2.0}]}
+    seen = {}
+
+    def fake(capacity, **options):
+        seen.update(capacity=capacity, **options)
+        return report
+
+    monkeypatch.setattr("marl.bench.replay.bench_replay", fake)
+    rows = bench_main(["--quick", "--device", "cpu", "--skip", "env", "gae", "train", "target"])
+    assert seen["capacity"] == 65_536 and seen["batch_sizes"] == (128,)
+    (row,) = rows
+    assert (row["benchmark"], row["vecmarl"], row["peer_value"], row["ratio"]) == (
+        "sample(128) uniform",
+        2000.0,
+        500.0,
+        4.0,
+    )
+    assert "replay" in marl.bench.suite.__doc__
