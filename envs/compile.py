@@ -1,9 +1,12 @@
 """`torch.compile` with a fallback: the first call compiles; if compiling fails, one clear warning and
 the function runs eagerly from then on. On CUDA the graphs are captured as CUDA graphs
-(`mode="reduce-overhead"`), which removes the per-kernel launch cost of small ops; on the CPU, Inductor."""
+(`mode="reduce-overhead"`), which removes the per-kernel launch cost of small ops. On the CPU the
+backend is Inductor with AOTAutograd's cache open to custom autograd Functions (`_inductor_cpu`), and
+its C++ wrapper on request (`cpp_wrapper`)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from collections.abc import Callable
@@ -13,14 +16,21 @@ import torch
 _warned = False
 
 
-def maybe_compile(fn: Callable, enabled: bool, device: torch.device) -> Callable:
+def maybe_compile(fn: Callable, enabled: bool, device: torch.device, cpp_wrapper: bool = False) -> Callable:
     """`fn` compiled when `enabled` (falling back to `fn` itself if compilation fails), else `fn`. When
     the compiled call raises, `fn` runs eagerly: if that raises too, the error is `fn`'s own and is
-    raised without the fallback warning."""
+    raised without the fallback warning.
+
+    `cpp_wrapper` (CPU): Inductor's C++ wrapper calls the graph's kernels, for a function run on a second
+    thread. Inductor's Python wrapper calls its fused C++ kernels with Python's GIL held, so a thread
+    running it stalls every other thread's Python (a rollout of VMAS beside it, say); the C++ wrapper
+    lets the GIL go for the whole graph. Not the default: no faster alone, and a cold compile takes longer."""
     if not enabled:
         return fn
-    mode = "reduce-overhead" if device.type == "cuda" else None
-    compiled = torch.compile(fn, dynamic=False, mode=mode)
+    if device.type == "cuda":
+        compiled = torch.compile(fn, dynamic=False, mode="reduce-overhead")
+    else:
+        compiled = torch.compile(fn, dynamic=False, backend=functools.partial(_inductor_cpu, cpp_wrapper=cpp_wrapper))
     state = {"call": compiled}
 
     @functools.wraps(fn)
@@ -39,6 +49,23 @@ def maybe_compile(fn: Callable, enabled: bool, device: torch.device) -> Callable
         return result
 
     return call
+
+
+def _inductor_cpu(graph: torch.fx.GraphModule, example_inputs: list, cpp_wrapper: bool = False) -> Callable:
+    """torch's Inductor backend, with AOTAutograd's on-disk cache allowed to keep graphs that hold a
+    custom autograd Function (`marl.optim.tanh`'s on the CPU). torch bypasses that cache for them by
+    default, so every `marl train --compile` would trace its update's graph through AOTAutograd again
+    before loading Inductor's cached code. The cache key holds the graph the Function's forward and
+    backward were traced into, so an edited Function is a new key."""
+    from torch._inductor.compile_fx import compile_fx
+
+    config = torch._functorch.config
+    if hasattr(config, "autograd_cache_allow_custom_autograd_functions"):  # older torch has no such switch
+        allow = config.patch(autograd_cache_allow_custom_autograd_functions=True)
+    else:
+        allow = contextlib.nullcontext()
+    with allow:
+        return compile_fx(graph, example_inputs, config_patches={"cpp_wrapper": cpp_wrapper})
 
 
 def _warn(fn: Callable, error: Exception) -> None:

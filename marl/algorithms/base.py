@@ -17,8 +17,8 @@ a module passed with `--imports`, as they register an env.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 from tensordict import TensorDict
@@ -27,6 +27,7 @@ from marl.config import AlgorithmConfig, EnvSettings, ModelConfig, RunConfig
 
 if TYPE_CHECKING:
     from marl.config import TrainConfig
+    from marl.core.replay import Prioritized, ReplayBuffer
     from marl.core.rollout import Acting
     from marl.core.timing import PhaseTimer
 
@@ -43,8 +44,15 @@ class Algorithm:
     """
 
     Config: ClassVar[type[AlgorithmConfig]]
-    collects: ClassVar[str] = "rollout"
-    """What `update` learns from: "rollout", the iteration's `[T, B]` batch, on-policy."""
+    collects: ClassVar[Literal["rollout", "transitions"]] = "rollout"
+    """What `update` learns from: "rollout", the iteration's `[T, B]` batch (on-policy); or "transitions",
+    a replay buffer (`marl.core.replay.ReplayBuffer`, sized by `replay()`) that the run loop extends with
+    every batch before it calls `update(buffer, timer)`, and saves in checkpoints with `--save-buffer`."""
+    collect_ahead: Callable[[], None] | None = None
+    """Optional, set by the run loop before each `update`: calling it collects the next iteration's batch
+    now, with the acting policies as they are then, and the next iteration learns from that batch instead
+    of collecting one; None when no iteration follows. An update that has finished with its policies may
+    collect beside the rest of its work (PPO's `overlap_critic`: the critics' steps on a second thread)."""
 
     def __init__(self, config: TrainConfig, env, device: torch.device, world, generator: torch.Generator) -> None:
         self.config, self.env, self.device, self.world, self.generator = config, env, device, world, generator
@@ -54,12 +62,25 @@ class Algorithm:
         """The policies collection acts with (`marl.core.rollout.Acting`); `marl eval` takes their modes."""
         raise NotImplementedError
 
+    @property
+    def overlaps(self) -> bool:
+        """Whether `update` calls `collect_ahead` beside work on a second thread: the run loop then collects
+        every batch on one of torch's intra-op threads (`marl.optim.background.one_thread`), as the
+        batches collected ahead are, so that all of them are collected alike."""
+        return False
+
+    def replay(self) -> tuple[int, Prioritized | None]:
+        """With `collects = "transitions"`: the replay buffer's capacity in env steps, and its prioritized
+        sampling settings (`marl.core.replay.Prioritized`) or None for uniform draws."""
+        raise NotImplementedError(f"{type(self).__qualname__} collects transitions: define replay()")
+
     def begin_iteration(self, frames: int, total_frames: int) -> None:
         """Called before each iteration's collection with the frames trained so far: schedules (a
         learning rate annealed over the run, exploration noise) are set here."""
 
-    def update(self, batch: TensorDict, timer: PhaseTimer) -> dict[str, dict[str, torch.Tensor]]:
-        """Learn from the iteration's `batch` (`marl.core.rollout`'s layout); returns per group its named
+    def update(self, batch: TensorDict | ReplayBuffer, timer: PhaseTimer) -> dict[str, dict[str, torch.Tensor]]:
+        """Learn from the iteration's `batch` (`marl.core.rollout`'s layout), or from the replay buffer
+        that holds it too (`collects = "transitions"`); returns per group its named
         loss terms and diagnostics as 0-d tensors on the device. The run loop reads them in its one host
         sync, logs them as `GROUP/NAME`, and stops the run when a term whose name ends in `loss` is NaN or
         inf. `timer.mark(name)` ends a phase of the iteration's time split (e.g. `"update_s"`)."""

@@ -15,11 +15,16 @@ be checked by hand. It returns the named terms and diagnostics:
 - `entropy_loss`: `-entropy_coef * mean(entropy)`;
 - `loss = policy_loss + entropy_loss + value_coef * value_loss`;
 - diagnostics (no gradient): `approx_kl` (`mean((r - 1) - log r)`), `clip_fraction`, `entropy`.
+
+Its two parts, `policy_terms` and `value_terms` (`combined_terms` joins them), let the policies and the
+critics be stepped apart: with `overlap_critic` the critics' steps run on a second thread while the next
+batch is collected (`PPO._update_apart`).
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from typing import Literal
 
@@ -31,11 +36,14 @@ from marl.algorithms.base import Algorithm, register
 from marl.config import AlgorithmConfig, TrainConfig
 from marl.core.models import Critic, CriticInput, Policy
 from marl.core.rollout import Acting, observations
+from marl.optim.background import Background
 from marl.optim.update_step import Trainable, UpdateStep, adam
 
 LOSS_TERMS = ("loss", "policy_loss", "value_loss", "entropy_loss", "approx_kl", "clip_fraction", "entropy")
 # What the update reads of a group's rollout.
 UPDATE_KEYS = ("observation", "action_mask", "action", "log_prob", "advantage", "value", "value_target")
+CRITIC_KEYS = ("observation", "value", "value_target")  # what a critic's step reads of a group's batch
+NETS = ("policy", "critic")  # a group's nets, in its optimiser's order
 
 
 @dataclass(frozen=True)
@@ -82,8 +90,18 @@ class PPOConfig(AlgorithmConfig):
     normalize_value: bool = True
     """Train the critic on value targets normalised by their running mean and std (MAPPO's value
     normalisation), so that rewards of any scale learn alike."""
+    overlap_critic: bool = False
+    """With --compile, on the CPU, in one process: update the policies, then start the critics' update on
+    a second thread while the next batch is collected (it needs only the updated policies), one of
+    torch's intra-op threads each; the critics' remaining steps then run on all threads. The same update
+    in the same order, but not bit-reproducible: where the critics' steps change threads depends on
+    timing, and one and two threads round differently. Pays where collecting leaves a core idle (VMAS,
+    PettingZoo: the simulator steps in Python) and the critics are much of the update (IPPO at BenchMARL's
+    settings; MAPPO there, with its one small critic, runs slower). collect_s then holds the collection
+    beside the critics' steps."""
 
-    run_wide = ("epochs", "minibatch_size")  # every group is updated in the same minibatch steps
+    # Every group is updated in the same minibatch steps (overlapped or not).
+    run_wide = ("epochs", "minibatch_size", "overlap_critic")
 
     def check(self) -> None:
         for name in ("gamma", "lmbda"):
@@ -101,6 +119,11 @@ class PPOConfig(AlgorithmConfig):
             raise ValueError(f"epochs and minibatch_size must be >= 1, got {self.epochs}, {self.minibatch_size}")
 
     def check_train(self, config: TrainConfig) -> None:
+        if self.overlap_critic and not config.run.compile:
+            raise ValueError(
+                "overlap_critic needs compile: the critics' update runs apart from the policies' as the compiled "
+                "update's steps (pass --compile too)"
+            )
         frames_per_iteration = config.env.num_envs * config.run.rollout_length
         if self.minibatch_size > frames_per_iteration:
             raise ValueError(
@@ -131,6 +154,37 @@ def ppo_loss(
     normalize_advantage: bool,
 ) -> dict[str, torch.Tensor]:
     """PPO's loss terms for one group's minibatch; every tensor is `[M, n]`."""
+    policy = policy_terms(
+        log_prob,
+        old_log_prob,
+        advantage,
+        entropy,
+        clip_eps=clip_eps,
+        entropy_coef=entropy_coef,
+        normalize_advantage=normalize_advantage,
+    )
+    value = value_terms(value, old_value, value_target, clip_eps=clip_eps, clip_value=clip_value, value_coef=value_coef)
+    return combined_terms(policy, value)
+
+
+def combined_terms(policy: dict[str, torch.Tensor], value: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`ppo_loss`'s terms from its two parts: the policy's terms, the critic's `value_loss`, and `loss`
+    the sum of their shares."""
+    return {**policy, "loss": policy["loss"] + value["loss"], "value_loss": value["value_loss"]}
+
+
+def policy_terms(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantage: torch.Tensor,
+    entropy: torch.Tensor,
+    *,
+    clip_eps: float,
+    entropy_coef: float,
+    normalize_advantage: bool,
+) -> dict[str, torch.Tensor]:
+    """The policy's part of `ppo_loss`: its terms with `value_loss` 0 and `loss` the policy's share
+    (`policy_loss + entropy_loss`), for an update that steps the policy apart from the critic."""
     if normalize_advantage:
         advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
     log_ratio = log_prob - old_log_prob
@@ -139,22 +193,45 @@ def ppo_loss(
     policy_loss = -surrogate.mean()
     mean_entropy = entropy.mean()
     entropy_loss = -entropy_coef * mean_entropy
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - log_ratio).mean()
+        clip_fraction = ((ratio - 1).abs() > clip_eps).float().mean()
+    return {
+        "loss": policy_loss + entropy_loss,
+        "policy_loss": policy_loss,
+        "value_loss": torch.zeros_like(policy_loss),
+        "entropy_loss": entropy_loss,
+        "approx_kl": approx_kl,
+        "clip_fraction": clip_fraction,
+        "entropy": mean_entropy.detach(),
+    }
+
+
+def value_terms(
+    value: torch.Tensor,
+    old_value: torch.Tensor,
+    value_target: torch.Tensor,
+    *,
+    clip_eps: float,
+    clip_value: bool,
+    value_coef: float,
+) -> dict[str, torch.Tensor]:
+    """The critic's part of `ppo_loss`: `value_loss`, `loss` its share (`value_coef * value_loss`), and
+    every policy term 0, for an update that steps the critic apart from the policy."""
     value_error = (value - value_target).square()
     if clip_value:
         clipped = old_value + (value - old_value).clamp(-clip_eps, clip_eps)
         value_error = torch.maximum(value_error, (clipped - value_target).square())
     value_loss = 0.5 * value_error.mean()
-    with torch.no_grad():
-        approx_kl = ((ratio - 1) - log_ratio).mean()
-        clip_fraction = ((ratio - 1).abs() > clip_eps).float().mean()
+    zero = torch.zeros_like(value_loss)
     return {
-        "loss": (policy_loss + entropy_loss) + value_coef * value_loss,
-        "policy_loss": policy_loss,
+        "loss": value_coef * value_loss,
+        "policy_loss": zero,
         "value_loss": value_loss,
-        "entropy_loss": entropy_loss,
-        "approx_kl": approx_kl,
-        "clip_fraction": clip_fraction,
-        "entropy": mean_entropy.detach(),
+        "entropy_loss": zero,
+        "approx_kl": zero,
+        "clip_fraction": zero,
+        "entropy": zero,
     }
 
 
@@ -220,11 +297,28 @@ class PPO(Algorithm):
             g: Trainable({"policy": lr.policy, "critic": lr.critic}, lr.optimizer, lr.algo.max_grad_norm)
             for g, lr in self.learners.items()
         }
-        self.step = UpdateStep(trainables, self._minibatch_loss, device, world, compile=config.run.compile)
+        if not self.overlaps:
+            self.step = UpdateStep(trainables, self._minibatch_loss, device, world, compile=config.run.compile)
+            return
+        # overlap_critic: the policies' and the critics' steps apart, the critics' on a second thread while
+        # the next batch is collected (`_update_apart`).
+        if device.type != "cpu" or world.size != 1:
+            raise ValueError(
+                "overlap_critic runs on the CPU in one process, where collecting leaves a core idle; this run "
+                f"is on {device} with {world.size} rank(s)"
+            )
+        loss = self._minibatch_loss
+        self.policy_step = UpdateStep(trainables, loss, device, world, compile=True, nets=("policy",))
+        self.critic_step = UpdateStep(trainables, loss, device, world, compile=True, nets=("critic",), cpp_wrapper=True)
 
     @property
     def acting(self) -> Acting:
         return Acting({g: lr.policy for g, lr in self.learners.items()}, log_prob=True)
+
+    @property
+    def overlaps(self) -> bool:
+        """With `overlap_critic`: the update collects the next batch beside the critics' steps."""
+        return self.config.algo.overlap_critic
 
     def begin_iteration(self, frames: int, total_frames: int) -> None:
         """With `lr_schedule` linear: lr * (1 - progress), progress by frames so far."""
@@ -237,7 +331,7 @@ class PPO(Algorithm):
     def update(self, batch: TensorDict, timer) -> dict[str, dict[str, torch.Tensor]]:
         explained = self.advantages(batch)
         timer.mark("advantages_s")
-        terms = self.epochs(batch)
+        terms = self.epochs(batch, timer)
         return {g: {"explained_variance": explained[g], **terms[g]} for g in self.learners}
 
     @torch.no_grad()
@@ -280,7 +374,7 @@ class PPO(Algorithm):
         state = batch["state"].flatten(0, 1) if "state" in batch.keys() else None
         return flat, state
 
-    def epochs(self, batch: TensorDict) -> dict[str, dict[str, torch.Tensor]]:
+    def epochs(self, batch: TensorDict, timer=None) -> dict[str, dict[str, torch.Tensor]]:
         """`epochs` passes of minibatch steps; each group's loss terms and gradient norms, averaged."""
         algo = self.config.algo
         frames = batch.batch_size.numel()
@@ -288,48 +382,97 @@ class PPO(Algorithm):
         size, count = algo.minibatch_size, frames // algo.minibatch_size
         sums = {g: torch.zeros(len(LOSS_TERMS) + 2, device=self.device) for g in flat}
         orders = [torch.randperm(frames, generator=self.generator, device=self.device) for _ in range(algo.epochs)]
-        for order in orders:
-            if self.config.run.compile:  # the gather by index stays in the compiled graph
-                data, data_state = flat, state
-                minibatches = [order[k * size : (k + 1) * size] for k in range(count)]
-            else:
-                # Eagerly, one gather per tensor shuffles the epoch's frames and each minibatch is a slice
-                # (a view): a few ops, not a gather per tensor per minibatch.
-                data = {g: {k: v[order] for k, v in tensors.items()} for g, tensors in flat.items()}
-                data_state = state[order] if state is not None else None
-                minibatches = [slice(k * size, (k + 1) * size) for k in range(count)]
-            for index in minibatches:
-                for g, out in self.step(data, data_state, index).items():
-                    sums[g] += out
+        if self.overlaps:
+            minibatches = [order[k * size : (k + 1) * size] for order in orders for k in range(count)]
+            self._update_apart(flat, state, minibatches, sums, timer)
+        else:
+            for order in orders:
+                if self.config.run.compile:  # the gather by index stays in the compiled graph
+                    data, data_state = flat, state
+                    minibatches = [order[k * size : (k + 1) * size] for k in range(count)]
+                else:
+                    # Eagerly, one gather per tensor shuffles the epoch's frames and each minibatch is a
+                    # slice (a view): a few ops, not a gather per tensor per minibatch.
+                    data = {g: {k: v[order] for k, v in tensors.items()} for g, tensors in flat.items()}
+                    data_state = state[order] if state is not None else None
+                    minibatches = [slice(k * size, (k + 1) * size) for k in range(count)]
+                for index in minibatches:
+                    _add(sums, self.step(data, data_state, index))
         names = (*LOSS_TERMS, "policy_grad_norm", "critic_grad_norm")
         return {g: dict(zip(names, (vector / (algo.epochs * count)).unbind())) for g, vector in sums.items()}
 
+    def _update_apart(self, flat, state, minibatches: list[torch.Tensor], sums, timer) -> None:
+        """`overlap_critic`: the policies' minibatch steps, then the critics' (the same minibatches). When
+        the run loop has a next batch to collect (`collect_ahead`), the critics' steps start on a second
+        thread while this one collects it (one intra-op thread each); once it is in, this thread takes the
+        rest of them on all its threads. The timer marks the policies' and the rest of the critics' steps
+        as `update_s`, the collection with the critics' steps beside it as `collect_s`."""
+        for index in minibatches:
+            _add(sums, self.policy_step(flat, state, index))
+        if timer is not None:
+            timer.mark("update_s")
+        # The next collection overwrites the batch that `flat` views: the critics read copies.
+        critic_flat = {g: {k: data[k].clone() for k in CRITIC_KEYS} for g, data in flat.items()}
+        critic_state = state.clone() if state is not None else None
+        done = 0  # critic steps taken
+
+        def critic_steps(stop: threading.Event) -> None:
+            nonlocal done
+            while done < len(minibatches) and not stop.is_set():
+                _add(sums, self.critic_step(critic_flat, critic_state, minibatches[done]))
+                done += 1
+
+        if self.collect_ahead is not None:
+            with Background(critic_steps) as background:
+                self.collect_ahead()
+                background.stop.set()  # after its current step, the rest are taken here, on every thread
+            if timer is not None:
+                timer.mark("collect_s")
+        for index in minibatches[done:]:
+            _add(sums, self.critic_step(critic_flat, critic_state, index))
+
     def _minibatch_loss(
-        self, flat: dict[str, dict[str, torch.Tensor]], state: torch.Tensor | None, index: torch.Tensor | slice
+        self,
+        flat: dict[str, dict[str, torch.Tensor]],
+        state: torch.Tensor | None,
+        index: torch.Tensor | slice,
+        nets: tuple[str, ...] = NETS,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The sum of every group's PPO loss on the frames `index` of the flattened rollout, and per group
-        its `LOSS_TERMS`, detached, as one vector."""
+        its `LOSS_TERMS`, detached, as one vector. With `nets` one of `NETS`, only that net's part
+        (`policy_terms` / `value_terms`; the other's terms 0), which only it runs."""
         batch = {g: {k: v[index] for k, v in data.items()} for g, data in flat.items()}
         obs = {g: data["observation"] for g, data in batch.items()}
         state = state[index] if state is not None else None
         total, terms = 0.0, {}
         for g, learner in self.learners.items():
             data, a = batch[g], learner.algo
-            dist = learner.policy(data["observation"], data.get("action_mask"))
-            group_terms = ppo_loss(
-                dist.log_prob(data["action"]),
-                data["log_prob"],
-                data["advantage"],
-                learner.critic(learner.critic_input(obs, state)),  # normalised units, as the next two
-                data["value"],
-                data["value_target"],
-                dist.entropy(),
-                clip_eps=a.clip_eps,
-                clip_value=a.clip_value,
-                entropy_coef=a.entropy_coef,
-                value_coef=a.value_coef,
-                normalize_advantage=a.normalize_advantage,
-            )
+            parts = []
+            if "policy" in nets:
+                dist = learner.policy(data["observation"], data.get("action_mask"))
+                parts.append(
+                    policy_terms(
+                        dist.log_prob(data["action"]),
+                        data["log_prob"],
+                        data["advantage"],
+                        dist.entropy(),
+                        clip_eps=a.clip_eps,
+                        entropy_coef=a.entropy_coef,
+                        normalize_advantage=a.normalize_advantage,
+                    )
+                )
+            if "critic" in nets:
+                parts.append(
+                    value_terms(
+                        learner.critic(learner.critic_input(obs, state)),  # normalised units, as the next two
+                        data["value"],
+                        data["value_target"],
+                        clip_eps=a.clip_eps,
+                        clip_value=a.clip_value,
+                        value_coef=a.value_coef,
+                    )
+                )
+            group_terms = parts[0] if len(parts) == 1 else combined_terms(*parts)
             total = total + group_terms["loss"]
             terms[g] = torch.stack([group_terms[name].detach() for name in LOSS_TERMS])
         return total, terms
@@ -360,3 +503,8 @@ class PPO(Algorithm):
         if len(set(names.values())) == 1:
             return next(iter(names.values()))
         return ", ".join(f"{name} ({g})" for g, name in names.items())
+
+
+def _add(sums: dict[str, torch.Tensor], out: dict[str, torch.Tensor]) -> None:
+    for g, vector in out.items():
+        sums[g] += vector

@@ -30,7 +30,7 @@ from marl.config import SECTIONS, ModelConfig, TrainConfig, import_modules
 
 # Options that are not plain fields on the command line.
 SPECIAL = {"env_options", "group_overrides"}
-RESUMABLE = {"total_frames", "checkpoint_every", "progress", "tensorboard", "device"}
+RESUMABLE = {"total_frames", "checkpoint_every", "progress", "tensorboard", "device", "save_buffer"}
 
 
 def _parse_value(text: str) -> Any:
@@ -211,7 +211,7 @@ def usage_errors():
     file or module) into a `UsageError`; errors during training itself keep their traceback."""
     try:
         yield
-    except (ValueError, TypeError, KeyError, FileNotFoundError, ImportError) as error:
+    except (ValueError, TypeError, KeyError, FileNotFoundError, ImportError, MemoryError) as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         raise UsageError(str(message)) from error
 

@@ -8,17 +8,22 @@ The trainer builds the env and the algorithm (`marl.algorithms`, by `config.algo
 3. **log**: the iteration's metrics are read back in one host sync; a NaN or inf loss stops the run;
 4. **checkpoint** every `checkpoint_every` iterations and at the end; `Trainer.resume` continues exactly.
 
+An algorithm may collect the next iteration's batch during its update (`Algorithm.collect_ahead`); the
+next iteration then learns from that batch, `_pending`, which checkpoints hold.
+
 Under torchrun every rank runs this loop on its own envs (`marl.app.distributed`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
 from pathlib import Path
 
 import torch
+from tensordict import TensorDict
 
 from envs.base import canonical_device
 from marl.app import distributed
@@ -26,8 +31,10 @@ from marl.app.build import build_algorithm, make_env, resolve_device
 from marl.app.checkpoint import load_checkpoint, save_checkpoint
 from marl.app.logger import NoLogger, RunLogger, drop_rows_after
 from marl.config import TrainConfig
+from marl.core.replay import ReplayBuffer, format_bytes, replay_nbytes
 from marl.core.rollout import Collector
 from marl.core.timing import PhaseTimer
+from marl.optim.background import one_thread
 
 __all__ = ["NonFiniteLossError", "Trainer", "check_fresh_run_dir", "default_run_dir", "make_env", "resolve_device"]
 
@@ -64,19 +71,50 @@ class Trainer:
             compile=config.run.compile,
             unroll=config.run.compile_unroll,
         )
+        self.buffer = self._replay_buffer()
+        self._pending: TensorDict | None = None  # the next batch, when the update collected it ahead
         self.frames_per_iteration = self.world.size * config.env.num_envs * config.run.rollout_length
         self.iteration, self.frames, self.elapsed = 0, 0, 0.0
         self.timer = PhaseTimer(self.device)
 
+    def _replay_buffer(self) -> ReplayBuffer | None:
+        """The algorithm's replay buffer (one per rank under torchrun), its size said before it is allocated;
+        None for an on-policy algorithm."""
+        if self.algorithm.collects != "transitions":
+            return None
+        capacity, prioritized = self.algorithm.replay()
+        nbytes = replay_nbytes(self.env.groups, capacity, self.env.state_spec, prioritized is not None)
+        if self.world.is_main:
+            kind = "prioritized" if prioritized else "uniform"
+            ranks = f" on each of {self.world.size} ranks" if self.world.size > 1 else ""
+            print(f"replay buffer: {capacity:,} env steps, {kind}, {format_bytes(nbytes)} on {self.device}{ranks}")
+        return ReplayBuffer.for_env(self.env, capacity, prioritized=prioritized)
+
+    def _collect(self) -> TensorDict:
+        # With an algorithm that overlaps, every batch is collected on one intra-op thread, as it collects ahead.
+        with one_thread() if self.algorithm.overlaps else contextlib.nullcontext():
+            return self.collector.collect()
+
+    def _collect_ahead(self) -> None:
+        """`Algorithm.collect_ahead`: the next iteration's batch, collected now."""
+        self._pending = self._collect()
+
     def train_iteration(self) -> dict[str, float]:
-        """Collect, learn; returns the iteration's metrics (one host sync)."""
+        """Collect (unless the previous update collected this batch ahead), learn; returns the iteration's
+        metrics (one host sync)."""
         start = time.perf_counter()
         self.algorithm.begin_iteration(self.frames, self.config.run.total_frames)
         self.timer.mark("start")
-        batch = self.collector.collect()
+        batch, self._pending = self._pending, None
+        if batch is None:
+            batch = self._collect()
         self.timer.mark("collect_s")
-        episodes = self.collector.stats.take_finished()
-        terms = self.algorithm.update(batch, self.timer)
+        episodes = self.collector.stats.take_finished()  # this batch's, before the update may collect the next
+        if self.buffer is not None:
+            self.buffer.extend(batch)
+        more = self.frames + self.frames_per_iteration < self.config.run.total_frames
+        self.algorithm.collect_ahead = self._collect_ahead if more else None
+        terms = self.algorithm.update(batch if self.buffer is None else self.buffer, self.timer)
         self.timer.mark("update_s")
         device_values = {"episodes": episodes.episodes, "episode_length": episodes.length_sum / episodes.episodes}
         for g in self.env.groups:
@@ -163,6 +201,10 @@ class Trainer:
             "env": env_state,
             "obs": self.collector.obs,
             "stats": self.collector.stats.state_dict(),
+            # The replay buffer, with --save-buffer (it can be large).
+            "buffer": self.buffer.state_dict() if self.buffer is not None and self.config.run.save_buffer else None,
+            # The next batch, when the update collected it ahead (its episodes are in `stats`).
+            "pending": self._pending.to_dict() if self._pending is not None else None,
         }
 
     def save(self) -> Path | None:
@@ -181,6 +223,14 @@ class Trainer:
             self.collector.stats.load_state_dict(state["stats"])
         else:
             print("this env cannot save its state: resumed training starts new episodes")
+        if state.get("pending") is not None:
+            self._pending = self.collector.buffer
+            self._pending.update_(_to_device(state["pending"], self.device))
+        if self.buffer is not None:
+            if state.get("buffer") is not None:
+                self.buffer.load_state_dict(state["buffer"])
+            elif self.world.is_main:
+                print("the checkpoint holds no replay buffer (trained without --save-buffer): it refills from empty")
 
     @classmethod
     def resume(cls, path: str | Path, **run_overrides) -> Trainer:

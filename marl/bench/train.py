@@ -140,9 +140,10 @@ def benchmarl_config(
     seed: int,
     sizes: Sizes = BENCHMARL_SIZES,
     compile: bool = False,
+    overlap: bool = False,
 ) -> TrainConfig:
     """vecmarl's `TrainConfig` for BenchMARL's default MAPPO/IPPO settings on `env` (`compile`: as
-    `marl train --compile`)."""
+    `marl train --compile`; `overlap`: and `--overlap-critic`)."""
     return TrainConfig(
         env=EnvSettings(env=env, num_envs=sizes.num_envs, env_options=dict(TASK_OPTIONS[env])),
         algo=PPOConfig(
@@ -161,6 +162,7 @@ def benchmarl_config(
             normalize_advantage=False,
             normalize_value=False,  # BenchMARL's critic learns raw returns
             shared_value=algo == "mappo",  # BenchMARL's MAPPO critic: one value per env from all observations
+            overlap_critic=overlap,
         ),
         # BenchMARL's policies output their std through a biased softplus starting at 1 (`scale_mapping`).
         model=ModelConfig(hidden=sizes.hidden, activation="tanh", share_params=True, std="state"),
@@ -240,6 +242,7 @@ class Case:
     algo: str
     settings: str  # "default" or "BenchMARL"
     compile: bool = False  # vecmarl with `marl train --compile`
+    overlap: bool = False  # and `--overlap-critic`
     runs: list[dict] = dataclasses.field(default_factory=list)
 
     def summary(self) -> dict:
@@ -256,6 +259,7 @@ class Case:
             "algo": self.algo,
             "settings": self.settings,
             "compile": self.compile,
+            "overlap": self.overlap,
             "frames_per_iteration": frames_per_iteration,
             **phases,
             "iteration_s": iteration_s,
@@ -340,6 +344,9 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
             if "compile" in args.modes:
                 name = f"vecmarl {algo.upper()} {env} --compile"
                 cases.append(Case(name, "vecmarl", env, algo, "BenchMARL", compile=True))
+            if "overlap" in args.modes:
+                name = f"vecmarl {algo.upper()} {env} --compile --overlap-critic"
+                cases.append(Case(name, "vecmarl", env, algo, "BenchMARL", compile=True, overlap=True))
     if args.default_iterations:
         for algo in args.algos:
             cases.append(Case(f"vecmarl default {algo.upper()} navigation", "vecmarl", "navigation", algo, "default"))
@@ -354,7 +361,7 @@ def run_case(case: Case, args: argparse.Namespace, seed: int, threads: int) -> d
         )
     if case.settings == "default":
         return run_vecmarl(default_config(case.algo, args.default_iterations, seed, args.quick))
-    config = benchmarl_config(case.env, case.algo, args.frames, seed, sizes, case.compile)
+    config = benchmarl_config(case.env, case.algo, args.frames, seed, sizes, case.compile, case.overlap)
     return run_in_fresh_process(config) if case.compile else run_vecmarl(config)
 
 
@@ -385,10 +392,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--modes",
         nargs="+",
-        choices=("eager", "compile"),
+        choices=("eager", "compile", "overlap"),
         default=["eager"],
         help="how vecmarl runs: eager, and/or as `marl train --compile` (rows marked --compile; each such run in a "
-        "fresh process, its compiling in its first iteration, which the whole-run frames/s include)",
+        "fresh process, its compiling in its first iteration, which the whole-run frames/s include), and/or as "
+        "`marl train --compile --overlap-critic` (the critics' update beside the next collection)",
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run at tiny sizes (numbers mean nothing)")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")

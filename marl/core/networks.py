@@ -13,7 +13,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
+from marl.optim.tanh import Tanh
+
+ACTIVATIONS = {"tanh": Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 
 
 class StackedLinear(nn.Module):

@@ -22,6 +22,12 @@ Two ways to take the step, the same update (tested):
 
 Adam's moments and step counts are the optimiser's own state tensors, updated in place by both, so
 checkpoints are the same either way.
+
+A step may train some of every group's nets only (`nets`, e.g. `("policy",)`): the loss is then called
+with `nets=` those names and computes their part only, and only their parameters, gradient norms and Adam
+state (moments and step counts) move. A step of each part in turn trains as the step of all of them
+(tested), so the parts can run apart: PPO's `overlap_critic` runs the critics' step on a second thread
+(`marl.optim.background`), compiled with `cpp_wrapper`.
 """
 
 from __future__ import annotations
@@ -64,8 +70,8 @@ class _Nets(nn.Module):
         self.groups = nn.ModuleDict({g: nn.ModuleDict(t.nets) for g, t in trainables.items()})
         self.loss = loss
 
-    def forward(self, *inputs):
-        return self.loss(*inputs)
+    def forward(self, *inputs, **kwargs):
+        return self.loss(*inputs, **kwargs)
 
 
 class UpdateStep:
@@ -74,21 +80,50 @@ class UpdateStep:
     Args:
         trainables: per group its nets, optimiser (one parameter group holding the nets' parameters in
             order: `adam(trainable.parameters(), ...)`) and clipping.
-        loss: `loss(*inputs) -> (total, {group: terms [K]})`, computed with the trainables' nets.
+        loss: `loss(*inputs) -> (total, {group: terms [K]})`, computed with the trainables' nets; with
+            `nets`, `loss(*inputs, nets=nets)`, computed with those nets only.
         device: where the step runs (CUDA: `mode="reduce-overhead"`, CUDA graphs).
         world: `marl.app.distributed`'s world: gradients are averaged over its ranks.
         compile: take the step as one compiled graph (one process) or compile the loss (torchrun).
+        nets: the names of the nets to step, some of every group's in their order (None: all of them).
+            The others' gradient norms read 0.
+        cpp_wrapper: compile with Inductor's C++ wrapper, for a step run on a second thread
+            (`envs.compile.maybe_compile`).
     """
 
     def __init__(
-        self, trainables: Mapping[str, Trainable], loss: Callable, device: torch.device, world, compile: bool = False
+        self,
+        trainables: Mapping[str, Trainable],
+        loss: Callable,
+        device: torch.device,
+        world,
+        compile: bool = False,
+        nets: tuple[str, ...] | None = None,
+        cpp_wrapper: bool = False,
     ) -> None:
         self.trainables, self.loss, self.device, self.world = dict(trainables), loss, device, world
         for g, t in self.trainables.items():
             held = t.optimizer.param_groups
             if len(held) != 1 or [id(p) for p in held[0]["params"]] != [id(p) for p in t.parameters()]:
                 raise ValueError(f"group {g!r}: the optimiser must hold its nets' parameters, in order, in one group")
+        self.loss_kwargs = {} if nets is None else {"nets": tuple(nets)}
+        # Per group: the positions of the stepped nets among its nets, and of their parameters in its optimiser.
+        self.stepped = {g: _stepped(g, t, nets) for g, t in self.trainables.items()}
+        self.slots = {}
+        for g, t in self.trainables.items():
+            starts = [0]
+            for net in t.nets.values():
+                starts.append(starts[-1] + len(list(net.parameters())))
+            self.slots[g] = [k for i in self.stepped[g] for k in range(starts[i], starts[i + 1])]
         self.parameters = [p for t in self.trainables.values() for p in t.parameters()]
+        # The parameters of the nets not stepped: their gradients are dropped before the eager step.
+        self.not_stepped = [
+            p
+            for g, t in self.trainables.items()
+            for i, net in enumerate(t.nets.values())
+            if i not in self.stepped[g]
+            for p in net.parameters()
+        ]
         self.fused = compile and world.size == 1
         if self.fused:
             self.module = _Nets(self.trainables, loss)
@@ -106,9 +141,9 @@ class UpdateStep:
                 g: (*t.optimizer.param_groups[0]["betas"], t.optimizer.param_groups[0]["eps"])
                 for g, t in self.trainables.items()
             }
-            self._fused_step = maybe_compile(self._fused_step_eager, True, device)
+            self._fused_step = maybe_compile(self._fused_step_eager, True, device, cpp_wrapper)
         else:
-            self._loss = maybe_compile(loss, compile, device)
+            self._loss = maybe_compile(loss, compile, device, cpp_wrapper)
 
     def __call__(self, *inputs) -> dict[str, torch.Tensor]:
         return self._step_fused(inputs) if self.fused else self._step_eager(inputs)
@@ -116,34 +151,53 @@ class UpdateStep:
     # ---- eager: autograd and torch's Adam -------------------------------------------------------------
 
     def _step_eager(self, inputs) -> dict[str, torch.Tensor]:
-        total, terms = self._loss(*inputs)
+        total, terms = self._loss(*inputs, **self.loss_kwargs)
         for t in self.trainables.values():
             t.optimizer.zero_grad(set_to_none=True)
         total.backward()
+        for p in self.not_stepped:  # Adam skips a parameter without a gradient
+            p.grad = None
         self.world.average_gradients(self.parameters)
         out = {}
         for g, t in self.trainables.items():
+            nets = list(t.nets.values())
             if t.max_grad_norm > 0:
-                norms = torch.stack(
-                    [
-                        torch.nn.utils.clip_grad_norm_(net.parameters(), t.max_grad_norm, foreach=True)
-                        for net in t.nets.values()
-                    ]
-                )
+                norms = [
+                    torch.nn.utils.clip_grad_norm_(nets[i].parameters(), t.max_grad_norm, foreach=True)
+                    for i in self.stepped[g]
+                ]
+                norms = self._all_norms(g, norms)
             else:
-                norms = torch.full((len(t.nets),), math.nan, device=self.device)
+                norms = self._unmeasured(g, self.device)
             t.optimizer.step()
             out[g] = torch.cat([terms[g], norms])
         return out
+
+    def _all_norms(self, g: str, norms: list[torch.Tensor]) -> torch.Tensor:
+        """Group `g`'s gradient norm per net: the stepped nets' `norms`, 0 for the others."""
+        by_net = dict(zip(self.stepped[g], norms))
+        return torch.stack(
+            [by_net[i] if i in by_net else norms[0].new_zeros(()) for i in range(len(self.trainables[g].nets))]
+        )
+
+    def _unmeasured(self, g: str, device: torch.device) -> torch.Tensor:
+        """The norms of a group that does not clip: NaN for the stepped nets (the clipping measures them), 0
+        for the others."""
+        norms = torch.full((len(self.trainables[g].nets),), math.nan, device=device)
+        others = [i for i in range(len(norms)) if i not in self.stepped[g]]
+        if others:
+            norms[others] = 0.0
+        return norms
 
     # ---- compiled: one graph of loss, gradients, clipping and Adam ------------------------------------
 
     def _step_fused(self, inputs) -> dict[str, torch.Tensor]:
         named = dict(self.module.named_parameters())
-        params = {name: named[name] for nets in self.names.values() for names in nets for name in names}
+        params = {name: named[name] for g, nets in self.names.items() for i in self.stepped[g] for name in nets[i]}
         adam_state = {}
         for g, t in self.trainables.items():
-            exp_avgs, exp_avg_sqs, steps = _adam_state(t.optimizer)
+            # The stepped nets' moments and step counts (only theirs advance).
+            exp_avgs, exp_avg_sqs, steps = ([x[k] for k in self.slots[g]] for x in _adam_state(t.optimizer))
             torch._foreach_add_(steps, 1)
             beta1, beta2, _ = self.adam_constants[g]
             lr = t.optimizer.param_groups[0]["lr"]
@@ -159,22 +213,39 @@ class UpdateStep:
         # tied, and looking for ties walks every buffer (traced, a float64 buffer became a symbolic float
         # and AOTAutograd restarted the whole trace to specialise it).
         def loss(p):
-            return functional_call(self.module, p, inputs, tie_weights=False)
+            return functional_call(self.module, p, inputs, self.loss_kwargs, tie_weights=False)
 
         grads, terms = grad(loss, has_aux=True)(params)
         out = {}
         for g, t in self.trainables.items():
-            net_grads = [[grads[name] for name in names] for names in self.names[g]]
+            stepped = [self.names[g][i] for i in self.stepped[g]]
+            net_grads = [[grads[name] for name in names] for names in stepped]
             if t.max_grad_norm > 0:
                 norms, factors = clip_factors(net_grads, t.max_grad_norm)
                 net_grads = [torch._foreach_mul(gs, factor) for gs, factor in zip(net_grads, factors)]
-                norms = torch.stack(norms)
+                norms = self._all_norms(g, norms)
             else:
-                norms = torch.full((len(net_grads),), math.nan, device=terms[g].device)
-            group_params = [params[name] for names in self.names[g] for name in names]
+                norms = self._unmeasured(g, terms[g].device)
+            group_params = [params[name] for names in stepped for name in names]
             _adam_(group_params, [x for gs in net_grads for x in gs], *adam_state[g], *self.adam_constants[g])
             out[g] = torch.cat([terms[g], norms])
         return out
+
+
+def _stepped(group: str, trainable: Trainable, nets: tuple[str, ...] | None) -> list[int]:
+    """The positions among `trainable`'s nets of those named in `nets` (None: all of them)."""
+    names = list(trainable.nets)
+    if nets is None:
+        return list(range(len(names)))
+    nets = tuple(nets)
+    if (
+        not nets
+        or len(set(nets)) < len(nets)
+        or not set(nets) <= set(names)
+        or list(nets) != sorted(nets, key=names.index)
+    ):
+        raise ValueError(f"group {group!r}: nets must be some of {tuple(names)} in that order, got {nets}")
+    return [names.index(net) for net in nets]
 
 
 def _adam_state(optimizer: torch.optim.Adam) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:

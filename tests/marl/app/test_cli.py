@@ -26,6 +26,15 @@ def test_train_help_explains_every_option(capsys):
     assert "PPO epochs over each rollout" in text and "--env-option" in text and "--resume" in text
 
 
+def test_train_help_lists_overlap_critic_among_ppos_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = capsys.readouterr().out
+    section = text[text.index("algorithm ippo / mappo (PPOConfig):") :].split("\n\n")
+    assert "--overlap-critic, --no-overlap-critic" in section[1]  # the section's options, after its description
+    assert "ippo / mappo: epochs, minibatch_size, overlap_critic" in " ".join(text.split())  # --group can't set it
+
+
 def test_options_reach_the_config():
     args = build_parser().parse_args(
         [
@@ -73,6 +82,7 @@ def test_options_reach_the_config():
             "minibatch_size=64 is larger",
         ),
         (["train", "--group", "agent.lrr=1"], "unknown field(s) ['lrr'] in the overrides for group 'agent'"),
+        (["train", "--algo", "ippo", "--overlap-critic"], "overlap_critic needs compile"),
         (
             ["train", "--group", "agent.std=net"],
             "option std='net' for group 'agent' has type str, expected 'param' | 'state'",

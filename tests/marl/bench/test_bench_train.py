@@ -1,5 +1,6 @@
 """`python -m marl.bench.train`: the vecmarl side on a tiny budget, without BenchMARL (no timings checked)."""
 
+import argparse
 import dataclasses
 import json
 
@@ -116,3 +117,18 @@ def test_a_run_in_a_fresh_process_returns_its_figures():
 def test_compile_reaches_the_trainer_config():
     assert benchmarl_config("vmas/navigation", "mappo", frames=6000, seed=0, compile=True).run.compile
     assert not benchmarl_config("vmas/navigation", "mappo", frames=6000, seed=0).run.compile
+
+
+def test_overlap_mode_adds_rows_trained_with_overlap_critic():
+    config = benchmarl_config("vmas/navigation", "ippo", frames=6000, seed=0, compile=True, overlap=True)
+    assert config.run.compile and config.algo.overlap_critic
+    assert not benchmarl_config("vmas/navigation", "ippo", frames=6000, seed=0, compile=True).algo.overlap_critic
+    args = argparse.Namespace(
+        algos=["ippo"], envs=["vmas/navigation"], modes=["compile", "overlap"], peer_python=None, default_iterations=0
+    )
+    cases = bench_train.build_cases(args)
+    assert [case.name for case in cases] == [
+        "vecmarl IPPO vmas/navigation --compile",
+        "vecmarl IPPO vmas/navigation --compile --overlap-critic",
+    ]
+    assert [case.overlap for case in cases] == [False, True]

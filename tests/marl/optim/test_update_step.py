@@ -1,5 +1,6 @@
 """marl.optim.update_step: the compiled one-graph step does what the eager step does (autograd, per-net
-clipping, torch's fused Adam), here run eagerly on two groups with different settings."""
+clipping, torch's fused Adam), here run eagerly on two groups with different settings; a step of some of
+the nets, then of the others, does what the step of all of them does."""
 
 import pytest
 import torch
@@ -21,10 +22,11 @@ def config(tmp_path) -> TrainConfig:
     )
 
 
-def fused_step(trainer: Trainer) -> UpdateStep:
-    """The trainer's update step taken as the compiled one is, but run eagerly (no compiling in a test)."""
+def fused_step(trainer: Trainer, nets: tuple[str, ...] | None = None) -> UpdateStep:
+    """The trainer's update step (of `nets`) taken as the compiled one is, but run eagerly (no compiling
+    in a test)."""
     step = trainer.algorithm.step
-    fused = UpdateStep(step.trainables, step.loss, trainer.device, trainer.world, compile=True)
+    fused = UpdateStep(step.trainables, step.loss, trainer.device, trainer.world, compile=True, nets=nets)
     fused._fused_step = fused._fused_step_eager
     return fused
 
@@ -56,6 +58,53 @@ def test_fused_step_equals_the_eager_update(tmp_path):
     # The clipped group's norms are recorded; the unclipped one's are not measured: NaN, as in the eager update.
     assert terms[1]["listener"]["policy_grad_norm"] > 0
     assert terms[1]["speaker"]["policy_grad_norm"].isnan()
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_policy_step_then_a_critic_step_equal_the_step_of_both(tmp_path, fused):
+    """The step split by net (so that the critics' steps can run apart from the policies') trains the same
+    parameters, Adam state and loss terms as the one step of both nets, over several iterations."""
+    both, apart = (Trainer(config(tmp_path), run_dir=tmp_path / name) for name in ("both", "apart"))
+    if fused:
+        runs = [(both, [fused_step(both)]), (apart, [fused_step(apart, (net,)) for net in ("policy", "critic")])]
+    else:
+        step = apart.algorithm.step
+        split = [
+            UpdateStep(step.trainables, step.loss, apart.device, apart.world, nets=(net,))
+            for net in ("policy", "critic")
+        ]
+        runs = [(both, [both.algorithm.step]), (apart, split)]
+    for _ in range(3):
+        sums = []
+        for trainer, steps in runs:
+            buffer = trainer.collector.collect()
+            trainer.algorithm.advantages(buffer)
+            flat, state = trainer.algorithm.update_inputs(buffer)
+            sums.append({g: torch.zeros(len(LOSS_TERMS) + 2) for g in flat})
+            for start in (0, 128):
+                for step in steps:
+                    for g, out in step(flat, state, torch.arange(start, start + 128)).items():
+                        sums[-1][g] += out
+        for g, learner in both.algorithm.learners.items():
+            torch.testing.assert_close(sums[0][g], sums[1][g], rtol=1e-6, atol=1e-7, equal_nan=True)
+            other = apart.algorithm.learners[g]
+            for a, b in zip(learner.parameters(), other.parameters(), strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+            ours, theirs = (lr.optimizer.state_dict()["state"] for lr in (learner, other))
+            assert ours.keys() == theirs.keys()
+            for k in ours:
+                for name in ("step", "exp_avg", "exp_avg_sq"):
+                    torch.testing.assert_close(ours[k][name], theirs[k][name], rtol=1e-6, atol=1e-7)
+    assert sums[1]["listener"][len(LOSS_TERMS) :].min() > 0  # both nets' norms, each from its own step
+    assert sums[1]["speaker"][len(LOSS_TERMS) :].isnan().all()  # not clipped: not measured, as the step of both
+
+
+def test_a_step_of_some_nets_names_them_in_order():
+    nets = {"policy": torch.nn.Linear(2, 2), "critic": torch.nn.Linear(2, 1)}
+    trainable = Trainable(nets, adam([p for net in nets.values() for p in net.parameters()], lr=1e-3, eps=1e-5), 1.0)
+    for wrong in ((), ("value",), ("critic", "policy"), ("policy", "policy")):
+        with pytest.raises(ValueError, match=r"group 'g': nets must be some of \('policy', 'critic'\) in that order"):
+            UpdateStep({"g": trainable}, lambda: None, torch.device("cpu"), world=None, nets=wrong)
 
 
 def test_the_optimiser_must_hold_the_nets_parameters_in_order():
