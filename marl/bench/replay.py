@@ -39,8 +39,6 @@ from pathlib import Path
 
 import torch
 
-from kernels.bench.gae import device_name
-
 N_AGENTS, OBSERVATION, ACTION = 3, 18, 2  # navigation's group "agent"
 ALPHA, BETA = 0.6, 0.4
 FILL_CHUNK = 65536
@@ -52,7 +50,8 @@ def synchronize(device: torch.device) -> None:
 
 
 def median_ms(call, repeats: int, device: torch.device, warmup: int = 3) -> float:
-    """Median wall time of `call()` in ms over `repeats` back-to-back calls, after `warmup` calls."""
+    """Median wall time of `call()` in ms over `repeats` back-to-back calls, after `warmup` calls (its own
+    loop, not `kernels.bench`'s: the peer's interpreter runs this file alone)."""
     for _ in range(warmup):
         call()
     times = []
@@ -320,6 +319,8 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(args.device)
     report["command"] = "python -m marl.bench.replay " + shlex.join(argv)
     report["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    from kernels.bench.gae import device_name  # here: the peer runs this file without vecmarl on its path
+
     report["machine"] = device_name(device)
     print(f"command: {report['command']}")
     print(
