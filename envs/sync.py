@@ -7,6 +7,18 @@ boolean-mask indexing and assignment, `masked_select`, `unique`, `repeat_interle
 It works on CPU tensors too, so CI (without a GPU) proves that reset, step, rollout, advantages and
 loss never wait on the device.
 
+`forbid_host_sync(device)` also forbids host->device copies into `device`, the device the guarded code
+targets: a tensor built from host data on it (`torch.tensor(3.0, device=d)`, `torch.as_tensor(list,
+device=d)`, `t.new_tensor(...)`), or a host tensor moved to it (`.to(d)`, `.cuda()`, `dst.copy_(src)`,
+`dst[i] = src`). On CUDA such a copy from pageable memory makes the host wait. Allocating on the device
+(`torch.zeros/full/empty/arange/randn(..., device=d)`) copies nothing and passes. On the CPU no copy
+happens, so `device="cpu"` simulates a remote device for CI: a CPU tensor the block creates without
+naming a device (`torch.zeros(3)`, `torch.tensor(x)`, and what is computed from such tensors only) is
+a host tensor, every other CPU tensor (those made before the block, or with `device=d`) lives on the
+device, and a copy from the one to the other raises as it would cost a sync on a GPU. (`torch.from_numpy`
+and `torch.Tensor(...)` bypass torch's function modes: their tensors count as host tensors on a real
+device only.)
+
 `allow_host_sync()` lifts the guard for a block of code the caller cannot change: a wrapped third-party
 simulator (VMAS asserts on action values and branches on `tensor.any()` inside its own step). The
 adapter's own code around such calls stays under the guard.
@@ -22,8 +34,11 @@ from collections.abc import Iterator
 
 import tensordict
 import torch
+from tensordict import TensorDictBase
 from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakTensorKeyDictionary
 
 
 class HostSyncError(RuntimeError):
@@ -63,15 +78,15 @@ _DATA_DEPENDENT_OPS = {
 _LIBRARIES = (os.path.dirname(torch.__file__), os.path.dirname(tensordict.__file__), os.path.abspath(__file__))
 
 
-def _error(what: str) -> HostSyncError:
+def _error(what: str, kind: str = "host sync") -> HostSyncError:
     """The error for `what`, naming the line that asked for it: the innermost caller outside torch,
     tensordict and this module (an env's `_reset`, say), which a traceback buries under torch's frames."""
     callers = [f for f in traceback.extract_stack() if not os.path.abspath(f.filename).startswith(_LIBRARIES)]
     if not callers:
-        return HostSyncError(f"host sync: {what} is not allowed here")
+        return HostSyncError(f"{kind}: {what} is not allowed here")
     line = callers[-1]
     return HostSyncError(
-        f"host sync: {what} is not allowed here (at {line.filename}:{line.lineno} in {line.name}: `{line.line}`)"
+        f"{kind}: {what} is not allowed here (at {line.filename}:{line.lineno} in {line.name}: `{line.line}`)"
     )
 
 
@@ -79,7 +94,27 @@ def _is_bool_index(indices) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices if i is not None)
 
 
+_FROM_DATA = {torch.tensor: "torch.tensor", torch.as_tensor: "torch.as_tensor", torch.asarray: "torch.asarray"}
+_MOVES = {torch.Tensor.to: ".to", torch.Tensor.cuda: ".cuda()"}
+
+
+def _to_target(args, kwargs) -> torch.device | torch.Tensor | None:
+    """Where `tensor.to(*args[1:], **kwargs)` puts the tensor: a device, a tensor (`.to(other)`), or None."""
+    for a in (kwargs.get("device"), *args[1:]):
+        if isinstance(a, (torch.Tensor, torch.device)):
+            return a
+        if isinstance(a, (str, int)) and not isinstance(a, bool):
+            return torch.device(a)
+    return None
+
+
 class _ForbidMethods(TorchFunctionMode):
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.device = None if device is None else torch.device(device)  # None: host->device copies pass
+        self.simulate = self.device is not None and self.device.type == "cpu"
+        self.host = WeakTensorKeyDictionary()  # when simulating: the block's host tensors (see the module doc)
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if _is_allowed():
@@ -88,10 +123,67 @@ class _ForbidMethods(TorchFunctionMode):
         if what is not None:
             raise _error(what)
         if func is torch.Tensor.to and args and isinstance(args[0], torch.Tensor):
-            target = kwargs.get("device", next((a for a in args[1:] if isinstance(a, (str, torch.device))), None))
-            if target is not None and torch.device(target).type == "cpu" and args[0].device.type != "cpu":
+            target = _to_target(args, kwargs)
+            if isinstance(target, torch.device) and target.type == "cpu" and args[0].device.type != "cpu":
                 raise _error("copying a device tensor to the CPU")
-        return func(*args, **kwargs)
+        if self.device is None:
+            return func(*args, **kwargs)
+        what = self._host_to_device(func, args, kwargs)
+        if what is not None:
+            raise _error(what, "host-to-device copy")
+        out = func(*args, **kwargs)
+        if self.simulate and self._makes_host_tensors(func, args, kwargs):
+            for t in pytree.tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                    self.host[t] = True
+        return out
+
+    def _is_host(self, t) -> bool:
+        return isinstance(t, torch.Tensor) and t.device.type == "cpu" and (not self.simulate or t in self.host)
+
+    def _is_remote(self, target: torch.device | torch.Tensor) -> bool:
+        if isinstance(target, torch.Tensor):
+            return not self._is_host(target)
+        return target.type != "cpu" or self.simulate
+
+    def _host_to_device(self, func, args, kwargs) -> str | None:
+        """What `func(*args, **kwargs)` copies from the host to the device, if it does."""
+        if func in _FROM_DATA or func is torch.Tensor.new_tensor:
+            new = func is torch.Tensor.new_tensor
+            data = args[1] if new else (args[0] if args else kwargs.get("data", kwargs.get("obj")))
+            device = kwargs.get("device")
+            if device is not None:
+                remote = self._is_remote(torch.device(device))
+            elif new:
+                remote = not self._is_host(args[0])
+            elif isinstance(data, torch.Tensor):
+                return None  # stays where it is
+            else:  # the default device: on the CPU a host tensor
+                remote = torch.get_default_device().type != "cpu"
+            name = ".new_tensor" if new else _FROM_DATA[func]
+            if remote and not isinstance(data, torch.Tensor):
+                return f"building a tensor from host data (Python numbers, lists, arrays) on the device ({name})"
+            if remote and self._is_host(data):
+                return f"moving a host tensor to the device ({name})"
+        elif func in _MOVES and args and self._is_host(args[0]):
+            target = torch.device("cuda") if func is torch.Tensor.cuda else _to_target(args, kwargs)
+            if target is not None and self._is_remote(target):
+                return f"moving a host tensor to the device ({_MOVES[func]})"
+        elif func is torch.Tensor.copy_ and len(args) > 1 and self._is_host(args[1]) and not self._is_host(args[0]):
+            return "copy_ from a host tensor into a device tensor"
+        elif func is torch.Tensor.__setitem__ and len(args) > 2 and not self._is_host(args[0]):
+            value = args[2]  # a 0-d host value is read on the host and filled in, without a copy
+            if self._is_host(value) and value.dim() > 0:
+                return "assigning a host tensor into a device tensor (`device_tensor[i] = host_tensor`)"
+        return None
+
+    def _makes_host_tensors(self, func, args, kwargs) -> bool:
+        """When simulating: whether `func`'s CPU outputs are host tensors: made without naming a device,
+        from host tensors only, or from no tensor at all (`torch.zeros(3)`, `torch.tensor(x)`)."""
+        if kwargs.get("device") is not None or (func in _MOVES and _to_target(args, kwargs) is not None):
+            return False
+        inputs = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, (torch.Tensor, TensorDictBase))]
+        return all(self._is_host(x) for x in inputs)
 
 
 class _ForbidDataDependentOps(TorchDispatchMode):
@@ -112,9 +204,11 @@ class _ForbidDataDependentOps(TorchDispatchMode):
 
 
 @contextlib.contextmanager
-def forbid_host_sync() -> Iterator[None]:
-    """Raise `HostSyncError` on any host sync or data-dependent shape inside the block."""
-    with _ForbidMethods(), _ForbidDataDependentOps():
+def forbid_host_sync(device: torch.device | str | None = None) -> Iterator[None]:
+    """Raise `HostSyncError` on any host sync or data-dependent shape inside the block; with `device`
+    (the device the block's code targets), on host->device copies into it too (`device="cpu"`
+    simulates a remote device, see the module doc)."""
+    with _ForbidMethods(device), _ForbidDataDependentOps():
         yield
 
 

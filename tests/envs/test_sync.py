@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 
@@ -70,3 +71,91 @@ def test_error_names_the_line_that_synced():
     with pytest.raises(HostSyncError, match=r"in test_error_names_the_line_that_synced: `x\[x > 0\]`"):
         with forbid_host_sync():
             x[x > 0]
+
+
+# Host->device copies, checked with `forbid_host_sync(device)`: for the `meta` device as a GPU run checks
+# them (CPU tensors are host tensors), and for the CPU treated as remote, as CI checks a loop on the CPU.
+REMOTE = ["cpu", "meta"]
+
+
+@pytest.mark.parametrize("device", REMOTE)
+@pytest.mark.parametrize(
+    ("operation", "op"),
+    [
+        (lambda d, dev: torch.tensor(3.0, device=d), r"\(torch\.tensor\)"),
+        (lambda d, dev: torch.as_tensor([1.0, 2.0], device=d), r"\(torch\.as_tensor\)"),
+        (lambda d, dev: torch.asarray(np.ones(2), device=d), r"\(torch\.asarray\)"),
+        (lambda d, dev: dev.new_tensor([1.0, 2.0]), r"\(\.new_tensor\)"),
+        (lambda d, dev: torch.as_tensor(torch.ones(3), device=d), r"moving a host tensor .*\(torch\.as_tensor\)"),
+        (lambda d, dev: torch.zeros(3).to(d), r"moving a host tensor to the device \(\.to\)"),
+        (lambda d, dev: torch.ones(3).to(device=d, dtype=torch.float64), r"\(\.to\)"),
+        (lambda d, dev: torch.arange(3).float().mul(2).to(d), r"\(\.to\)"),
+        (lambda d, dev: torch.ones(3).cuda(), r"\(\.cuda\(\)\)"),
+        (lambda d, dev: dev.copy_(torch.ones(3)), r"copy_ from a host tensor into a device tensor"),
+        (lambda d, dev: dev.__setitem__(slice(0, 2), torch.ones(2)), r"assigning a host tensor"),
+    ],
+    ids=[
+        "tensor",
+        "as_tensor_list",
+        "asarray_numpy",
+        "new_tensor",
+        "as_tensor_host_tensor",
+        "to",
+        "to_kwargs",
+        "to_after_host_ops",
+        "cuda",
+        "copy_",
+        "setitem",
+    ],
+)
+def test_host_to_device_copies_raise(device, operation, op):
+    dev = torch.zeros(3, device=device)  # made before the block: lives on the device
+    with pytest.raises(HostSyncError, match=rf"^host-to-device copy: .*{op}.* \(at .*test_sync\.py:\d+ in <lambda>"):
+        with forbid_host_sync(device):
+            operation(device, dev)
+
+
+@pytest.mark.parametrize("device", REMOTE)
+def test_device_allocations_and_device_ops_pass(device):
+    dev = torch.zeros(3, device=device)
+    with forbid_host_sync(device):
+        made = [
+            torch.zeros(3, device=device),
+            torch.full((3,), 2.0, device=device),
+            torch.empty(3, device=device),
+            torch.arange(3, device=device, dtype=torch.float32),
+            torch.randn(3, device=device),
+            torch.zeros_like(dev),
+            dev.new_zeros(3),
+        ]
+        y = sum(made) * dev + dev.to(device) + torch.as_tensor(dev)  # between device tensors; .to is a no-op
+        y.copy_(dev)
+        y[:2] = dev[1:]
+        y = y * torch.tensor(2.0) + 1.0  # a 0-d host tensor is read as a scalar, not copied
+        y[0] = torch.tensor(1.0)
+        host = torch.zeros(3).add(1).to(torch.float64)  # host tensors staying on the host
+    assert y.device.type == device and host.device.type == "cpu"
+
+
+def test_on_a_real_device_every_cpu_tensor_is_a_host_tensor():
+    made_before = torch.ones(3)  # made before the block, even from numpy (`torch.from_numpy` is not seen)
+    for host in (made_before, torch.from_numpy(np.ones(3))):
+        with pytest.raises(HostSyncError, match=r"\(\.to\)"), forbid_host_sync("meta"):
+            host.to("meta")
+
+
+def test_host_to_device_copies_pass_without_a_device_and_under_allow_host_sync():
+    with forbid_host_sync():  # no target device: only device->host syncs are checked
+        torch.tensor(3.0, device="meta")
+        torch.zeros(3).to("meta")
+    with forbid_host_sync("meta"), allow_host_sync():
+        torch.zeros(3).to("meta")
+
+
+def test_copy_error_names_the_line():
+    def advantages(target):
+        return target.sum() / torch.tensor(float(target.numel()), dtype=torch.float64, device=target.device)
+
+    match = r"^host-to-device copy: building a tensor .* in advantages: `return target\.sum\(\) / torch\.tensor"
+    with pytest.raises(HostSyncError, match=match), forbid_host_sync("cpu"):
+        advantages(torch.ones(4))
