@@ -139,9 +139,11 @@ def parse_replay(output: str, out: Path) -> dict:
 
 
 def native_envs() -> list[str]:
+    """vecmarl's own envs (`envs.native`), not those a user's module or a test registered."""
     import envs
+    from envs.registry import env_class
 
-    return [name for name in envs.names() if "/" not in name]
+    return [name for name in envs.names() if "/" not in name and env_class(name).__module__.startswith("envs.native.")]
 
 
 def steps(out: Path, minutes: float = 8.0) -> list[Step]:
