@@ -3,6 +3,8 @@ import os
 # Triton kernels run on the CPU through Triton's interpreter; it must be chosen before triton is imported.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import argparse  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -40,3 +42,21 @@ def pytest_runtest_makereport(item, call):
 def pytest_make_collect_report(collector):
     outcome = yield
     _fail_a_missing_extra(outcome.get_result())
+
+
+class Parsed(Exception):
+    """Raised right after a program's arguments parsed: the command is valid, nothing runs."""
+
+
+@pytest.fixture
+def parse_only(monkeypatch):
+    """Every argparse parser stops right after parsing, raising the exception this returns: a command is
+    checked (`with pytest.raises(parse_only): main(argv)`), not run."""
+    original = argparse.ArgumentParser.parse_args
+
+    def parse_and_stop(self, args=None, namespace=None):
+        original(self, args, namespace)
+        raise Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_and_stop)
+    return Parsed

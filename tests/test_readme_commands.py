@@ -2,11 +2,8 @@
 ...` and `python -m MODULE ...` line parses with that program's own argument parser; the cheap ones
 (`marl envs`, `--help`, the env demos) run for real; tutorials and extras named exist."""
 
-import argparse
 import dataclasses
-import importlib
 import re
-import runpy
 import shlex
 import sys
 import types
@@ -17,6 +14,7 @@ import pytest
 from marl.app.cli import build_parser, config_from_args
 from marl.app.cli import main as marl_main
 from marl.app.trainer import Trainer
+from tests.commands import run_module_main
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -44,31 +42,6 @@ def with_env_vars_dropped(words: list[str]) -> list[str]:
 COMMANDS = [with_env_vars_dropped(c) for c in readme_commands()]
 
 
-class Parsed(Exception):
-    """Raised right after a program's arguments parsed: the command is valid, nothing runs."""
-
-
-@pytest.fixture
-def parse_only(monkeypatch):
-    original = argparse.ArgumentParser.parse_args
-
-    def parse_and_stop(self, args=None, namespace=None):
-        original(self, args, namespace)
-        raise Parsed
-
-    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_and_stop)
-
-
-def run_module_main(words: list[str], monkeypatch) -> None:
-    """`python -m MODULE ARGS`: MODULE's `main` (or `_main`) with ARGS as `sys.argv`, in this process."""
-    module = importlib.import_module(words[2])
-    monkeypatch.setattr("sys.argv", [words[2], *words[3:]])
-    if hasattr(module, "__path__"):  # a package: `python -m` runs its __main__
-        runpy.run_module(f"{words[2]}.__main__", run_name="__main__")
-        return
-    (getattr(module, "main", None) or module._main)()
-
-
 def marl_argv(words: list[str]) -> list[str]:
     if words[0] == "marl":
         return words[1:]
@@ -92,7 +65,7 @@ def test_the_readme_has_commands_of_every_kind():
 def test_marl_commands_parse(words, parse_only, capsys, monkeypatch):
     # `--imports my_envs` names the reader's own module, imported before parsing: an empty one stands in.
     monkeypatch.setitem(sys.modules, "my_envs", types.ModuleType("my_envs"))
-    with pytest.raises(Parsed):
+    with pytest.raises(parse_only):
         marl_main(marl_argv(words))
 
 
@@ -117,10 +90,10 @@ def test_python_module_commands_parse(words, parse_only, monkeypatch, capsys):
         assert (ROOT / words[3] if len(words) > 3 and not words[3].startswith("-") else ROOT / "tests").exists()
         return
     if words[2] == "marl":
-        with pytest.raises(Parsed):
+        with pytest.raises(parse_only):
             marl_main(marl_argv(words))
         return
-    with pytest.raises(Parsed):
+    with pytest.raises(parse_only):
         run_module_main(words, monkeypatch)
 
 

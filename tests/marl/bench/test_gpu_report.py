@@ -1,11 +1,8 @@
 """`python -m marl.bench.gpu_report`: the dry run CI makes, the steps' commands (each parses with its own
 program's parser), the runner (a failing or hanging step does not lose the rest), and the parsers."""
 
-import argparse
-import importlib
 import json
 import os
-import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +14,7 @@ from marl.app.cli import config_from_args
 from marl.app.cli import main as marl_main
 from marl.bench import gpu_report
 from marl.bench.gpu_report import Step
+from tests.commands import run_module_main
 
 ROOT = Path(__file__).resolve().parents[3]
 STEPS = gpu_report.steps(Path("/tmp/report"))
@@ -58,21 +56,6 @@ def test_the_steps_fit_the_budget_and_cover_the_issue():
     assert "--compile" in commands["train_compile"] and "--compile" not in commands["train_eager"]
 
 
-class Parsed(Exception):
-    """Raised right after a program's arguments parsed: the command is valid, nothing runs."""
-
-
-@pytest.fixture
-def parse_only(monkeypatch):
-    original = argparse.ArgumentParser.parse_args
-
-    def parse_and_stop(self, args=None, namespace=None):
-        original(self, args, namespace)
-        raise Parsed
-
-    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_and_stop)
-
-
 @pytest.mark.parametrize("step", STEPS, ids=lambda s: s.name)
 def test_each_command_parses_with_its_own_parser(step, parse_only, monkeypatch, capsys):
     words = step.command
@@ -83,16 +66,11 @@ def test_each_command_parses_with_its_own_parser(step, parse_only, monkeypatch, 
         assert "gpu:" in (ROOT / "pyproject.toml").read_text()  # the marker `-m gpu` selects
         return
     if module == "marl":
-        with pytest.raises(Parsed):
+        with pytest.raises(parse_only):
             marl_main(words[3:])
         return
-    monkeypatch.setattr("sys.argv", [module, *words[3:]])
-    imported = importlib.import_module(module)
-    with pytest.raises(Parsed):
-        if hasattr(imported, "__path__"):  # a package: `python -m` runs its __main__
-            runpy.run_module(f"{module}.__main__", run_name="__main__")
-        else:
-            imported.main()
+    with pytest.raises(parse_only):
+        run_module_main(words, monkeypatch)
 
 
 @pytest.mark.parametrize("step", [s for s in STEPS if s.command[2] == "marl"], ids=lambda s: s.name)
