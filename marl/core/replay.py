@@ -39,7 +39,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from envs.specs import Box, GroupSpec
 from kernels.sum_tree import sum_tree_find, sum_tree_nbytes, sum_tree_update_, sum_tree_zeros
-from marl.core.distributions import raw_action_dtype
+from marl.core.rollout import transition_layout
 
 Key = tuple[str, ...]
 
@@ -67,34 +67,14 @@ class Prioritized:
             raise ValueError(f"Prioritized: reduce = {self.reduce!r}, expected 'max' or 'mean'")
 
 
-def replay_layout(
-    groups: Mapping[str, GroupSpec], state_spec: Box | None = None
-) -> dict[Key, tuple[tuple, torch.dtype]]:
-    """What one stored env step holds: `{key: (shape without the capacity dim, dtype)}`, keys as in the
-    rollout (`(group, "observation")`, ..., `("state",)`)."""
-    layout: dict[Key, tuple[tuple, torch.dtype]] = {}
-    for g, spec in groups.items():
-        n, observation = spec.n_agents, spec.observation
-        layout[(g, "observation")] = ((n, *observation.shape), observation.dtype)
-        layout[(g, "next_observation")] = ((n, *observation.shape), observation.dtype)
-        layout[(g, "action")] = ((n, *spec.action.shape), raw_action_dtype(spec.action))
-        layout[(g, "reward")] = ((n,), torch.float32)
-        layout[(g, "terminated")] = ((n,), torch.bool)
-        layout[(g, "done")] = ((n,), torch.bool)
-        if spec.has_action_mask:
-            layout[(g, "action_mask")] = ((n, spec.action.n), torch.bool)
-    if state_spec is not None:
-        layout[("state",)] = (tuple(state_spec.shape), state_spec.dtype)
-        layout[("next_state",)] = (tuple(state_spec.shape), state_spec.dtype)
-    return layout
-
-
 def replay_nbytes(
     groups: Mapping[str, GroupSpec], capacity: int, state_spec: Box | None = None, prioritized: bool = False
 ) -> int:
     """Bytes a `ReplayBuffer` of these specs and `capacity` allocates (storage, and the sum tree when
     prioritized), computed before allocating anything."""
-    per_step = sum(math.prod(shape) * _itemsize(dtype) for shape, dtype in replay_layout(groups, state_spec).values())
+    per_step = sum(
+        math.prod(shape) * _itemsize(dtype) for shape, dtype in transition_layout(groups, state_spec).values()
+    )
     return capacity * per_step + (sum_tree_nbytes(capacity) if prioritized else 0)
 
 
@@ -171,7 +151,7 @@ class ReplayBuffer:
         self.prioritized = prioritized
         self.check_values = check_values
         self.backend = backend
-        self.layout = replay_layout(self.groups, state_spec)
+        self.layout = transition_layout(self.groups, state_spec)
         self.nbytes = replay_nbytes(self.groups, capacity, state_spec, prioritized is not None)
         self._check_fits()
         try:

@@ -32,6 +32,31 @@ class Acting:
     log_prob: bool = False
 
 
+def transition_layout(
+    groups: Mapping, state_spec=None, log_prob: bool = False
+) -> dict[tuple[str, ...], tuple[tuple[int, ...], torch.dtype]]:
+    """What one env step of a batch holds: `{key: (shape without the batch dims, dtype)}`, keys `(group,
+    name)` or `(name,)` at the root (the module docstring lists them). The rollout buffer stores it
+    `[T, B, ...]` and the replay buffer (`marl.core.replay`) `[capacity, ...]`, so one extends the other."""
+    layout: dict[tuple[str, ...], tuple[tuple[int, ...], torch.dtype]] = {}
+    for g, spec in groups.items():
+        n, observation = spec.n_agents, (spec.n_agents, *spec.observation.shape)
+        layout[(g, "observation")] = (observation, torch.float32)
+        layout[(g, "next_observation")] = (observation, torch.float32)
+        layout[(g, "action")] = ((n, *spec.action.shape), raw_action_dtype(spec.action))
+        if log_prob:
+            layout[(g, "log_prob")] = ((n,), torch.float32)
+        layout[(g, "reward")] = ((n,), torch.float32)
+        layout[(g, "terminated")] = ((n,), torch.bool)
+        layout[(g, "done")] = ((n,), torch.bool)
+        if spec.has_action_mask:
+            layout[(g, "action_mask")] = ((n, spec.action.n), torch.bool)
+    if state_spec is not None:
+        layout[("state",)] = (tuple(state_spec.shape), torch.float32)
+        layout[("next_state",)] = (tuple(state_spec.shape), torch.float32)
+    return layout
+
+
 class EpisodeStats:
     """Running returns of unfinished episodes and sums over finished ones, all on the device."""
 
@@ -131,26 +156,13 @@ class Collector:
         self._steps = maybe_compile(self._steps_eager, compile and env.traceable, self.device)
 
     def _allocate(self) -> TensorDict:
-        env, T, B = self.env, self.T, self.env.num_envs
+        T, B = self.T, self.env.num_envs
         data: dict = {}
-        for g, spec in env.groups.items():
-            n, obs_shape = spec.n_agents, spec.observation.shape
-            group = {
-                "observation": torch.zeros(T, B, n, *obs_shape),
-                "next_observation": torch.zeros(T, B, n, *obs_shape),
-                "action": torch.zeros(T, B, n, *spec.action.shape, dtype=raw_action_dtype(spec.action)),
-            }
-            if self.acting.log_prob:
-                group["log_prob"] = torch.zeros(T, B, n)
-            group["reward"] = torch.zeros(T, B, n)
-            group["terminated"] = torch.zeros(T, B, n, dtype=torch.bool)
-            group["done"] = torch.zeros(T, B, n, dtype=torch.bool)
-            if spec.has_action_mask:
-                group["action_mask"] = torch.zeros(T, B, n, spec.action.n, dtype=torch.bool)
-            data[g] = group
-        if env.state_spec is not None:
-            data["state"] = torch.zeros(T, B, *env.state_spec.shape)
-            data["next_state"] = torch.zeros(T, B, *env.state_spec.shape)
+        for key, (shape, dtype) in transition_layout(
+            self.env.groups, self.env.state_spec, self.acting.log_prob
+        ).items():
+            where = data.setdefault(key[0], {}) if len(key) == 2 else data
+            where[key[-1]] = torch.zeros(T, B, *shape, dtype=dtype)
         return TensorDict(data, batch_size=[T, B]).to(self.device)
 
     @torch.no_grad()

@@ -13,8 +13,8 @@ import envs
 from envs.specs import Box, Discrete, GroupSpec
 from envs.sync import forbid_host_sync
 from marl.core.models import Policy
-from marl.core.replay import Prioritized, ReplayBuffer, replay_layout, replay_nbytes
-from marl.core.rollout import Acting, Collector
+from marl.core.replay import Prioritized, ReplayBuffer, replay_nbytes
+from marl.core.rollout import Acting, Collector, transition_layout
 
 CHI_SQUARE_Z999 = 3.090232
 
@@ -52,7 +52,7 @@ def numbered(steps: int, num_envs: int, first: int = 0) -> TensorDict:
     step = torch.arange(first, first + steps * num_envs).view(steps, num_envs)
     data = {}
     for g, spec in GROUPS.items():
-        layout = {k[1]: v for k, v in replay_layout({g: spec}).items()}
+        layout = {k[1]: v for k, v in transition_layout({g: spec}).items()}
         data[g] = {
             key: step.view(steps, num_envs, *[1] * len(shape)).expand(steps, num_envs, *shape).to(dtype)
             if dtype != torch.bool
