@@ -177,8 +177,8 @@ class TrainConfig:
     def for_group(self, group: str) -> tuple[AlgorithmConfig, ModelConfig]:
         """The algorithm and model configs of `group`, with its overrides applied."""
         overrides = self.group_overrides.get(group, {})
-        algo = {k: v for k, v in overrides.items() if k in _fields(type(self.algo))}
-        model = {k: v for k, v in overrides.items() if k in _fields(ModelConfig)}
+        algo = {k: v for k, v in overrides.items() if k in field_names(type(self.algo))}
+        model = {k: v for k, v in overrides.items() if k in field_names(ModelConfig)}
         return (
             _options.build(type(self.algo), {**_as_dict(self.algo), **algo}, f"group {group!r}"),
             _options.build(ModelConfig, {**_as_dict(self.model), **model}, f"group {group!r}"),
@@ -226,7 +226,7 @@ def import_modules(modules: tuple[str, ...]) -> None:
 
 def group_fields(algo: AlgorithmConfig) -> set[str]:
     """The fields `--group NAME.FIELD=VALUE` may override under `algo`'s algorithm."""
-    return (_fields(type(algo)) - set(type(algo).run_wide)) | _fields(ModelConfig)
+    return (field_names(type(algo)) - set(type(algo).run_wide)) | field_names(ModelConfig)
 
 
 def _check_choices(config) -> None:
@@ -247,7 +247,8 @@ def _check_finite(config) -> None:
             raise ValueError(f"{name} must be a finite number, got {value}")
 
 
-def _fields(cls) -> set[str]:
+def field_names(cls) -> set[str]:
+    """The names of a dataclass's fields."""
     return {f.name for f in dataclasses.fields(cls)}
 
 

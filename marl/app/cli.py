@@ -26,7 +26,7 @@ from typing import Any
 
 from envs import options as _options
 from marl import algorithms
-from marl.config import SECTIONS, ModelConfig, TrainConfig, import_modules
+from marl.config import SECTIONS, TrainConfig, field_names, import_modules
 
 # Options that are not plain fields on the command line.
 SPECIAL = {"env_options", "group_overrides"}
@@ -112,7 +112,7 @@ def _train_parser(subparsers) -> argparse.ArgumentParser:
     )
     added = {"algo"}
     for config, names in _algorithm_configs().items():
-        shared = sorted(_fields(config) & added - {"algo"})
+        shared = sorted(field_names(config) & added - {"algo"})
         also = f" It also takes {', '.join(_flag(f) for f in shared)} (above)." if shared else ""
         section = parser.add_argument_group(
             f"algorithm {' / '.join(names)} ({config.__name__})", _first_line(config) + also
@@ -153,10 +153,6 @@ def _algorithm_configs() -> dict[type, list[str]]:
     return configs
 
 
-def _fields(cls: type) -> set[str]:
-    return {f.name for f in dataclasses.fields(cls)}
-
-
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -177,13 +173,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         sections[section] = _options.build(cls, values, f"{section} options")
     algo = given.get("algo", algorithms.DEFAULT)
     config = algorithms.config_class(algo)
-    own = _fields(config)
-    others = {
-        name
-        for cls in _algorithm_configs()
-        for name in _fields(cls) - own
-        if name in given and name not in _fields(ModelConfig)
-    }
+    own = field_names(config)
+    # Another algorithm's option (never a model option: registration refuses such names).
+    others = {name for cls in _algorithm_configs() for name in field_names(cls) - own if name in given}
     if others:
         flags = ", ".join(_flag(name) for name in sorted(others))
         raise ValueError(

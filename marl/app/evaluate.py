@@ -48,14 +48,16 @@ def evaluate(
     frames = []
     generator = torch.Generator(device).manual_seed(seed)
     round_index = 0
+    policies = None  # built once: they depend on the env's groups, not on how many envs a round runs
     while len(lengths) < episodes:
         k = min(batch, episodes - len(lengths))
         env = make_env(config, device, num_envs=k, seed=seed + round_index)
         if render and not env.renders:
             raise ValueError(f"{config.env.env} does not render: run marl eval without --render")
-        algorithm = build_algorithm(config, env, device, World(), generator)
-        algorithm.load_state_dict(state["algorithm"])
-        policies = algorithm.acting.policies
+        if policies is None:
+            algorithm = build_algorithm(config, env, device, World(), generator)
+            algorithm.load_state_dict(state["algorithm"])
+            policies = algorithm.acting.policies
         obs = env.reset()
         running = {g: torch.zeros(k, s.n_agents, device=device) for g, s in env.groups.items()}
         finished = torch.zeros(k, dtype=torch.bool, device=device)

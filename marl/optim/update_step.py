@@ -116,6 +116,12 @@ class UpdateStep:
                 starts.append(starts[-1] + len(list(net.parameters())))
             self.slots[g] = [k for i in self.stepped[g] for k in range(starts[i], starts[i + 1])]
         self.parameters = [p for t in self.trainables.values() for p in t.parameters()]
+        # The norms of a group that does not clip, the same every step: NaN for the stepped nets (the clipping
+        # measures them), 0 for the others.
+        self.unmeasured = {
+            g: torch.tensor([math.nan if i in self.stepped[g] else 0.0 for i in range(len(t.nets))], device=device)
+            for g, t in self.trainables.items()
+        }
         # The parameters of the nets not stepped: their gradients are dropped before the eager step.
         self.not_stepped = [
             p
@@ -168,7 +174,7 @@ class UpdateStep:
                 ]
                 norms = self._all_norms(g, norms)
             else:
-                norms = self._unmeasured(g, self.device)
+                norms = self.unmeasured[g]
             t.optimizer.step()
             out[g] = torch.cat([terms[g], norms])
         return out
@@ -179,15 +185,6 @@ class UpdateStep:
         return torch.stack(
             [by_net[i] if i in by_net else norms[0].new_zeros(()) for i in range(len(self.trainables[g].nets))]
         )
-
-    def _unmeasured(self, g: str, device: torch.device) -> torch.Tensor:
-        """The norms of a group that does not clip: NaN for the stepped nets (the clipping measures them), 0
-        for the others."""
-        norms = torch.full((len(self.trainables[g].nets),), math.nan, device=device)
-        others = [i for i in range(len(norms)) if i not in self.stepped[g]]
-        if others:
-            norms[others] = 0.0
-        return norms
 
     # ---- compiled: one graph of loss, gradients, clipping and Adam ------------------------------------
 
@@ -225,7 +222,7 @@ class UpdateStep:
                 net_grads = [torch._foreach_mul(gs, factor) for gs, factor in zip(net_grads, factors)]
                 norms = self._all_norms(g, norms)
             else:
-                norms = self._unmeasured(g, terms[g].device)
+                norms = self.unmeasured[g]
             group_params = [params[name] for names in stepped for name in names]
             _adam_(group_params, [x for gs in net_grads for x in gs], *adam_state[g], *self.adam_constants[g])
             out[g] = torch.cat([terms[g], norms])
