@@ -10,6 +10,12 @@ action (what the env receives):
 - `MaskedCategorical` for `Discrete` actions: disallowed actions (action mask false) get probability
   zero; raw and env actions are the same int64 index.
 - `MultiCategorical` for `MultiDiscrete` actions: independent categoricals, log-probs summed.
+- `NoisyDeterministic` for DDPG's bounded continuous actions: the policy's action plus Gaussian
+  exploration noise of scale `sigma` (a fraction of the half range), clipped to the bounds; raw and env
+  actions are the same. It has no density: an algorithm that needs `log_prob` does not use it.
+
+Every distribution also draws a uniformly random action from the same noise (`random`): off-policy
+algorithms act at random for their first `warmup_frames` (`RandomWhile`).
 
 Shapes: parameters `[*B, n, ...]`; `log_prob`, `entropy` -> `[*B, n]`. Sampling is a deterministic
 function of noise drawn beforehand (`draw_noise`): the rollout draws a whole iteration's noise in one
@@ -27,6 +33,7 @@ import torch.nn.functional as F
 from envs.specs import ActionSpec, Box, Discrete, MultiDiscrete
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+UNIFORM_EDGE = 1 - 1e-6  # |tanh(u)| of a random raw action stays below this: atanh(1) is infinite
 
 
 class TanhNormal:
@@ -40,6 +47,10 @@ class TanhNormal:
 
     def mode(self) -> torch.Tensor:
         return self.mean
+
+    def random(self, noise: torch.Tensor) -> torch.Tensor:
+        """The raw action whose env action is uniform in the bounds: `atanh(2 * Phi(noise) - 1)`."""
+        return torch.atanh((2 * torch.special.ndtr(noise) - 1).clamp(-UNIFORM_EDGE, UNIFORM_EDGE))
 
     def env_action(self, raw: torch.Tensor) -> torch.Tensor:
         return self.low + (torch.tanh(raw) + 1) * self.half_range
@@ -70,6 +81,13 @@ class MaskedCategorical:
     def mode(self) -> torch.Tensor:
         return self.log_probs.argmax(-1)
 
+    def random(self, noise: torch.Tensor) -> torch.Tensor:
+        """A uniform draw over the allowed actions: Gumbel-max over equal logits."""
+        gumbel = -torch.log(-torch.log(noise.clamp(1e-20, 1.0 - 1e-7)))
+        if self.mask is not None:
+            gumbel = gumbel.masked_fill(~self.mask, -math.inf)
+        return gumbel.argmax(-1)
+
     def env_action(self, raw: torch.Tensor) -> torch.Tensor:
         return raw
 
@@ -95,6 +113,9 @@ class MultiCategorical:
     def mode(self) -> torch.Tensor:
         return torch.stack([p.mode() for p in self.parts], -1)
 
+    def random(self, noise: torch.Tensor) -> torch.Tensor:
+        return torch.stack([p.random(u) for p, u in zip(self.parts, noise.split(self.nvec, -1))], -1)
+
     def env_action(self, raw: torch.Tensor) -> torch.Tensor:
         return raw
 
@@ -105,7 +126,48 @@ class MultiCategorical:
         return sum(p.entropy() for p in self.parts)
 
 
-Distribution = TanhNormal | MaskedCategorical | MultiCategorical
+class NoisyDeterministic:
+    """A deterministic action `[*B, n, A]` in the env's bounds, explored with Gaussian noise: `sample` is
+    `clamp(action + sigma * half_range * noise, low, high)` with `sigma` a 0-d tensor (annealed by the
+    algorithm, read on the device)."""
+
+    def __init__(self, action: torch.Tensor, sigma: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> None:
+        self.action, self.sigma, self.low, self.high = action, sigma, low, high  # low, high: [A]
+
+    def sample(self, noise: torch.Tensor) -> torch.Tensor:
+        """`noise`: standard normal, shaped like the action."""
+        step = self.sigma * (self.high - self.low) / 2 * noise
+        return torch.maximum(torch.minimum(self.action + step, self.high), self.low)
+
+    def mode(self) -> torch.Tensor:
+        return self.action
+
+    def random(self, noise: torch.Tensor) -> torch.Tensor:
+        """Uniform in the bounds: `low + Phi(noise) * (high - low)`."""
+        return self.low + torch.special.ndtr(noise) * (self.high - self.low)
+
+    def env_action(self, raw: torch.Tensor) -> torch.Tensor:
+        return raw
+
+
+class RandomWhile:
+    """`dist`, except that `sample` draws a uniformly random action (its `random`) while the 0-d bool
+    tensor `flag` is set: off-policy algorithms' warm-up, switched on the device with no host sync."""
+
+    def __init__(self, dist, flag: torch.Tensor) -> None:
+        self.dist, self.flag = dist, flag
+
+    def sample(self, noise: torch.Tensor) -> torch.Tensor:
+        return torch.where(self.flag, self.dist.random(noise), self.dist.sample(noise))
+
+    def mode(self) -> torch.Tensor:
+        return self.dist.mode()
+
+    def env_action(self, raw: torch.Tensor) -> torch.Tensor:
+        return self.dist.env_action(raw)
+
+
+Distribution = TanhNormal | MaskedCategorical | MultiCategorical | NoisyDeterministic | RandomWhile
 
 
 def head_size(spec: ActionSpec) -> int:

@@ -5,7 +5,9 @@ Critic scopes (one per group):
 - `"group"` (MAPPO): the observations of every agent in the group;
 - `"global"`: the env's global `state` when it has one, else the observations of every group.
 Centralised inputs are the same for every agent of the group; with shared parameters a one-hot of
-the agent's index is appended so the one network can still give each agent its own value.
+the agent's index is appended so the one network can still give each agent its own value. An action-value
+critic (`QCritic`: DDPG, SAC) also sees actions: each agent in its scope adds its action's features
+(`action_features`) beside its observation, and with the env's state every agent's action follows the state.
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from envs.specs import Box, Discrete, GroupSpec, MultiDiscrete
-from marl.core.distributions import Distribution, MaskedCategorical, MultiCategorical, TanhNormal, head_size
+from marl.core.distributions import (
+    Distribution,
+    MaskedCategorical,
+    MultiCategorical,
+    NoisyDeterministic,
+    TanhNormal,
+    head_size,
+)
 from marl.core.networks import MultiAgentMLP
 
 CRITIC_SCOPES = ("agent", "group", "global")
@@ -100,9 +109,64 @@ class Policy(nn.Module):
         raise TypeError(f"unsupported action spec {action!r}")
 
 
+class DeterministicPolicy(nn.Module):
+    """DDPG's policy: `[*B, n, *obs_shape]` -> `NoisyDeterministic`, the action `low + (tanh(x) + 1) / 2 *
+    (high - low)` of the network's output `x`, explored with Gaussian noise of scale `sigma` (a 0-d
+    buffer the algorithm anneals; a fraction of the half range). Bounded continuous actions only."""
+
+    def __init__(self, spec: GroupSpec, hidden: Sequence[int], activation: str, share_params: bool) -> None:
+        super().__init__()
+        if not isinstance(spec.action, Box):
+            raise TypeError(f"a deterministic policy needs continuous (Box) actions, got {spec.action}")
+        self.spec = spec
+        out = head_size(spec.action)
+        self.net = MultiAgentMLP(
+            observation_size(spec), out, spec.n_agents, hidden, activation, share_params, output_gain=0.01
+        )
+        low, high = spec.action.bounds("cpu")
+        self.register_buffer("low", low.flatten())
+        self.register_buffer("high", high.flatten())
+        self.register_buffer("sigma", torch.zeros(()))
+
+    def forward(self, observation: torch.Tensor, action_mask: torch.Tensor | None = None) -> NoisyDeterministic:
+        x = self.net(flat_observation(observation, self.spec))  # [*B, n, A]
+        action = self.low + (torch.tanh(x) + 1) * ((self.high - self.low) / 2)
+        return NoisyDeterministic(action, self.sigma, self.low, self.high)
+
+
+def action_features(raw: torch.Tensor, spec: GroupSpec, squashed: bool) -> torch.Tensor:
+    """A group's raw actions `[*B, n, ...]` as a critic's inputs `[*B, n, action_size(spec)]`: a continuous
+    action scaled to [-1, 1] (`squashed`: the raw action is the Gaussian's, before the tanh, as
+    `TanhNormal`'s; else it is the env's action, as `NoisyDeterministic`'s), a discrete one as one-hot."""
+    action = spec.action
+    if isinstance(action, Box):
+        if squashed:
+            return torch.tanh(raw)
+        low, high = (bound.flatten().to(raw.device) for bound in action.bounds("cpu"))
+        return (raw - low) * (2 / (high - low)) - 1
+    if isinstance(action, Discrete):
+        return _one_hot(raw, action.n)
+    if isinstance(action, MultiDiscrete):
+        return torch.cat([_one_hot(a, n) for a, n in zip(raw.unbind(-1), action.nvec)], -1)
+    raise TypeError(f"unsupported action spec {action!r}")
+
+
+def _one_hot(index: torch.Tensor, n: int) -> torch.Tensor:
+    """`[*B]` int64 -> `[*B, n]` float32; `F.one_hot` would read the indices' range on the host."""
+    return (index.unsqueeze(-1) == torch.arange(n, device=index.device)).to(torch.float32)
+
+
+def action_size(spec: GroupSpec) -> int:
+    """Features per agent of `action_features`."""
+    return head_size(spec.action)
+
+
 class CriticInput:
-    """Builds group `group`'s critic input `[*batch, n, size]` from every group's observations
-    (`[*batch, 1, size]` with `shared_value`: one value for the group)."""
+    """Builds group `group`'s critic input `[*batch, n, size]` from every group's observations (and, for an
+    action-value critic, actions) (`[*batch, 1, size]` with `shared_value`: one value for the group).
+
+    `action_sizes` maps the groups whose actions the critic sees to their features per agent
+    (`action_features`); only those in the scope are read."""
 
     def __init__(
         self,
@@ -112,6 +176,7 @@ class CriticInput:
         state_size: int | None,
         agent_id: bool,
         shared_value: bool = False,
+        action_sizes: Mapping[str, int] | None = None,
     ) -> None:
         if scope not in CRITIC_SCOPES:
             raise ValueError(f"unknown critic scope {scope!r}; expected one of {CRITIC_SCOPES}")
@@ -121,27 +186,45 @@ class CriticInput:
         # One value for the whole group: the input is the shared part, once per env, with no agent id.
         self.shared_value = shared_value and scope != "agent"
         self.agent_id = agent_id and scope != "agent" and not self.shared_value
+        in_scope = [group] if scope in ("agent", "group") else list(groups)
+        self.action_sizes = {g: size for g, size in (action_sizes or {}).items() if g in in_scope and size}
+
+        def per_agent(g: str) -> int:
+            return observation_size(groups[g]) + self.action_sizes.get(g, 0)
+
         if scope == "agent":
-            size = observation_size(groups[group])
+            size = per_agent(group)
         elif scope == "group":
-            size = self.n * observation_size(groups[group])
+            size = self.n * per_agent(group)
         elif self.use_state:
-            size = state_size
+            size = state_size + sum(groups[g].n_agents * a for g, a in self.action_sizes.items())
         else:
-            size = sum(s.n_agents * observation_size(s) for s in groups.values())
+            size = sum(s.n_agents * per_agent(g) for g, s in groups.items())
         self.size = size + (self.n if self.agent_id else 0)
 
-    def __call__(self, observations: Mapping[str, torch.Tensor], state: torch.Tensor | None) -> torch.Tensor:
-        own = flat_observation(observations[self.group], self.groups[self.group])  # [*batch, n, d]
+    def _agent_features(self, g: str, observations, actions, with_observation: bool = True) -> torch.Tensor:
+        """Group `g`'s agents' observations and (where seen) actions: `[*batch, n_g, d]`."""
+        parts = [flat_observation(observations[g], self.groups[g])] if with_observation else []
+        if g in self.action_sizes:
+            parts.append(actions[g])
+        return parts[0] if len(parts) == 1 else torch.cat(parts, -1)
+
+    def __call__(
+        self,
+        observations: Mapping[str, torch.Tensor],
+        state: torch.Tensor | None,
+        actions: Mapping[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        own = self._agent_features(self.group, observations, actions)  # [*batch, n, d]
         if self.scope == "agent":
             return own
         if self.scope == "group":
             shared = own.flatten(-2)  # [*batch, n * d]
         elif self.use_state:
-            shared = state.flatten(len(own.shape) - 2)  # [*batch, state]
+            seen = [self._agent_features(g, observations, actions, False).flatten(-2) for g in self.action_sizes]
+            shared = torch.cat([state.flatten(len(own.shape) - 2), *seen], -1)  # [*batch, state + actions]
         else:
-            flat = [flat_observation(observations[g], spec) for g, spec in self.groups.items()]
-            shared = torch.cat([obs.flatten(-2) for obs in flat], -1)
+            shared = torch.cat([self._agent_features(g, observations, actions).flatten(-2) for g in self.groups], -1)
         batch = own.shape[:-2]
         if self.shared_value:
             return shared.unsqueeze(-2)  # [*batch, 1, size]
@@ -213,3 +296,42 @@ class Critic(nn.Module):
         self.target_mean.copy_(mean)
         self.target_var.copy_(var.clamp_min(1e-4))
         self.target_count.copy_(new_count)
+
+
+class QCritic(nn.Module):
+    """Action values of a group: `[*B, m, in_features]` -> `[*B, twins, n, outputs]` (`m` is `n`, or 1
+    for a shared value, broadcast to the n agents). `outputs` is 1 for Q(s, a), or the number of
+    actions for a discrete policy's Q(s, .). `twins` independent networks (SAC's two critics) run as one
+    stacked network: every layer is one batched matmul over the twins (and agents, without shared
+    parameters), never a loop."""
+
+    def __init__(
+        self,
+        in_features: int,
+        outputs: int,
+        n_agents: int,
+        hidden: Sequence[int],
+        activation: str,
+        share_params: bool,
+        twins: int = 1,
+        shared_value: bool = False,
+    ) -> None:
+        super().__init__()
+        self.n_agents, self.twins, self.outputs = n_agents, twins, outputs
+        self.m = 1 if shared_value else n_agents
+        # Shared parameters: one network per twin; else one per twin and agent.
+        self.per_agent = not shared_value and not share_params
+        stacked = twins * (self.m if self.per_agent else 1)
+        self.net = MultiAgentMLP(in_features, outputs, stacked, hidden, activation, share_params=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, (m, d) = x.shape[:-2], x.shape[-2:]
+        if m != self.m:
+            raise ValueError(f"QCritic expects inputs [*B, {self.m}, d], got {tuple(x.shape)}")
+        if self.per_agent:  # [*B, twins * m, d]: twin t, agent i at t * m + i
+            out = self.net(x.unsqueeze(-3).expand(*batch, self.twins, m, d).reshape(*batch, self.twins * m, d))
+        else:  # [*B * m, twins, d]
+            out = self.net(x.reshape(-1, 1, d).expand(-1, self.twins, d)).view(*batch, m, self.twins, -1)
+            out = out.transpose(-3, -2)
+        out = out.reshape(*batch, self.twins, m, self.outputs)
+        return out.expand(*batch, self.twins, self.n_agents, self.outputs)

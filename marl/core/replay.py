@@ -107,6 +107,16 @@ def format_bytes(n: int) -> str:
     raise AssertionError
 
 
+def gather(storage: Mapping[Key, torch.Tensor], index: torch.Tensor) -> dict:
+    """A buffer's `storage` (`{key: [capacity, ...]}`) at the slots `index` `[k]`: `{group: {name: [k, ...]}}`
+    and the root keys. Traceable: an algorithm's compiled step gathers its batch with it."""
+    out: dict = {}
+    for key, tensor in storage.items():
+        where = out.setdefault(key[0], {}) if len(key) == 2 else out
+        where[key[-1]] = tensor.index_select(0, index)
+    return out
+
+
 def _shape(shape) -> str:
     return str(tuple(shape))
 
@@ -268,13 +278,29 @@ class ReplayBuffer:
     # ---- sample ----------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> TensorDict:
+    def sample(
+        self, batch_size: int, generator: torch.Generator | None = None, beta: float | None = None
+    ) -> TensorDict:
         """Draw `batch_size` stored env steps, with replacement: uniformly, or by priority.
 
         Returns a TensorDict `[batch_size]` on the buffer's device with every group's keys (as stored),
         `state`/`next_state` where the env has them, `"index"` (int64, the slots drawn, for
-        `update_priority`) and, when prioritized, `"weight"` (float32 importance weights, at most 1).
+        `update_priority`) and, when prioritized, `"weight"` (float32 importance weights, at most 1, with
+        the exponent `beta`, by default `prioritized.beta`: an algorithm anneals it).
         """
+        index, weight = self.draw(batch_size, generator, beta)
+        out = self.gather(index)
+        if weight is not None:
+            out["weight"] = weight
+        out["index"] = index
+        return TensorDict(out, batch_size=[batch_size], device=self.device)
+
+    @torch.no_grad()
+    def draw(
+        self, batch_size: int, generator: torch.Generator | None = None, beta: float | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`sample`'s draw alone: the slots `[batch_size]` and the importance weights (None when uniform).
+        An algorithm that gathers inside its compiled step (`gather`) draws with this."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"sample: batch_size must be a positive int, got {batch_size!r}")
         if batch_size > self._count:
@@ -284,21 +310,22 @@ class ReplayBuffer:
             )
         if generator is not None and torch.device(generator.device).type != self.device.type:
             raise ValueError(f"sample: the generator is on {generator.device}, expected {self.device} like the buffer")
-        out: dict = {}
         if self.tree is None:
-            index = torch.randint(self._count, (batch_size,), generator=generator, device=self.device)
-        else:
-            # Stratified: draw i falls in the i-th of batch_size equal slices of the total priority.
-            fraction = torch.rand(batch_size, dtype=torch.float64, generator=generator, device=self.device)
-            fraction.add_(self._arange(batch_size)).div_(batch_size)
-            index, leaf = sum_tree_find(self.tree, fraction, backend=self.backend)
-            # (N P_i)^-beta / max_j (N P_j)^-beta = (min_j p_j / p_i)^beta: N and the total cancel.
-            out["weight"] = leaf.amin().div(leaf).pow_(self.prioritized.beta).float()
-        for key, storage in self.storage.items():
-            group = out.setdefault(key[0], {}) if len(key) == 2 else out
-            group[key[-1]] = storage.index_select(0, index)
-        out["index"] = index
-        return TensorDict(out, batch_size=[batch_size], device=self.device)
+            return torch.randint(self._count, (batch_size,), generator=generator, device=self.device), None
+        if beta is None:
+            beta = self.prioritized.beta
+        elif isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta <= 1.0:
+            raise ValueError(f"sample: beta = {beta!r}, expected a float in [0, 1]")
+        # Stratified: draw i falls in the i-th of batch_size equal slices of the total priority.
+        fraction = torch.rand(batch_size, dtype=torch.float64, generator=generator, device=self.device)
+        fraction.add_(self._arange(batch_size)).div_(batch_size)
+        index, leaf = sum_tree_find(self.tree, fraction, backend=self.backend)
+        # (N P_i)^-beta / max_j (N P_j)^-beta = (min_j p_j / p_i)^beta: N and the total cancel.
+        return index, leaf.amin().div(leaf).pow_(beta).float()
+
+    def gather(self, index: torch.Tensor) -> dict:
+        """The stored env steps `index` (`[k]`, from `draw`): `{group: {key: [k, ...]}}` and the root keys."""
+        return gather(self.storage, index)
 
     # ---- priorities ------------------------------------------------------------------------------
 

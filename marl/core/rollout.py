@@ -1,7 +1,8 @@
 """Collect `T` steps from a batched env into a preallocated time-major buffer on the env's device.
 
 The buffer is a `TensorDict` with `batch_size=[T, B]`. Per group (`[T, B, n, ...]`):
-`observation`, `action_mask` (masked discrete actions), `action` (the policy's raw action),
+`observation`, `action_mask` and `next_action_mask` (masked discrete actions: off-policy targets take the
+best allowed next action), `action` (the policy's raw action),
 `log_prob` (when the algorithm asks for it), `reward`, `terminated`, `done` and `next_observation` (the
 true next observation, which bootstraps truncated episodes). At the root: `state` and `next_state` when the env has a global state.
 Rewards and flags are stored per agent without the trailing 1: `[T, B, n]`.
@@ -51,6 +52,7 @@ def transition_layout(
         layout[(g, "done")] = ((n,), torch.bool)
         if spec.has_action_mask:
             layout[(g, "action_mask")] = ((n, spec.action.n), torch.bool)
+            layout[(g, "next_action_mask")] = ((n, spec.action.n), torch.bool)
     if state_spec is not None:
         layout[("state",)] = (tuple(state_spec.shape), torch.float32)
         layout[("next_state",)] = (tuple(state_spec.shape), torch.float32)
@@ -212,6 +214,8 @@ class Collector:
             _write(leaf["terminated"], t, transition["terminated"][..., 0])
             _write(leaf["done"], t, transition["done"][..., 0])
             _write(leaf["next_observation"], t, transition["observation"])
+            if "next_action_mask" in leaf:
+                _write(leaf["next_action_mask"], t, transition["action_mask"])
         if self.state_leaves:
             _write(self.state_leaves["next_state"], t, next_data["state"])
         self.stats.update(rewards, next_data["done"][:, 0])

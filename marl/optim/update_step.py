@@ -23,6 +23,11 @@ Two ways to take the step, the same update (tested):
 Adam's moments and step counts are the optimiser's own state tensors, updated in place by both, so
 checkpoints are the same either way.
 
+An algorithm may ask for more: `aux=True` lets the loss return a third value, any tensors computed with the
+loss (e.g. the TD errors that set replay priorities), returned by the step beside the terms; `after_step`
+runs after the optimiser step, inside the compiled graph when compiled (e.g. the Polyak update of target
+networks).
+
 A step may train some of every group's nets only (`nets`, e.g. `("policy",)`): the loss is then called
 with `nets=` those names and computes their part only, and only their parameters, gradient norms and Adam
 state (moments and step counts) move. A step of each part in turn trains as the step of all of them
@@ -89,6 +94,8 @@ class UpdateStep:
             The others' gradient norms read 0.
         cpp_wrapper: compile with Inductor's C++ wrapper, for a step run on a second thread
             (`envs.compile.maybe_compile`).
+        aux: the loss returns `(total, terms, aux)`; the step then returns `(out, aux)`.
+        after_step: called with no arguments after every optimiser step (in the compiled graph when compiled).
     """
 
     def __init__(
@@ -100,8 +107,11 @@ class UpdateStep:
         compile: bool = False,
         nets: tuple[str, ...] | None = None,
         cpp_wrapper: bool = False,
+        aux: bool = False,
+        after_step: Callable[[], None] | None = None,
     ) -> None:
         self.trainables, self.loss, self.device, self.world = dict(trainables), loss, device, world
+        self.aux, self.after_step = aux, after_step
         for g, t in self.trainables.items():
             held = t.optimizer.param_groups
             if len(held) != 1 or [id(p) for p in held[0]["params"]] != [id(p) for p in t.parameters()]:
@@ -151,13 +161,14 @@ class UpdateStep:
         else:
             self._loss = maybe_compile(loss, compile, device, cpp_wrapper)
 
-    def __call__(self, *inputs) -> dict[str, torch.Tensor]:
-        return self._step_fused(inputs) if self.fused else self._step_eager(inputs)
+    def __call__(self, *inputs):
+        out, aux = self._step_fused(inputs) if self.fused else self._step_eager(inputs)
+        return (out, aux) if self.aux else out
 
     # ---- eager: autograd and torch's Adam -------------------------------------------------------------
 
-    def _step_eager(self, inputs) -> dict[str, torch.Tensor]:
-        total, terms = self._loss(*inputs, **self.loss_kwargs)
+    def _step_eager(self, inputs):
+        total, terms, *aux = self._loss(*inputs, **self.loss_kwargs)
         for t in self.trainables.values():
             t.optimizer.zero_grad(set_to_none=True)
         total.backward()
@@ -177,7 +188,10 @@ class UpdateStep:
                 norms = self.unmeasured[g]
             t.optimizer.step()
             out[g] = torch.cat([terms[g], norms])
-        return out
+        if self.after_step is not None:
+            with torch.no_grad():
+                self.after_step()
+        return out, (aux[0] if aux else None)
 
     def _all_norms(self, g: str, norms: list[torch.Tensor]) -> torch.Tensor:
         """Group `g`'s gradient norm per net: the stepped nets' `norms`, 0 for the others."""
@@ -188,7 +202,7 @@ class UpdateStep:
 
     # ---- compiled: one graph of loss, gradients, clipping and Adam ------------------------------------
 
-    def _step_fused(self, inputs) -> dict[str, torch.Tensor]:
+    def _step_fused(self, inputs):
         named = dict(self.module.named_parameters())
         params = {name: named[name] for g, nets in self.names.items() for i in self.stepped[g] for name in nets[i]}
         adam_state = {}
@@ -205,14 +219,15 @@ class UpdateStep:
         return self._fused_step(params, adam_state, inputs)
 
     @torch.no_grad()
-    def _fused_step_eager(self, params, adam_state, inputs) -> dict[str, torch.Tensor]:
+    def _fused_step_eager(self, params, adam_state, inputs):
         # d(total)/d(parameters); the per-group terms ride along as the auxiliary output. No weights are
         # tied, and looking for ties walks every buffer (traced, a float64 buffer became a symbolic float
         # and AOTAutograd restarted the whole trace to specialise it).
         def loss(p):
-            return functional_call(self.module, p, inputs, self.loss_kwargs, tie_weights=False)
+            total, *rest = functional_call(self.module, p, inputs, self.loss_kwargs, tie_weights=False)
+            return total, rest
 
-        grads, terms = grad(loss, has_aux=True)(params)
+        grads, (terms, *aux) = grad(loss, has_aux=True)(params)
         out = {}
         for g, t in self.trainables.items():
             stepped = [self.names[g][i] for i in self.stepped[g]]
@@ -226,7 +241,9 @@ class UpdateStep:
             group_params = [params[name] for names in stepped for name in names]
             _adam_(group_params, [x for gs in net_grads for x in gs], *adam_state[g], *self.adam_constants[g])
             out[g] = torch.cat([terms[g], norms])
-        return out
+        if self.after_step is not None:
+            self.after_step()
+        return out, (aux[0] if aux else None)
 
 
 def _stepped(group: str, trainable: Trainable, nets: tuple[str, ...] | None) -> list[int]:

@@ -81,8 +81,8 @@ def test_nbytes_computed_from_the_specs_before_allocating():
         allocated = sum(x.numel() * x.element_size() for x in buffer.storage.values())
         allocated += 0 if buffer.tree is None else buffer.tree.numel() * 8
         assert buffer.nbytes == allocated == replay_nbytes(env.groups, 1000, prioritized=prioritized is not None)
-    # With a mask and a state: mask [n, 4] bool, state and next state [5] float32.
-    blue = 2 * 4 * 4 + 8 + 4 + 1 + 1 + 4  # observations [2, 2], int64 action, reward, flags, mask
+    # With a mask and a state: mask and next mask [n, 4] bool, state and next state [5] float32.
+    blue = 2 * 4 * 4 + 8 + 4 + 1 + 1 + 2 * 4  # observations [2, 2], int64 action, reward, flags, masks
     red = 2 * (2 * 3 * 4) + 2 * 2 * 4 + 2 * 4 + 2 + 2
     assert replay_nbytes(GROUPS, 10, STATE) == 10 * (blue + red + 2 * 5 * 4)
 

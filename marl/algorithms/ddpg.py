@@ -1,0 +1,184 @@
+"""MADDPG and IDDPG: deterministic policies for bounded continuous actions, learned through an action-value
+critic per group (Lowe et al. 2017; Lillicrap et al. 2016), from a replay buffer (`marl.algorithms.offpolicy`).
+
+A group's policy gives an action in its bounds, `low + (tanh(x) + 1) / 2 * (high - low)`; it explores
+with Gaussian noise of scale sigma (a fraction of the half range) added and clipped to the bounds, sigma
+annealed linearly from `exploration_sigma_init` to `exploration_sigma_end` over the first
+`exploration_anneal` of the run (BenchMARL's defaults). Per optimiser step and group (`ddpg_terms`):
+
+- `critic_loss`: `mean(w * (Q(s, a) - y)^2)` with `y = r + gamma * (1 - terminated) * Q'(s', mu'(s'))`,
+  the target critic `Q'` at the target policies' next actions;
+- `policy_loss`: `-mean(Q(s, mu(s)))`, the group's own actions from its policy, the critic held fixed;
+- `loss = critic_loss + policy_loss`; diagnostics `q_value` (mean Q), `td_error` (mean |y - Q|), `sigma`.
+
+MADDPG's critic sees every group's observations (or the env's state) and actions; IDDPG's its agent's.
+Actions enter the critic scaled to [-1, 1].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from envs.specs import Box
+from marl.algorithms.base import register
+from marl.algorithms.offpolicy import (
+    OffPolicy,
+    OffPolicyConfig,
+    critic_input,
+    critic_loss,
+    fixed,
+    frozen_copy,
+    linear,
+    split,
+    td_targets,
+)
+from marl.config import TrainConfig
+from marl.core.models import CriticInput, DeterministicPolicy, QCritic, action_features, action_size
+from marl.core.replay import gather
+from marl.optim.update_step import Trainable, adam
+
+TERMS = ("loss", "critic_loss", "policy_loss", "q_value", "td_error", "sigma")
+NETS = ("policy", "critic")
+
+
+@dataclass(frozen=True)
+class DDPGConfig(OffPolicyConfig):
+    """MADDPG and IDDPG: deterministic policies explored with Gaussian noise, learned through action values."""
+
+    algo: Literal["maddpg", "iddpg"] = "maddpg"
+    """maddpg: a centralised critic (every group's observations and actions); iddpg: each agent's own."""
+    exploration_sigma_init: float = 0.8
+    """Exploration noise at the start, as a fraction of the action's half range."""
+    exploration_sigma_end: float = 0.01
+    """Exploration noise after the annealing."""
+    exploration_anneal: float = 1 / 3
+    """The fraction of total_frames over which sigma is annealed linearly (0: sigma_end from the start)."""
+
+    def check(self) -> None:
+        super().check()
+        for name in ("exploration_sigma_init", "exploration_sigma_end"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.exploration_anneal <= 1:
+            raise ValueError(f"exploration_anneal must be in [0, 1], got {self.exploration_anneal}")
+
+
+@dataclass
+class DDPGLearner:
+    """Everything one group learns with."""
+
+    algo: DDPGConfig
+    policy: DeterministicPolicy
+    critic: QCritic
+    critic_input: CriticInput
+    target_policy: DeterministicPolicy
+    target_critic: QCritic
+    optimizer: torch.optim.Adam
+
+    def modules(self) -> dict[str, nn.Module]:
+        return {n: getattr(self, n) for n in ("policy", "critic", "target_policy", "target_critic")}
+
+
+def ddpg_terms(
+    q: torch.Tensor, target: torch.Tensor, q_policy: torch.Tensor, weight: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
+    """DDPG's terms for one group: `q` `[k, 1, n]` the critic at the stored actions, `target` `[k, n]` the
+    TD targets, `q_policy` `[k, n]` the (fixed) critic at the policy's actions, `weight` `[k]` or None."""
+    value_loss = critic_loss(q, target, weight)
+    policy_loss = -q_policy.mean()
+    return {
+        "loss": value_loss + policy_loss,
+        "critic_loss": value_loss,
+        "policy_loss": policy_loss,
+        "q_value": q.detach().mean(),
+        "td_error": (q.detach()[:, 0] - target).abs().mean(),
+    }
+
+
+@register("maddpg", "iddpg")
+class DDPG(OffPolicy):
+    """MADDPG or IDDPG for every group at once, by each group's critic scope."""
+
+    Config = DDPGConfig
+    term_names = TERMS
+    net_names = NETS
+
+    def check_group(self, group: str, spec) -> None:
+        if not isinstance(spec.action, Box):
+            raise ValueError(
+                f"{self.config.algo.algo} needs continuous (Box) actions, but group {group!r} has "
+                f"{spec.action}: train it with masac or isac (discrete SAC)"
+            )
+
+    def __init__(self, config: TrainConfig, env, device: torch.device, world, generator: torch.Generator) -> None:
+        super().__init__(config, env, device, world, generator)
+        action_sizes = {g: action_size(spec) for g, spec in env.groups.items()}
+        self.learners: dict[str, DDPGLearner] = {}
+        for g, spec in env.groups.items():
+            algo, model = config.for_group(g)
+            policy = DeterministicPolicy(spec, model.hidden, model.activation, model.share_params).to(device)
+            seen = critic_input(config, env, g, action_sizes)
+            critic = QCritic(
+                seen.size,
+                1,
+                spec.n_agents,
+                model.hidden,
+                model.activation,
+                model.share_params,
+                shared_value=seen.shared_value,
+            ).to(device)
+            optimizer = adam([*policy.parameters(), *critic.parameters()], lr=algo.lr, eps=algo.adam_eps)
+            self.learners[g] = DDPGLearner(
+                algo, policy, critic, seen, frozen_copy(policy), frozen_copy(critic), optimizer
+            )
+        self.targets = {
+            g: (
+                [*lr.target_policy.parameters(), *lr.target_critic.parameters()],
+                [*lr.policy.parameters(), *lr.critic.parameters()],
+            )
+            for g, lr in self.learners.items()
+        }
+        trainables = {
+            g: Trainable({"policy": lr.policy, "critic": lr.critic}, lr.optimizer, lr.algo.max_grad_norm)
+            for g, lr in self.learners.items()
+        }
+        self._build_step(trainables)
+
+    def acting_policies(self) -> dict:
+        return {g: lr.policy for g, lr in self.learners.items()}
+
+    def begin_iteration(self, frames: int, total_frames: int) -> None:
+        super().begin_iteration(frames, total_frames)
+        for lr in self.learners.values():
+            a = lr.algo
+            anneal = a.exploration_anneal * total_frames
+            progress = frames / anneal if anneal > 0 else 1.0
+            lr.policy.sigma.fill_(linear(a.exploration_sigma_init, a.exploration_sigma_end, progress))
+
+    def loss(self, storage, index, weight, noise, t):
+        batch = gather(storage, index)
+        groups = self.env.groups
+        obs, next_obs, state, next_state = split(batch, groups)
+        stored = {g: action_features(batch[g]["action"], spec, squashed=False) for g, spec in groups.items()}
+        with torch.no_grad():
+            next_actions = {
+                g: action_features(lr.target_policy(next_obs[g]).mode(), groups[g], squashed=False)
+                for g, lr in self.learners.items()
+            }
+        total, terms, priority = 0.0, {}, {}
+        for g, lr in self.learners.items():
+            with torch.no_grad():
+                next_q = lr.target_critic(lr.critic_input(next_obs, next_state, next_actions))[:, 0, :, 0]
+                target = td_targets(batch[g]["reward"], batch[g]["terminated"], next_q, lr.algo.gamma)
+            q = lr.critic(lr.critic_input(obs, state, stored))[..., 0]  # [k, 1, n]
+            own = action_features(lr.policy(obs[g]).mode(), groups[g], squashed=False)
+            q_policy = fixed(lr.critic, lr.critic_input(obs, state, {**stored, g: own}))[:, 0, :, 0]
+            group_terms = ddpg_terms(q, target, q_policy, weight)
+            total = total + group_terms["loss"]
+            terms[g] = torch.stack([*(group_terms[name].detach() for name in TERMS[:-1]), lr.policy.sigma])
+            priority[g] = (q.detach()[:, 0] - target).abs()
+        return total, terms, priority

@@ -1,0 +1,303 @@
+"""What off-policy actor-critic algorithms share (MADDPG/IDDPG in `ddpg`, MASAC/ISAC in `sac`): the replay
+schedule, target networks, warm-up, and the update loop around one optimiser step.
+
+Per iteration the run loop extends the replay buffer (`marl.core.replay`) with the batch just collected;
+`update` then takes `updates_per_iteration` optimiser steps. Each step draws `batch_size` env steps
+(uniformly, or by priority with importance weights whose exponent β is annealed to 1 over the run),
+and one `UpdateStep` call gathers them from the buffer's storage, computes every group's critic, actor
+(and SAC's temperature) losses, steps every group's nets with their Adam, and moves the target networks
+by Polyak averaging, `target <- (1 - tau) * target + tau * online`: with `--compile`, one graph.
+Prioritized replay then sets the drawn steps' priorities to their TD errors (`|y - Q|`, reduced over
+the agents by `priority_reduce`). The draws and the priorities' sum tree (`kernels.sum_tree`) run
+between the compiled calls; nothing reads the device on the host.
+
+Targets are TD(0) and per agent: `y = r + gamma * (1 - terminated) * V'(s')`, from the true next
+observation, so a truncated episode bootstraps and a terminated one does not.
+
+What each group's critic sees (its scope, as PPO's: `marl.core.models.CriticInput`): agent (IDDPG,
+ISAC), group, or global (MADDPG, MASAC: every group's observations, or the env's state, and every
+group's actions). In the actor's loss a group's own actions come from its current policy and other
+groups' from the buffer; the critic's parameters are held fixed there (no gradient reaches them).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from marl.algorithms.base import Algorithm
+from marl.config import AlgorithmConfig, TrainConfig
+from marl.core.distributions import RandomWhile
+from marl.core.models import CriticInput
+from marl.core.replay import Prioritized, ReplayBuffer
+from marl.core.rollout import Acting
+
+CRITIC_SCOPES = ("auto", "agent", "group", "global")
+
+
+@dataclass(frozen=True)
+class OffPolicyConfig(AlgorithmConfig):
+    """Options every off-policy actor-critic algorithm shares."""
+
+    critic_scope: Literal["auto", "agent", "group", "global"] = "auto"
+    """What the critic sees: agent (IDDPG/ISAC), group, global (MADDPG/MASAC: every group, or the env's state)."""
+    shared_value: bool = False
+    """With a centralised critic, one action value per env for the whole group (BenchMARL's MADDPG/MASAC
+    critics) instead of one per agent."""
+    lr: float = 3e-4
+    """Adam learning rate of the policies and critics (and SAC's temperature)."""
+    adam_eps: float = 1e-8
+    """Adam's epsilon."""
+    gamma: float = 0.99
+    """Discount factor."""
+    tau: float = 0.005
+    """Polyak factor of the target networks: each optimiser step moves them this fraction towards the online ones."""
+    max_grad_norm: float = 10.0
+    """Clip the gradient norm of each group's policy and critic apart to this (0 disables clipping)."""
+    buffer_size: int = 1_000_000
+    """Replay buffer capacity in env steps (its memory is printed at the start)."""
+    batch_size: int = 2048
+    """Env steps drawn from the buffer per optimiser step."""
+    updates_per_iteration: int = 32
+    """Optimiser steps per iteration (an iteration collects num_envs * rollout_length frames)."""
+    warmup_frames: int = 0
+    """Act uniformly at random in the iterations that start before this many frames."""
+    prioritized: bool = False
+    """Prioritized replay: draw env steps in proportion to their last TD error, weighted by importance weights."""
+    priority_alpha: float = 0.6
+    """With --prioritized: how strongly priorities shape the draws (0: uniform)."""
+    priority_beta: float = 0.4
+    """With --prioritized: the importance weights' exponent at the start, annealed to 1 over total_frames."""
+    priority_reduce: Literal["max", "mean"] = "max"
+    """With --prioritized: how the agents' TD errors become one priority per env step."""
+
+    run_wide = (
+        "buffer_size",
+        "batch_size",
+        "updates_per_iteration",
+        "warmup_frames",
+        "prioritized",
+        "priority_alpha",
+        "priority_beta",
+        "priority_reduce",
+    )
+
+    def check(self) -> None:
+        for name in ("gamma", "tau", "priority_beta"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        for name in ("lr", "adam_eps"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("max_grad_norm", "priority_alpha", "warmup_frames"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("buffer_size", "batch_size", "updates_per_iteration"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.batch_size > self.buffer_size:
+            raise ValueError(f"batch_size ({self.batch_size}) must be at most buffer_size ({self.buffer_size})")
+        if self.shared_value and self.scope() == "agent":
+            raise ValueError(
+                f"shared_value needs a centralised critic: critic_scope group or global, not {self.algo}'s agent"
+            )
+
+    def check_train(self, config: TrainConfig) -> None:
+        frames = config.env.num_envs * config.run.rollout_length
+        if self.batch_size > frames:
+            raise ValueError(
+                f"batch_size={self.batch_size} is larger than the {frames} frames (num_envs * rollout_length) "
+                f"the buffer holds after the first iteration: pass --batch-size {frames} or less, or more envs "
+                "or a longer rollout"
+            )
+
+    def scope(self) -> str:
+        if self.critic_scope != "auto":
+            return self.critic_scope
+        return "agent" if self.algo.startswith("i") else "global"
+
+
+def linear(start: float, end: float, progress: float) -> float:
+    """`start` moved linearly to `end` as `progress` goes from 0 to 1 (held at `end` after)."""
+    return start + (end - start) * min(max(progress, 0.0), 1.0)
+
+
+def critic_input(config: TrainConfig, env, group: str, action_sizes: dict[str, int]) -> CriticInput:
+    """What group `group`'s critic sees, by its scope, with `action_sizes` of the groups whose actions it sees."""
+    algo, model = config.for_group(group)
+    state_size = math.prod(env.state_spec.shape) if env.state_spec is not None else None
+    return CriticInput(
+        algo.scope(),
+        group,
+        env.groups,
+        state_size,
+        agent_id=model.share_params,
+        shared_value=algo.shared_value,
+        action_sizes=action_sizes,
+    )
+
+
+def frozen_copy(net: nn.Module) -> nn.Module:
+    """A target network: a copy of `net` that no optimiser steps (it moves by `polyak_`)."""
+    target = copy.deepcopy(net)
+    target.requires_grad_(False)
+    return target
+
+
+def polyak_(targets: list[torch.Tensor], online: list[torch.Tensor], tau: float) -> None:
+    """`target <- (1 - tau) * target + tau * online`, for every pair, in one foreach op."""
+    torch._foreach_lerp_(targets, online, tau)
+
+
+class OffPolicy(Algorithm):
+    """The update loop of an off-policy actor-critic algorithm; a subclass builds each group's nets in
+    `__init__` (then calls `_build_step`) and writes `loss`.
+
+    Subclass attributes: `learners` (per group an object with `algo`, the group's config, `modules()`,
+    every module it saves by name, targets included, and `optimizer`), `targets` (per group `(target
+    tensors, online tensors)` for the Polyak update), `term_names` (the loss terms the loss returns per
+    group, in order) and `net_names` (each group's nets, in its optimiser's order).
+    """
+
+    collects = "transitions"
+    term_names: tuple[str, ...] = ()
+    net_names: tuple[str, ...] = ()
+
+    def __init__(self, config: TrainConfig, env, device: torch.device, world, generator: torch.Generator) -> None:
+        super().__init__(config, env, device, world, generator)
+        for group, spec in env.groups.items():
+            self.check_group(group, spec)
+        self.warm = torch.zeros((), dtype=torch.bool, device=device)  # acting at random (warm-up)
+        self.beta = config.algo.priority_beta
+        self.step_indices = torch.arange(config.algo.updates_per_iteration, device=device).view(-1, 1)
+
+    def check_group(self, group: str, spec) -> None:
+        """Raise a ValueError naming the group and the algorithms that fit when this one cannot train it."""
+
+    def _build_step(self, trainables) -> None:
+        from marl.optim.update_step import UpdateStep
+
+        self.step = UpdateStep(
+            trainables,
+            self.loss,
+            self.device,
+            self.world,
+            compile=self.config.run.compile,
+            aux=True,
+            after_step=self._polyak,
+        )
+
+    def _polyak(self) -> None:
+        for g, (targets, online) in self.targets.items():
+            polyak_(targets, online, self.learners[g].algo.tau)
+
+    def acting_policies(self) -> dict:
+        """Each group's acting policy (a module: observation, mask -> distribution)."""
+        raise NotImplementedError
+
+    @property
+    def acting(self) -> Acting:
+        policies = self.acting_policies()
+        if self.config.algo.warmup_frames > 0:
+            policies = {g: _RandomWhileWarm(policy, self.warm) for g, policy in policies.items()}
+        return Acting(policies)
+
+    def replay(self) -> tuple[int, Prioritized | None]:
+        algo = self.config.algo
+        if not algo.prioritized:
+            return algo.buffer_size, None
+        return algo.buffer_size, Prioritized(algo.priority_alpha, algo.priority_beta, reduce=algo.priority_reduce)
+
+    def begin_iteration(self, frames: int, total_frames: int) -> None:
+        algo = self.config.algo
+        self.warm.fill_(frames < algo.warmup_frames)
+        self.beta = linear(algo.priority_beta, 1.0, frames / total_frames)
+
+    def draw_noise(self, steps: int, batch_size: int) -> dict[str, torch.Tensor]:
+        """The noise the iteration's optimiser steps sample actions with, drawn at once: per group
+        `[steps, batch_size, ...]` (none by default)."""
+        return {}
+
+    def update(self, buffer: ReplayBuffer, timer) -> dict[str, dict[str, torch.Tensor]]:
+        algo = self.config.algo
+        noise = self.draw_noise(algo.updates_per_iteration, algo.batch_size)
+        sums = None
+        for t in self.step_indices:  # [1]: step t's noise is selected on the device
+            index, weight = buffer.draw(algo.batch_size, self.generator, self.beta)
+            out, priority = self.step(buffer.storage, index, weight, noise, t)
+            if buffer.prioritized is not None:
+                buffer.update_priority(index, priority)
+            sums = out if sums is None else {g: sums[g] + v for g, v in out.items()}
+        timer.mark("update_s")
+        names = (*self.term_names, *(f"{net}_grad_norm" for net in self.net_names))
+        fill = buffer.size.float() / buffer.capacity
+        return {
+            g: {**dict(zip(names, (v / algo.updates_per_iteration).unbind())), "buffer_fill": fill}
+            for g, v in sums.items()
+        }
+
+    def loss(self, storage, index, weight, noise, t):
+        """`(total, {group: terms [len(term_names)]}, {group: |TD error| [k, n]})` of the env steps `index`
+        of the buffer's `storage` (`weight`: their importance weights or None), with step `t`'s noise."""
+        raise NotImplementedError
+
+    def parameters(self) -> list[torch.Tensor]:
+        """The learned tensors and the targets (ranks must start from the same targets too)."""
+        return [p for lr in self.learners.values() for m in lr.modules().values() for p in m.parameters()]
+
+    def state_dict(self) -> dict:
+        return {
+            g: {**{name: m.state_dict() for name, m in lr.modules().items()}, "optimizer": lr.optimizer.state_dict()}
+            for g, lr in self.learners.items()
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        for g, lr in self.learners.items():
+            for name, module in lr.modules().items():
+                module.load_state_dict(state[g][name])
+            lr.optimizer.load_state_dict(state[g]["optimizer"])
+
+
+class _RandomWhileWarm(nn.Module):
+    """An acting policy that acts uniformly at random while `flag` (a 0-d bool tensor) is set."""
+
+    def __init__(self, policy: nn.Module, flag: torch.Tensor) -> None:
+        super().__init__()
+        self.policy, self.flag = policy, flag
+
+    def forward(self, observation: torch.Tensor, action_mask: torch.Tensor | None = None) -> RandomWhile:
+        return RandomWhile(self.policy(observation, action_mask), self.flag)
+
+
+def split(batch: dict, groups) -> tuple[dict, dict, torch.Tensor | None, torch.Tensor | None]:
+    """A gathered batch's observations and next observations per group, its state and next state (or None)."""
+    obs = {g: batch[g]["observation"] for g in groups}
+    next_obs = {g: batch[g]["next_observation"] for g in groups}
+    return obs, next_obs, batch.get("state"), batch.get("next_state")
+
+
+def fixed(module: nn.Module, *args):
+    """`module(*args)` with its parameters held fixed: gradients reach the inputs only (an actor's loss
+    through its critic). Under the compiled step's `functional_call` the parameters are the step's own."""
+    return functional_call(module, {name: p.detach() for name, p in module.named_parameters()}, args)
+
+
+def td_targets(reward: torch.Tensor, terminated: torch.Tensor, next_value: torch.Tensor, gamma: float) -> torch.Tensor:
+    """TD(0) targets `r + gamma * (1 - terminated) * V'` per agent, `[k, n]` each: a truncated step
+    (done, not terminated) bootstraps from its true next observation."""
+    return reward + gamma * torch.where(terminated, 0.0, next_value)
+
+
+def critic_loss(q: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    """The critics' loss: for each twin, the mean over the batch and agents of `weight * (Q - y)^2`
+    (`weight` the importance weights `[k]`, or 1), summed over the twins. `q` `[k, twins, n]`, `target` `[k, n]`."""
+    error = (q - target.unsqueeze(1)).square()
+    if weight is not None:
+        error = error * weight.view(-1, 1, 1)
+    return error.mean(dim=(0, 2)).sum()
