@@ -11,7 +11,8 @@ for CUDA (`watching(name)`) and collects here, per name:
 - the CUDA graphs recorded: the `CUDAGRAPH_RECORDING` callbacks of dynamo's callback handler, which
   torch's cudagraph trees run around every recording;
 - the skips: every skip goes through `torch._inductor.cudagraph_utils.log_cudagraph_skip_and_bump_counter`,
-  which logs the reason ("skipping cudagraphs due to ...") on the `cudagraphs` artifact logger and bumps
+  which logs the reason ("skipping cudagraphs due to ...") as a warning on that module's `cudagraphs`
+  artifact logger (`perf_hints` up to torch 2.10, off by default there: nothing was printed) and bumps
   `counters["inductor"]["cudagraph_skips"]`; a bump without a logged reason is counted too;
 - a compile failure, after which the function runs eagerly (`fallback`).
 
@@ -35,8 +36,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-# Where torch logs its skips: `getArtifactLogger("torch._inductor.cudagraph_utils", "cudagraphs")`.
-SKIP_LOGGER = "torch._inductor.cudagraph_utils.__cudagraphs"
+# Where torch logs its skips: `getArtifactLogger("torch._inductor.cudagraph_utils", "cudagraphs")`, and
+# "perf_hints" before torch 2.11. Its skip messages start so (`format_default_skip_message` and the others).
+SKIP_LOGGERS = ("torch._inductor.cudagraph_utils.__cudagraphs", "torch._inductor.cudagraph_utils.__perf_hints")
+SKIP_MESSAGES = ("skipping cudagraph", "disabling cudagraph")
 
 
 @dataclass
@@ -146,7 +149,7 @@ def record_fallback(name: str, error: BaseException) -> None:
 class _SkipHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         watched = getattr(_current, "report", None)
-        if watched is not None and record.levelno >= logging.WARNING:
+        if watched is not None and record.getMessage().startswith(SKIP_MESSAGES):
             watched.skips.append(record.getMessage())
 
 
@@ -164,9 +167,10 @@ def _on_start(args) -> None:
 def _install() -> None:
     """Hook onto torch's skip log and recording callbacks (again after `torch._dynamo.reset()`, which
     drops every callback)."""
-    logger = logging.getLogger(SKIP_LOGGER)
-    if _handler not in logger.handlers:
-        logger.addHandler(_handler)
+    for name in SKIP_LOGGERS:
+        logger = logging.getLogger(name)
+        if _handler not in logger.handlers:
+            logger.addHandler(_handler)
     handler = torch._dynamo.callback_handler
     if _on_start not in handler.start_callbacks:
         handler.register_start_callback(_on_start)
