@@ -14,7 +14,10 @@ for CUDA (`watching(name)`) and collects here, per name:
   which logs the reason ("skipping cudagraphs due to ...") as a warning on that module's `cudagraphs`
   artifact logger (`perf_hints` up to torch 2.10, off by default there: nothing was printed) and bumps
   `counters["inductor"]["cudagraph_skips"]`; a bump without a logged reason is counted too;
-- a compile failure, after which the function runs eagerly (`fallback`).
+- a compile failure, after which the function runs eagerly (`fallback`);
+- the inputs of its recorded graphs that are not static (`counters["inductor"]
+  ["cudagraph_recorded_non_static_inputs"]`): each replay first copies them into the graph's own
+  buffers, which costs as much as reading them again.
 
 A graph that mutates an input is recorded only if that input is static (a parameter, or marked with
 `torch._dynamo.mark_static_address`: its address never changes, so a replay writes where the caller
@@ -58,6 +61,8 @@ class GraphReport:
     """Graphs torch did not record and gave no reason for: it does so for a graph without a CUDA op."""
     fallback: str | None = None
     """The compile error after which it runs eagerly."""
+    copied_inputs: int = 0
+    """Inputs of its recorded graphs that are not static: copied in before every replay."""
 
     @property
     def decided(self) -> bool:
@@ -78,7 +83,8 @@ class GraphReport:
             return f"{self.name}: not captured ({len(self.skips)} of its graphs skipped): {reasons}"
         if self.recorded:
             silent = f"; {self.silent_skips} without a CUDA op not recorded" if self.silent_skips else ""
-            of = f"{_count(self.recorded, 'CUDA graph')} of {_count(self.graphs, 'graph')}{silent}"
+            copied = f"; {_count(self.copied_inputs, 'input')} copied in per replay" if self.copied_inputs else ""
+            of = f"{_count(self.recorded, 'CUDA graph')} of {_count(self.graphs, 'graph')}{silent}{copied}"
             return f"{self.name}: captured ({of})"
         return f"{self.name}: not recorded yet ({_count(self.calls, 'call')}, {_count(self.graphs, 'graph')})"
 
@@ -186,6 +192,7 @@ def watching(name: str) -> Iterator[GraphReport]:
     watched = report(name)
     outer = getattr(_current, "report", None)
     graphs, skips = counters["stats"]["unique_graphs"], counters["inductor"]["cudagraph_skips"]
+    copied = counters["inductor"]["cudagraph_recorded_non_static_inputs"]
     logged = len(watched.skips)
     _current.report = watched
     try:
@@ -194,5 +201,6 @@ def watching(name: str) -> Iterator[GraphReport]:
         _current.report = outer
         watched.calls += 1
         watched.graphs += counters["stats"]["unique_graphs"] - graphs
+        watched.copied_inputs += counters["inductor"]["cudagraph_recorded_non_static_inputs"] - copied
         unlogged = counters["inductor"]["cudagraph_skips"] - skips - (len(watched.skips) - logged)
         watched.silent_skips += max(unlogged, 0)

@@ -25,10 +25,13 @@ def fresh_reports():
     cudagraphs.clear()
 
 
-def record_a_cuda_graph():
-    """What torch's cudagraph trees do around each recording (`CUDAGraphTreeManager.record_function`)."""
+def record_a_cuda_graph(non_static_inputs: int = 0):
+    """What torch's cudagraph trees do around each recording (`CUDAGraphTreeManager.record_function`,
+    which counts the graph's inputs that are not static as it builds the graph's node)."""
+    from torch._dynamo.utils import counters
+
     with torch._dynamo.callback_handler.install_callbacks(CallbackTrigger.CUDAGRAPH_RECORDING, "0/0"):
-        pass
+        counters["inductor"]["cudagraph_recorded_non_static_inputs"] += non_static_inputs
 
 
 def compile_a_graph():
@@ -44,6 +47,11 @@ def test_a_recorded_graph_is_captured():
     report = cudagraphs.reports()["rollout step"]
     assert report.captured and report.decided and report.calls == 2
     assert report.describe() == "rollout step: captured (1 CUDA graph of 1 graph)"
+    with cudagraphs.watching("update step"):
+        record_a_cuda_graph(non_static_inputs=12)
+    assert cudagraphs.reports()["update step"].describe() == (
+        "update step: captured (1 CUDA graph of 0 graphs; 12 inputs copied in per replay)"
+    )
 
 
 def test_a_skip_names_torchs_reason_and_the_line():
