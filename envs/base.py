@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from envs import cudagraphs
 from envs.compile import maybe_compile
 from envs.random import CounterRandom
 from envs.specs import Box, Discrete, GroupSpec, MultiDiscrete
@@ -145,6 +146,7 @@ class MultiAgentEnv:
         }
         self.compiled = compile
         if compile:
+            cudagraphs.mark_static(self.static_tensors(), self.device)
             # Instance attributes shadow the methods; a compiler failure falls back to eager, once.
             self._step = maybe_compile(self._step, True, self.device)
             self._observe = maybe_compile(self._observe, True, self.device)
@@ -275,6 +277,13 @@ class MultiAgentEnv:
         masks in `obs` when given. Uses `generator` (not the env's own, by default a fresh one)."""
         return sample_actions(self.groups, self.num_envs, self.device, generator, obs)
 
+    def static_tensors(self) -> list[torch.Tensor]:
+        """The tensors a step updates in place, at fixed addresses (step counts, the random stream's state).
+        A compiled step that mutates them replays as a CUDA graph only when they are marked static
+        (`envs.cudagraphs.mark_static`): the env does so when it compiles itself, the rollout when it
+        compiles the env's step into its own."""
+        return [self.step_count, self.rng.key, self.rng.counter]
+
     def state_dict(self) -> dict:
         """Everything needed to continue exactly where the env is: its tensors (attributes holding a
         tensor or a dict of tensors), step counters and random stream."""
@@ -287,12 +296,15 @@ class MultiAgentEnv:
         return {"tensors": state, "rng": self.rng.state_dict(), "seed": self.seed}
 
     def load_state_dict(self, state: dict) -> None:
+        static = {id(tensor) for tensor in self.static_tensors()}
         for name, value in state["tensors"].items():
+            held = getattr(self, name, None)
             if isinstance(value, dict):
-                value = {k: v.to(self.device) for k, v in value.items()}
+                setattr(self, name, {k: v.to(self.device) for k, v in value.items()})
+            elif id(held) in static:
+                held.copy_(value)  # keeps its address (see `static_tensors`)
             else:
-                value = value.to(self.device)
-            setattr(self, name, value)
+                setattr(self, name, value.to(self.device))
         self.rng.load_state_dict(state["rng"])
         self.seed = state["seed"]
 
@@ -310,7 +322,7 @@ class MultiAgentEnv:
 
     def _reset_where(self, mask: torch.Tensor) -> None:
         self._reset(mask)
-        self.step_count = torch.where(mask, 0, self.step_count)
+        self.step_count.masked_fill_(mask, 0)
 
     def _observation_data(self) -> dict:
         observations = self._observe()

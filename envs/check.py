@@ -5,8 +5,10 @@ It checks, in order, and stops at the first property that fails, naming it with 
 - `specs`: groups, agents and specs are well formed;
 - `data`: every tensor of `reset` and `step` matches its spec (shape, dtype, device, bounds, finite);
 - `flags`: `done == terminated | truncated`, never both, and an env-level `done` finishes every agent;
-- `host_sync`: `reset` and `step` never synchronise with the host or make data-dependent shapes (not
-  checked for adapters of host simulators, whose class sets `runs_on_host = True`);
+- `host_sync`: `reset` and `step` never synchronise with the host, make data-dependent shapes, or copy
+  host data to the env's device (a CPU env's device is treated as remote, as `forbid_host_sync` explains,
+  so a copy that would sync on a GPU fails here too; not checked for adapters of host simulators, whose
+  class sets `runs_on_host = True`);
 - `seeding`: one seed gives one trajectory, different seeds give different starts;
 - `independence`: changing env 0's actions changes nothing in the other envs;
 - `truncation`: `truncated` is set exactly at `max_steps` (and `terminated` is not);
@@ -143,11 +145,11 @@ class _Checker:
         generator = torch.Generator(env.device).manual_seed(3)
         env.check_values = False
         try:
-            with forbid_host_sync():
+            with forbid_host_sync(env.device):
                 obs = env.reset()
             for _ in range(self.short_run):
                 action = self.actions(generator, obs)
-                with forbid_host_sync():
+                with forbid_host_sync(env.device):
                     _, obs = env.step(action)
                     env.reset(mask=self.reset_mask())
         except HostSyncError as error:

@@ -1,6 +1,7 @@
 """`torch.compile` with a fallback: the first call compiles; if compiling fails, one clear warning and
 the function runs eagerly from then on. On CUDA the graphs are captured as CUDA graphs
-(`mode="reduce-overhead"`), which removes the per-kernel launch cost of small ops. On the CPU the
+(`mode="reduce-overhead"`), which removes the per-kernel launch cost of small ops; whether they were,
+and why not, is collected per function name by `envs.cudagraphs`. On the CPU the
 backend is Inductor with AOTAutograd's cache open to custom autograd Functions (`_inductor_cpu`), and
 its C++ wrapper on request (`cpp_wrapper`)."""
 
@@ -13,13 +14,20 @@ from collections.abc import Callable
 
 import torch
 
+from envs import cudagraphs
+
 _warned = False
 
 
-def maybe_compile(fn: Callable, enabled: bool, device: torch.device, cpp_wrapper: bool = False) -> Callable:
+def maybe_compile(
+    fn: Callable, enabled: bool, device: torch.device, cpp_wrapper: bool = False, name: str | None = None
+) -> Callable:
     """`fn` compiled when `enabled` (falling back to `fn` itself if compilation fails), else `fn`. When
     the compiled call raises, `fn` runs eagerly: if that raises too, the error is `fn`'s own and is
     raised without the fallback warning.
+
+    On CUDA every call is watched: `envs.cudagraphs.reports()[name]` (`name` defaults to `fn`'s qualified
+    name) says whether its CUDA graphs were captured, and if not, why.
 
     `cpp_wrapper` (CPU): Inductor's C++ wrapper calls the graph's kernels, for a function run on a second
     thread. Inductor's Python wrapper calls its fused C++ kernels with Python's GIL held, so a thread
@@ -27,8 +35,9 @@ def maybe_compile(fn: Callable, enabled: bool, device: torch.device, cpp_wrapper
     lets the GIL go for the whole graph. Not the default: no faster alone, and a cold compile takes longer."""
     if not enabled:
         return fn
+    name = name or getattr(fn, "__qualname__", repr(fn))
     if device.type == "cuda":
-        compiled = torch.compile(fn, dynamic=False, mode="reduce-overhead")
+        compiled = _watched(torch.compile(fn, dynamic=False, mode="reduce-overhead"), name)
     else:
         compiled = torch.compile(fn, dynamic=False, backend=functools.partial(_inductor_cpu, cpp_wrapper=cpp_wrapper))
     state = {"call": compiled}
@@ -45,8 +54,18 @@ def maybe_compile(fn: Callable, enabled: bool, device: torch.device, cpp_wrapper
         # raised as is, neither blamed on torch.compile nor chained to the compiler's traceback.
         result = fn(*args, **kwargs)
         _warn(fn, compile_error)
+        if device.type == "cuda":
+            cudagraphs.record_fallback(name, compile_error)
         state["call"] = fn
         return result
+
+    return call
+
+
+def _watched(compiled: Callable, name: str) -> Callable:
+    def call(*args, **kwargs):
+        with cudagraphs.watching(name):
+            return compiled(*args, **kwargs)
 
     return call
 

@@ -1,12 +1,16 @@
+import argparse
 import os
 
-# Triton kernels run on the CPU through Triton's interpreter; it must be chosen before triton is imported.
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch  # importing torch (and asking it for CUDA) imports no triton: TRITON_INTERPRET below still applies
 
-import argparse  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+# Without a GPU, Triton kernels run on the CPU through Triton's interpreter, which must be chosen before
+# triton is first imported (by a test module, after this file). With one, the `gpu` tests run the
+# compiled kernels, so the interpreter stays off; the tests that need it say so (`needs_interpreter`).
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+INTERPRETER = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")  # as triton reads it
 
 # `.ci/run` installs every extra the tests use (VMAS, PettingZoo, mpe2, TensorBoard, matplotlib): there a
 # test that `importorskip`s one must fail, not skip, or a broken install would pass CI unseen.
@@ -14,12 +18,18 @@ MISSING_EXTRA_FAILS = os.environ.get("VECMARL_CI") == "1"
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
+    # By marker, not `"gpu" in item.keywords`: keywords hold every folder name on the test's path too, so
+    # a checkout under a folder named `gpu` skipped the whole suite.
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    skip_interpreted = pytest.mark.skip(
+        reason="runs Triton on CPU tensors, which needs TRITON_INTERPRET=1 (set by this conftest without a GPU);"
+        " with a GPU the `gpu` tests run the compiled kernels instead"
+    )
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None and not CUDA:
             item.add_marker(skip_gpu)
+        if item.get_closest_marker("needs_interpreter") is not None and not INTERPRETER:
+            item.add_marker(skip_interpreted)
 
 
 def _fail_a_missing_extra(report) -> None:

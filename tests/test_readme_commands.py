@@ -3,6 +3,7 @@
 (`marl envs`, `--help`, the env demos) run for real; tutorials and extras named exist."""
 
 import dataclasses
+import os
 import re
 import shlex
 import sys
@@ -131,3 +132,10 @@ def test_tutorials_and_extras_named_exist():
             for spec in words[2:]:
                 for extra in re.findall(r"\[([\w,]+)\]", spec):
                     assert set(extra.split(",")) <= extras, (spec, extras)
+
+
+def test_scripts_named_exist_and_run():
+    scripts = {words[0] for words in COMMANDS if "/" in words[0]}
+    assert ".gpu/report.sh" in scripts, scripts
+    for script in scripts:
+        assert (ROOT / script).is_file() and os.access(ROOT / script, os.X_OK), script

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from tensordict import TensorDict
 
+from envs import cudagraphs
 from envs.base import canonical_device
 from marl.app import distributed
 from marl.app.build import build_algorithm, make_env, resolve_device
@@ -76,6 +77,18 @@ class Trainer:
         self.frames_per_iteration = self.world.size * config.env.num_envs * config.run.rollout_length
         self.iteration, self.frames, self.elapsed = 0, 0, 0.0
         self.timer = PhaseTimer(self.device)
+        # --compile on CUDA: whether the rollout and update steps were captured as CUDA graphs is said once
+        # known (after the first iteration, or the first update of an algorithm that fills a buffer first).
+        cudagraphs.clear()
+        self.graphs_to_announce: set[str] = set()
+        if config.run.compile and self.device.type == "cuda" and self.world.is_main:
+            self.graphs_to_announce = {"update step"}
+            if self.env.traceable:
+                self.graphs_to_announce.add("rollout step")
+            else:
+                print(
+                    "CUDA graphs: rollout step: not compiled (torch.compile cannot trace this env: collected eagerly)"
+                )
 
     def _replay_buffer(self) -> ReplayBuffer | None:
         """The algorithm's replay buffer (one per rank under torchrun), its size said before it is allocated;
@@ -158,6 +171,8 @@ class Trainer:
             while self.frames < run.total_frames:
                 row = self.train_iteration()
                 logger.log(row)
+                if self.graphs_to_announce:
+                    self.graphs_to_announce = cudagraphs.announce(self.graphs_to_announce)
                 rows.append(row)
                 if self.iteration % run.checkpoint_every == 0 or self.frames >= run.total_frames:
                     self.save()

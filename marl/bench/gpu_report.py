@@ -125,6 +125,9 @@ def parse_train(run_name: str) -> Callable[[str, Path], dict]:
             figures["cudagraph_skip_reasons"] = sorted(
                 {line.split("skipping cudagraphs", 1)[1][:200] for line in skips}
             )
+            # The trainer's own verdicts (`envs.cudagraphs.announce`): "CUDA graphs: <step>: captured (...)".
+            verdicts = [line.split("CUDA graphs: ", 1)[1] for line in output.splitlines() if "CUDA graphs: " in line]
+            figures["cuda_graphs"] = dict(verdict.split(": ", 1) for verdict in verdicts if ": " in verdict)
         return figures
 
     return parse

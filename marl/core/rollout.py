@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from envs import cudagraphs
 from envs.compile import maybe_compile
 from marl.core.distributions import Distribution, draw_noise, raw_action_dtype
 
@@ -60,18 +61,23 @@ def transition_layout(
 
 
 class EpisodeStats:
-    """Running returns of unfinished episodes and sums over finished ones, all on the device."""
+    """Running returns of unfinished episodes and sums over finished ones, all on the device. Every
+    tensor is updated in place, so its address is fixed: a compiled rollout step that updates them can be
+    replayed as a CUDA graph (see `Collector`)."""
 
     def __init__(self, groups: Mapping, num_envs: int, device: torch.device) -> None:
         self.running = {g: torch.zeros(num_envs, s.n_agents, device=device) for g, s in groups.items()}  # [B, n]
         self.length = torch.zeros(num_envs, device=device)  # [B]
-        self.clear()
-
-    def clear(self) -> None:
-        device = self.length.device
         self.return_sum = {g: torch.zeros((), device=device) for g in self.running}
         self.length_sum = torch.zeros((), device=device)
         self.episodes = torch.zeros((), device=device)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [*self.running.values(), self.length, *self.return_sum.values(), self.length_sum, self.episodes]
+
+    def clear(self) -> None:
+        for total in (*self.return_sum.values(), self.length_sum, self.episodes):
+            total.zero_()
 
     def update(self, rewards: Mapping[str, torch.Tensor], done: torch.Tensor) -> None:
         """`rewards[g]` `[B, n]`; `done` `[B]` bool: the env's episode ended at this step."""
@@ -81,15 +87,17 @@ class EpisodeStats:
             self.running[g] += reward
             # An episode's return for a group: its agents' summed rewards, averaged over the agents.
             self.return_sum[g] += (self.running[g].mean(-1) * finished).sum()
-            self.running[g] = torch.where(done[:, None], 0.0, self.running[g])
+            self.running[g].masked_fill_(done[:, None], 0.0)
         self.length_sum += (self.length * finished).sum()
         self.episodes += finished.sum()
-        self.length = torch.where(done, 0.0, self.length)
+        self.length.masked_fill_(done, 0.0)
 
     def take_finished(self) -> FinishedEpisodes:
-        """The sums over the episodes finished so far, handed over; counting starts again from zero (new
-        tensors: what was handed over stays as it was while the next batch is collected)."""
-        finished = FinishedEpisodes(self.return_sum, self.length_sum, self.episodes)
+        """The sums over the episodes finished so far, handed over; counting starts again from zero (copies:
+        what was handed over stays as it was while the next batch is collected)."""
+        finished = FinishedEpisodes(
+            {g: total.clone() for g, total in self.return_sum.items()}, self.length_sum.clone(), self.episodes.clone()
+        )
         self.clear()
         return finished
 
@@ -98,13 +106,15 @@ class EpisodeStats:
         return {"running": self.running, "length": self.length, **finished}
 
     def load_state_dict(self, state: dict) -> None:
-        # Checkpoints load on the CPU (and gathered ranks' states are sent there): back to this device.
-        device = self.length.device
-        self.running = {g: value.to(device) for g, value in state["running"].items()}
-        self.length = state["length"].to(device)
+        # Checkpoints load on the CPU (and gathered ranks' states are sent there): copied onto this device.
+        for g, value in state["running"].items():
+            self.running[g].copy_(value)
+        self.length.copy_(state["length"])
         if "episodes" in state:  # checkpoints written before the sums were saved had none pending
-            self.return_sum = {g: value.to(device) for g, value in state["return_sum"].items()}
-            self.length_sum, self.episodes = state["length_sum"].to(device), state["episodes"].to(device)
+            for g, value in state["return_sum"].items():
+                self.return_sum[g].copy_(value)
+            self.length_sum.copy_(state["length_sum"])
+            self.episodes.copy_(state["episodes"])
 
 
 @dataclass
@@ -155,7 +165,12 @@ class Collector:
         # acting before it and the bookkeeping after: compiled so, collection took as long as eager
         # collection (the simulator's own step is most of it) after seconds of compiling, so such envs
         # are collected eagerly.
-        self._steps = maybe_compile(self._steps_eager, compile and env.traceable, self.device)
+        if compile and env.traceable:
+            # The step writes the buffer, the episode statistics and the env's counters in place: on CUDA
+            # torch records no graph that mutates an input not marked static.
+            written = (*self.buffer.values(include_nested=True, leaves_only=True), *self.stats.tensors())
+            cudagraphs.mark_static((*written, *env.static_tensors()), self.device)
+        self._steps = maybe_compile(self._steps_eager, compile and env.traceable, self.device, name="rollout step")
 
     def _allocate(self) -> TensorDict:
         T, B = self.T, self.env.num_envs

@@ -45,6 +45,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad
 
+from envs import cudagraphs
 from envs.compile import maybe_compile
 
 
@@ -157,9 +158,9 @@ class UpdateStep:
                 g: (*t.optimizer.param_groups[0]["betas"], t.optimizer.param_groups[0]["eps"])
                 for g, t in self.trainables.items()
             }
-            self._fused_step = maybe_compile(self._fused_step_eager, True, device, cpp_wrapper)
+            self._fused_step = maybe_compile(self._fused_step_eager, True, device, cpp_wrapper, name="update step")
         else:
-            self._loss = maybe_compile(loss, compile, device, cpp_wrapper)
+            self._loss = maybe_compile(loss, compile, device, cpp_wrapper, name="update step")
 
     def __call__(self, *inputs):
         out, aux = self._step_fused(inputs) if self.fused else self._step_eager(inputs)
@@ -213,9 +214,7 @@ class UpdateStep:
             beta1, beta2, _ = self.adam_constants[g]
             lr = t.optimizer.param_groups[0]["lr"]
             adam_state[g] = (exp_avgs, exp_avg_sqs, *adam_step_scalars(torch.stack(steps), lr, beta1, beta2))
-            if self.device.type == "cuda":  # CUDA graphs replay on fixed addresses (parameters already are)
-                for tensor in (*exp_avgs, *exp_avg_sqs):
-                    torch._dynamo.mark_static_address(tensor)
+            cudagraphs.mark_static((*exp_avgs, *exp_avg_sqs), self.device)  # parameters already are static
         return self._fused_step(params, adam_state, inputs)
 
     @torch.no_grad()

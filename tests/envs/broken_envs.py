@@ -96,6 +96,14 @@ class HostSync(Counter):
         return reward, terminated
 
 
+class HostToDevice(Counter):
+    def _step(self, action):
+        reward, terminated = super()._step(action)
+        step_cost = torch.tensor(0.01, device=self.device)  # a host->device copy on every step: a sync on CUDA
+        reward["mover"] = reward["mover"] - step_cost
+        return reward, terminated
+
+
 class GlobalRandom(Counter):
     """Draws from torch's global generator instead of the env's own stream: seeds do not reproduce runs."""
 

@@ -21,6 +21,7 @@ def test_navigation_passes(num_envs, n_agents):
         (broken.WrongDtype, "data", "observation"),
         (broken.NanReward, "data", "reward"),
         (broken.HostSync, "host_sync", None),
+        (broken.HostToDevice, "host_sync", None),
         (broken.GlobalRandom, "seeding", None),
         (broken.LeakyEnvs, "independence", "reward"),
         (broken.ResetsEveryEnv, "auto_reset", None),
@@ -82,3 +83,10 @@ def test_auto_reset_failure_names_the_likely_causes():
     # ResetsEveryEnv's _reset ignores its mask; the message used to name no cause.
     with pytest.raises(envs.CheckError, match=r"_reset changed envs outside its mask .* or _observe draws random"):
         envs.check_env(broken.ResetsEveryEnv(num_envs=4, seed=0))
+
+
+def test_host_to_device_copy_names_the_line():
+    # On a CPU env the checker treats the device as remote: a copy that would sync on CUDA fails here too.
+    message = r"'host_sync' failed: host-to-device copy: .*\(torch\.tensor\).* \(at .*broken_envs\.py:\d+ in _step"
+    with pytest.raises(envs.CheckError, match=message):
+        envs.check_env(broken.HostToDevice(num_envs=4, seed=0))

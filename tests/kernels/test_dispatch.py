@@ -12,6 +12,7 @@ import pytest
 import torch
 import triton
 from kernel_cases import assert_close, rollout
+from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
 from kernels import discounted_returns, gae, td_lambda_returns
@@ -27,22 +28,24 @@ def _kernel(x):  # stands for a kernel built without the interpreter
 
 
 COMPILED = JITFunction(_kernel)
+INTERPRETED = InterpretedFunction(_kernel)  # as a kernel is under TRITON_INTERPRET=1, in any session
 
 
+@pytest.mark.needs_interpreter
 def test_the_test_session_interprets_the_kernels():
     assert os.environ["TRITON_INTERPRET"] == "1" and not isinstance(_gae_kernel, JITFunction)
 
 
 ROUTES = {
-    "cpu-interpreted-auto": ("auto", CPU, _gae_kernel, "triton"),
+    "cpu-interpreted-auto": ("auto", CPU, INTERPRETED, "triton"),
     "cpu-compiled-auto": ("auto", CPU, COMPILED, "torch"),
     "cuda-auto": ("auto", CUDA, COMPILED, "triton"),
     "cuda-without-triton": ("auto", CUDA, None, "torch"),
     "cpu-without-triton": ("auto", CPU, None, "torch"),
-    "cpu-torch": ("torch", CPU, _gae_kernel, "torch"),
+    "cpu-torch": ("torch", CPU, INTERPRETED, "torch"),
     "cuda-torch": ("torch", CUDA, COMPILED, "torch"),
     "cuda-reference": ("reference", CUDA, COMPILED, "reference"),
-    "cpu-interpreted-triton": ("triton", CPU, _gae_kernel, "triton"),
+    "cpu-interpreted-triton": ("triton", CPU, INTERPRETED, "triton"),
 }
 
 

@@ -9,6 +9,8 @@ from kernels import gae
 from kernels._common import column_layout
 
 FAST = ("triton", "torch")
+# Every test holds the Triton kernel, on CPU tensors, to the reference: under the interpreter.
+pytestmark = pytest.mark.needs_interpreter
 BATCHES = {"B1": (1,), "B7": (7,), "B5xn3": (5, 3), "B4xn3x1": (4, 3, 1)}
 
 

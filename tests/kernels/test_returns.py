@@ -8,6 +8,8 @@ from kernel_cases import DENSITIES, assert_close, rollout
 from kernels import discounted_returns, gae, td_lambda_returns
 
 FAST = ("triton", "torch")
+# Every test holds the Triton kernel, on CPU tensors, to the reference: under the interpreter.
+pytestmark = pytest.mark.needs_interpreter
 BATCHES = {"B1": (1,), "B7": (7,), "B5xn3": (5, 3), "B4xn3x1": (4, 3, 1)}
 
 

@@ -50,6 +50,7 @@ def test_layout_and_size():
     assert sum_tree_nbytes(1000) == 2048 * 8 and sum_tree_nbytes(1_000_000) == 2**21 * 8
 
 
+@pytest.mark.needs_interpreter
 def test_update_by_hand_repeated_index_keeps_the_largest():
     tree = sum_tree_zeros(4)  # leaves are nodes 4..7
     index, value = torch.tensor([2, 2, 0, 2]), torch.tensor([1.0, 5.0, 3.0, 2.0], dtype=torch.float64)
@@ -62,6 +63,7 @@ def test_update_by_hand_repeated_index_keeps_the_largest():
     assert torch.equal(tree, torch.tensor([0, 3.5, 3, 0.5, 3, 0, 0.5, 0], dtype=torch.float64))
 
 
+@pytest.mark.needs_interpreter
 @pytest.mark.parametrize("k", [1, 7, 40], ids=lambda k: f"k{k}")
 @pytest.mark.parametrize("capacity", [1, 3, 63, 500, 3000], ids=lambda c: f"cap{c}")
 def test_update_matches_reference(capacity, k):
@@ -73,6 +75,7 @@ def test_update_matches_reference(capacity, k):
             assert torch.equal(trees[backend], trees["reference"]), (backend, integer)
 
 
+@pytest.mark.needs_interpreter
 def test_update_of_every_leaf_and_int32_indices():
     capacity = 40
     value = torch.rand(capacity, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
@@ -83,6 +86,7 @@ def test_update_of_every_leaf_and_int32_indices():
     assert math.isclose(trees["reference"][1], value.sum(), rel_tol=1e-12)
 
 
+@pytest.mark.needs_interpreter
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_update_writes_only_the_updated_part(backend):
     # 4096 leaves: the Triton path recomputes the 256-leaf subtrees of the updated leaves and the 15 nodes
@@ -99,6 +103,7 @@ def test_update_writes_only_the_updated_part(backend):
     assert tree[1] == capacity - 3 + 2 + 3 + 4  # three of the ones replaced; the sentinel is not under them
 
 
+@pytest.mark.needs_interpreter
 def test_find_by_hand():
     tree = sum_tree_update_(sum_tree_zeros(4), torch.arange(4), torch.tensor([1.0, 0.0, 2.0, 1.0], dtype=torch.float64))
     fraction = torch.tensor([0.0, 0.2, 0.25, 0.74, 0.75, 0.99, 1.0], dtype=torch.float64)
@@ -111,6 +116,7 @@ def test_find_by_hand():
         assert torch.equal(leaf, torch.tensor([1.0, 1.0, 2.0, 2.0, 1.0, 1.0, 1.0], dtype=torch.float64))
 
 
+@pytest.mark.needs_interpreter
 @pytest.mark.parametrize("capacity", [1, 3, 63, 500, 3000], ids=lambda c: f"cap{c}")
 def test_find_matches_reference(capacity):
     generator = torch.Generator().manual_seed(capacity)
@@ -141,6 +147,7 @@ def naive_float32_find(leaves: list[float], fraction: float) -> int:
     return node
 
 
+@pytest.mark.needs_interpreter
 def test_zero_priority_is_never_found():
     # In float32, 1 + 0.75 ulp rounds the total up to 1 + 1 ulp: the mass at fraction 1 overshoots the
     # last non-empty leaf, and a plain float32 descent lands on the empty leaf 3.
@@ -182,6 +189,7 @@ def test_found_frequencies_match_priorities_chi_square():
     assert chi_square < chi_square_limit(int(positive.sum()) - 1), chi_square
 
 
+@pytest.mark.needs_interpreter
 def test_empty_inputs():
     tree = sum_tree_zeros(8)
     empty = torch.zeros(0, dtype=torch.int64)

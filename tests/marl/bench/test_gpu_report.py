@@ -120,10 +120,20 @@ def test_the_parsers_read_what_the_steps_write(tmp_path):
     (run / "metrics.csv").write_text(
         "iteration,frames,time_s,frames_per_s\n1,16384,40.0,409.6\n2,32768,40.1,163840\n3,49152,40.2,163840\n"
     )
-    log = "W... skipping cudagraphs due to mutated inputs\n"
+    log = (
+        "W... skipping cudagraphs due to mutated inputs\n"
+        "CUDA graphs: rollout step: captured (2 CUDA graphs of 2 graphs)\n"
+        "trainer.py:170: RuntimeWarning: CUDA graphs: update step: not captured (1 of its graphs skipped): mutated"
+        " inputs (1 instances); its kernels are launched one by one\n"
+    )
     figures = gpu_report.parse_train("train-compile")(log, tmp_path)
     assert figures["iterations"] == 3 and figures["median_frames_per_s_after_first"] == 163840
     assert figures["first_iteration_s"] == 40.0 and figures["cudagraph_skips"] == 1
+    assert figures["cuda_graphs"] == {
+        "rollout step": "captured (2 CUDA graphs of 2 graphs)",
+        "update step": "not captured (1 of its graphs skipped): mutated inputs (1 instances); its kernels are"
+        " launched one by one",
+    }
     table = (
         "env         num_envs n_agents     vecmarl eager  vecmarl compiled        VMAS     ratio eager  ratio compiled\n"
         "navigation      4096        3        12,345,678        45,678,901           -               -               -\n"
