@@ -3,8 +3,10 @@ phase split (`marl.bench.benchmarl_worker`), and how the launcher fails."""
 
 import ast
 import dataclasses
+import json
 import math
 import sys
+import types
 from itertools import count
 from types import SimpleNamespace
 
@@ -14,7 +16,7 @@ from tensordict import TensorDict
 
 from marl.bench import benchmarl_worker as worker
 from marl.bench.benchmarl import WORKER, run_benchmarl
-from marl.bench.train import ALGOS, QUICK_SIZES, expected_defaults
+from marl.bench.train import ALGOS, QUICK_SIZES, check_defaults, expected_defaults
 
 QUICK = dataclasses.asdict(QUICK_SIZES)
 
@@ -142,3 +144,89 @@ def test_a_missing_interpreter_is_named(tmp_path):
     missing = str(tmp_path / "no-python")
     with pytest.raises(FileNotFoundError, match=f"the BenchMARL interpreter '{missing}' was not found"):
         run_benchmarl(missing, "masac", frames=400, seed=0, threads=1)
+
+
+def fake_benchmarl(monkeypatch) -> type:
+    """A stand-in for BenchMARL's modules in `sys.modules`, as much of its API as the worker's `main`
+    uses: yaml defaults as `expected_defaults` has them, and an `Experiment` whose `run` collects
+    `n_envs x steps` batches and calls the callbacks as BenchMARL's loop does, with the sizes it was given."""
+    experiment_module, algorithms_module = types.ModuleType("benchmarl.experiment"), types.ModuleType("a")
+
+    class ExperimentConfig(SimpleNamespace):
+        @classmethod
+        def get_from_yaml(cls):
+            every = {k: v for algo in ("ippo", "qmix") for k, v in expected_defaults(algo)["experiment"].items()}
+            return cls(**every)
+
+    class Experiment:
+        def __init__(self, task, algorithm_config, model_config, critic_model_config, seed, config, callbacks):
+            self.config, self.callbacks, self.algo = config, callbacks, algorithm_config.algo
+            self.on_policy = self.algo in worker.ON_POLICY
+            self.continuous_actions = self.algo not in ("qmix", "vdn", "iql")
+            self.group_map, self.total_frames, self.mean_return = {"agents": []}, 0, float("nan")
+            self.algorithm = SimpleNamespace(process_batch=lambda group, batch: batch)
+            Experiment.hidden = model_config.num_cells
+            for callback in callbacks:
+                callback.experiment = self
+                callback.on_setup()
+
+        def run(self):
+            prefix = "on_policy" if self.on_policy else "off_policy"
+            envs = getattr(self.config, f"{prefix}_n_envs_per_worker")
+            frames = getattr(self.config, f"{prefix}_collected_frames_per_batch")
+            steps = self.config.off_policy_n_optimizer_steps if not self.on_policy else 2
+            for iteration in range(-(-self.config.max_n_frames // frames)):
+                batch = TensorDict({}, batch_size=[envs, frames // envs])
+                self.total_frames += batch.numel()
+                self.mean_return = -1.0 + iteration
+                for callback in self.callbacks:
+                    callback.on_batch_collected(batch)
+                self.algorithm.process_batch("agents", batch)
+                for _ in range(steps):
+                    for callback in self.callbacks:
+                        callback.on_train_step(batch, "agents")
+                for callback in self.callbacks:
+                    callback.on_train_end(None, "agents")
+
+    def yaml_config(algo):
+        return type(
+            algo, (), {"get_from_yaml": lambda: SimpleNamespace(algo=algo, **expected_defaults(algo)["algorithm"])}
+        )
+
+    for algo, name in worker.ALGORITHM_CONFIGS.items():
+        setattr(algorithms_module, name, yaml_config(algo))
+    experiment_module.Experiment, experiment_module.ExperimentConfig = Experiment, ExperimentConfig
+    mlp = SimpleNamespace(get_from_yaml=lambda: SimpleNamespace(num_cells=[256, 256], activation_class=torch.nn.Tanh))
+    task = SimpleNamespace(get_from_yaml=lambda: SimpleNamespace(config=expected_defaults("mappo")["task"]))
+    modules = {
+        "benchmarl": types.SimpleNamespace(__version__="fake", algorithms=algorithms_module),
+        "benchmarl.algorithms": algorithms_module,
+        "benchmarl.environments": SimpleNamespace(VmasTask=SimpleNamespace(NAVIGATION=task)),
+        "benchmarl.experiment": experiment_module,
+        "benchmarl.models": SimpleNamespace(),
+        "benchmarl.models.mlp": SimpleNamespace(MlpConfig=mlp),
+    }
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    return Experiment
+
+
+@pytest.mark.parametrize("algo", ["masac", "qmix", "ippo"])
+def test_the_worker_runs_benchmarls_experiment_with_the_settings(algo, monkeypatch):
+    experiment = fake_benchmarl(monkeypatch)
+    threads = torch.get_num_threads()
+    try:
+        run = worker.main({"algo": algo, "frames": 400, "seed": 0, "threads": 1, "sizes": QUICK})
+    finally:
+        torch.set_num_threads(threads)
+    assert run["frames"] == 400 and run["seconds"] > 0 and run["benchmarl"] == "fake"
+    assert run["continuous_actions"] == (algo != "qmix")
+    assert experiment.hidden == [32, 32]  # the quick sizes' MLP
+    assert check_defaults(run, algo) == []
+    steps = 2 if algo == "ippo" else QUICK["updates_per_iteration"]
+    assert [(it["frames"], it["optimizer_steps"], it["episode_return"]) for it in run["iterations"]] == [
+        (200, steps, -1.0),
+        (200, steps, 0.0),
+    ]
+    assert all(it["collect_s"] >= 0 and it["update_s"] >= 0 for it in run["iterations"])
+    json.dumps(run)  # what the worker prints

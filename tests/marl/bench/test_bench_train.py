@@ -209,6 +209,9 @@ def test_off_policy_benchmarl_settings_in_vecmarl_fields(fake_off_policy):
     assert (iddpg.critic_scope, iddpg.shared_value) == ("agent", False)
     quick = benchmarl_config("navigation", "iddpg", frames=400, seed=0, sizes=bench_train.QUICK_SIZES)
     assert (quick.algo.updates_per_iteration, quick.algo.batch_size, quick.model.hidden) == (4, 32, (32, 32))
+    default = bench_train.default_config("maddpg", iterations=2, seed=0, quick=True)  # the default rows
+    assert (default.algo.updates_per_iteration, default.algo.batch_size, default.algo.buffer_size) == (4, 32, 4096)
+    assert default.algo.lr == FakeOffPolicyConfig.lr and default.run.total_frames == 2 * 16 * 16
 
 
 def test_off_policy_settings_vecmarl_cannot_take_are_named(fake_off_policy):
