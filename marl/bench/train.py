@@ -95,7 +95,7 @@ from marl import algorithms
 from marl.algorithms.ppo import PPOConfig
 from marl.bench.benchmarl import run_benchmarl
 from marl.bench.benchmarl_worker import OFF_POLICY, ON_POLICY
-from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig, field_names
+from marl.config import AlgorithmConfig, EnvSettings, ModelConfig, RunConfig, TrainConfig, field_names
 
 ENVS = ("vmas/navigation", "navigation")
 ALGOS = ON_POLICY + OFF_POLICY  # those BenchMARL runs; `--algos` offers the ones registered in vecmarl
@@ -301,7 +301,7 @@ def off_policy_settings(algo: str, sizes: Sizes = BENCHMARL_SIZES) -> tuple[dict
     return required, optional
 
 
-def off_policy_config(algo: str, sizes: Sizes = BENCHMARL_SIZES):
+def off_policy_config(algo: str, sizes: Sizes = BENCHMARL_SIZES) -> AlgorithmConfig:
     """vecmarl's config of the registered off-policy `algo` with BenchMARL's settings, set by field name
     (`off_policy_settings`); those it may lack and lacks are left at vecmarl's defaults
     (`unmatched_settings` names them)."""
