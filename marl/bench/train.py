@@ -1,7 +1,9 @@
 """Training throughput and return: `marl train` against BenchMARL, equal work, measured in the same run.
 
     python -m marl.bench.train --threads 1                                   # vecmarl only
-    python -m marl.bench.train --threads 1 --peer-python /work/peers/torchrl/bin/python --json bench.json
+    python -m marl.bench.train --threads 1 --peer-python /work/peers/benchmarl/bin/python --json bench.json
+    python -m marl.bench.train --threads 1 --peer-python PATH --algos masac maddpg --envs vmas/navigation \
+        --frames 60000 --repeats 5 --default-iterations 0                 # off-policy, once registered
 
 Two tables.
 
@@ -37,6 +39,20 @@ What vecmarl cannot say with its config, and so differs: weights are initialised
 (vecmarl: orthogonal, policy output gain 0.01; BenchMARL: torch's default). The native `navigation`
 gets the same task options (`shared_reward=False`, spawning in [-1, 1]^2 as VMAS's default).
 
+Off-policy algorithms (MASAC, ISAC, MADDPG, IDDPG; QMIX, VDN, IQL), each offered by `--algos` once it is
+registered in vecmarl: BenchMARL's yaml defaults (checked at run time like PPO's) are 6000 frames per
+iteration from 10 envs, then 1000 optimiser steps (`off_policy_n_optimizer_steps`), each on 128 frames
+sampled uniformly from a buffer of 1M frames, no random warm-up frames, Polyak tau 0.005, gamma 0.99, lr
+5e-5, Adam eps 1e-6, gradient norms clipped to 5, MLP 256x256 tanh with parameters shared by the agents;
+MADDPG/IDDPG explore with Gaussian noise, QMIX/VDN/IQL epsilon-greedy, both annealed 0.8 -> 0.01 over
+the first third of the run; MASAC/ISAC start at alpha 1 with the entropy target "auto". BenchMARL runs
+MASAC and MADDPG with continuous actions and QMIX, VDN and IQL with discrete ones (it picks them itself);
+vecmarl's value-based rows run on `vmas/navigation` with `continuous_actions=False` (the native
+`navigation` has continuous actions only). vecmarl's config takes them by field name
+(`off_policy_settings`, `marl.algorithms.config_class`): a field it must have and lacks is an error,
+one it may lack (Adam's eps, alpha's start, the epsilon schedule, QMIX's mixer width) is a warning
+printed before the runs. Table 1 adds the seconds per optimiser step (`update_s / optimiser steps`).
+
 What is measured, on both sides alike:
 - a run starts from the first frame of a fresh trainer / `Experiment` and does `--frames` frames
   (whole iterations), with the seed of its repeat (repeat `i` uses seed `i` on every side);
@@ -53,7 +69,7 @@ What is measured, on both sides alike:
   frames on both sides;
 - each figure is the median over `--repeats`; the sides take turns run by run so that load from
   other processes hits them alike. vecmarl runs in this process; BenchMARL in a subprocess of
-  `--peer-python` (see `marl.bench.benchmarl` for how its phases are split);
+  `--peer-python` (see `marl.bench.benchmarl_worker` for how its phases are split);
 - before each run, the process's float32 matmul rate (`matmul_gflops`, printed with the run): on a
   shared virtual machine it swings by up to 1.6x within minutes, invisible in the load average, and
   a slow matmul lengthens vecmarl's runs by a larger fraction than BenchMARL's.
@@ -75,28 +91,52 @@ from dataclasses import dataclass
 import torch
 
 from kernels.bench.gae import median_seconds
+from marl import algorithms
 from marl.algorithms.ppo import PPOConfig
 from marl.bench.benchmarl import run_benchmarl
-from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
+from marl.bench.benchmarl_worker import OFF_POLICY, ON_POLICY
+from marl.config import AlgorithmConfig, EnvSettings, ModelConfig, RunConfig, TrainConfig, field_names
 
 ENVS = ("vmas/navigation", "navigation")
-ALGOS = ("mappo", "ippo")
+ALGOS = ON_POLICY + OFF_POLICY  # those BenchMARL runs; `--algos` offers the ones registered in vecmarl
+DISCRETE = ("qmix", "vdn", "iql")  # value-based: discrete actions only
 PHASES = ("collect_s", "advantages_s", "update_s")
 
 
 @dataclass(frozen=True)
 class Sizes:
-    """The sizes of a matched run, shared by both sides."""
+    """The sizes of a matched run, shared by both sides (each algorithm uses its family's)."""
 
     num_envs: int
     rollout_length: int
-    epochs: int
+    epochs: int  # on-policy: passes over each iteration's frames
     minibatch_size: int
+    updates_per_iteration: int  # off-policy: optimiser steps per iteration
+    batch_size: int  # frames sampled per optimiser step
+    buffer_size: int  # frames the replay buffer holds
     hidden: tuple[int, ...]
 
 
-BENCHMARL_SIZES = Sizes(num_envs=10, rollout_length=600, epochs=45, minibatch_size=400, hidden=(256, 256))
-QUICK_SIZES = Sizes(num_envs=2, rollout_length=100, epochs=1, minibatch_size=100, hidden=(32, 32))
+BENCHMARL_SIZES = Sizes(
+    num_envs=10,
+    rollout_length=600,
+    epochs=45,
+    minibatch_size=400,
+    updates_per_iteration=1000,
+    batch_size=128,
+    buffer_size=1_000_000,
+    hidden=(256, 256),
+)
+QUICK_SIZES = Sizes(
+    num_envs=2,
+    rollout_length=100,
+    epochs=1,
+    minibatch_size=100,
+    updates_per_iteration=4,
+    batch_size=32,
+    buffer_size=10_000,
+    hidden=(32, 32),
+)
 
 # BenchMARL's VMAS navigation task (its yaml), in the options of vecmarl's two envs.
 TASK_OPTIONS = {
@@ -104,33 +144,81 @@ TASK_OPTIONS = {
     "navigation": {"n_agents": 3, "max_steps": 100, "shared_reward": False, "spawn_half_width": 1.0},
 }
 # BenchMARL's yaml defaults that `benchmarl_config` reproduces; the worker reports the real ones.
-EXPECTED_DEFAULTS = {
-    "experiment": {
-        "on_policy_collected_frames_per_batch": 6000,
-        "on_policy_n_envs_per_worker": 10,
-        "on_policy_n_minibatch_iters": 45,
-        "on_policy_minibatch_size": 400,
-        "lr": 5e-5,
-        "adam_eps": 1e-6,
-        "gamma": 0.99,
-        "clip_grad_norm": True,
-        "clip_grad_val": 5,
-        "share_policy_params": True,
-    },
-    "algorithm": {
-        "share_param_critic": True,
-        "clip_epsilon": 0.2,
-        "entropy_coef": 0.0,
-        "critic_coef": 1.0,
-        "loss_critic_type": "l2",
-        "lmbda": 0.9,
-        "use_tanh_normal": True,
-        "scale_mapping": "biased_softplus_1.0",
-        "minibatch_advantage": False,
-    },
-    "model": {"num_cells": [256, 256], "activation_class": "Tanh"},
-    "task": {"n_agents": 3, "max_steps": 100, "shared_rew": False},
+EXPECTED_EXPERIMENT = {
+    "lr": 5e-5,
+    "adam_eps": 1e-6,
+    "gamma": 0.99,
+    "clip_grad_norm": True,
+    "clip_grad_val": 5,
+    "share_policy_params": True,
+    "prefer_continuous_actions": True,
 }
+EXPECTED_ON_POLICY = {
+    "on_policy_collected_frames_per_batch": 6000,
+    "on_policy_n_envs_per_worker": 10,
+    "on_policy_n_minibatch_iters": 45,
+    "on_policy_minibatch_size": 400,
+}
+EXPECTED_OFF_POLICY = {
+    "off_policy_collected_frames_per_batch": 6000,
+    "off_policy_n_envs_per_worker": 10,
+    "off_policy_n_optimizer_steps": 1000,
+    "off_policy_train_batch_size": 128,
+    "off_policy_memory_size": 1_000_000,
+    "off_policy_init_random_frames": 0,
+    "off_policy_use_prioritized_replay_buffer": False,
+    "soft_target_update": True,
+    "polyak_tau": 0.005,
+    "exploration_eps_init": 0.8,
+    "exploration_eps_end": 0.01,
+    "exploration_anneal_frames": None,  # a third of the run
+}
+EXPECTED_PPO = {
+    "share_param_critic": True,
+    "clip_epsilon": 0.2,
+    "entropy_coef": 0.0,
+    "critic_coef": 1.0,
+    "loss_critic_type": "l2",
+    "lmbda": 0.9,
+    "use_tanh_normal": True,
+    "scale_mapping": "biased_softplus_1.0",
+    "minibatch_advantage": False,
+}
+EXPECTED_SAC = {
+    "share_param_critic": True,
+    "num_qvalue_nets": 2,
+    "loss_function": "l2",
+    "delay_qvalue": True,
+    "target_entropy": "auto",
+    "alpha_init": 1.0,
+    "fixed_alpha": False,
+    "scale_mapping": "biased_softplus_1.0",
+    "use_tanh_normal": True,
+}
+EXPECTED_DDPG = {"share_param_critic": True, "loss_function": "l2", "delay_value": True, "use_tanh_mapping": True}
+EXPECTED_Q = {"delay_value": True, "loss_function": "l2"}
+EXPECTED_ALGORITHM = {
+    "mappo": EXPECTED_PPO,
+    "ippo": EXPECTED_PPO,
+    "masac": EXPECTED_SAC,
+    "isac": EXPECTED_SAC,
+    "maddpg": EXPECTED_DDPG,
+    "iddpg": EXPECTED_DDPG,
+    "qmix": EXPECTED_Q | {"mixing_embed_dim": 32},
+    "vdn": EXPECTED_Q,
+    "iql": EXPECTED_Q,
+}
+
+
+def expected_defaults(algo: str) -> dict:
+    """BenchMARL's yaml defaults that vecmarl's config for `algo` (`benchmarl_config`) assumes."""
+    family = EXPECTED_ON_POLICY if algo in ON_POLICY else EXPECTED_OFF_POLICY
+    return {
+        "experiment": EXPECTED_EXPERIMENT | family,
+        "algorithm": EXPECTED_ALGORITHM[algo],
+        "model": {"num_cells": [256, 256], "activation_class": "Tanh"},
+        "task": {"n_agents": 3, "max_steps": 100, "shared_rew": False},
+    }
 
 
 def benchmarl_config(
@@ -142,11 +230,15 @@ def benchmarl_config(
     compile: bool = False,
     overlap: bool = False,
 ) -> TrainConfig:
-    """vecmarl's `TrainConfig` for BenchMARL's default MAPPO/IPPO settings on `env` (`compile`: as
-    `marl train --compile`; `overlap`: and `--overlap-critic`)."""
-    return TrainConfig(
-        env=EnvSettings(env=env, num_envs=sizes.num_envs, env_options=dict(TASK_OPTIONS[env])),
-        algo=PPOConfig(
+    """vecmarl's `TrainConfig` for BenchMARL's default settings of `algo` on `env` (`compile`: as
+    `marl train --compile`; `overlap`: and `--overlap-critic`, PPO only)."""
+    env_options = dict(TASK_OPTIONS[env])
+    if algo in DISCRETE:
+        if env != "vmas/navigation":
+            raise ValueError(f"{algo} needs discrete actions; of the benchmark's envs only vmas/navigation has them")
+        env_options["continuous_actions"] = False
+    if algo in ON_POLICY:
+        algo_config = PPOConfig(
             algo=algo,
             lr=5e-5,
             adam_eps=1e-6,
@@ -163,20 +255,94 @@ def benchmarl_config(
             normalize_value=False,  # BenchMARL's critic learns raw returns
             shared_value=algo == "mappo",  # BenchMARL's MAPPO critic: one value per env from all observations
             overlap_critic=overlap,
-        ),
-        # BenchMARL's policies output their std through a biased softplus starting at 1 (`scale_mapping`).
-        model=ModelConfig(hidden=sizes.hidden, activation="tanh", share_params=True, std="state"),
+        )
+    elif overlap:
+        raise ValueError(f"overlap (--overlap-critic) is PPO's; {algo} has no such option")
+    else:
+        algo_config = off_policy_config(algo, sizes)
+    # BenchMARL's PPO and SAC policies output their std through a biased softplus starting at 1 (`scale_mapping`).
+    std = "state" if algo in ON_POLICY + ("masac", "isac") else ModelConfig.std
+    return TrainConfig(
+        env=EnvSettings(env=env, num_envs=sizes.num_envs, env_options=env_options),
+        algo=algo_config,
+        model=ModelConfig(hidden=sizes.hidden, activation="tanh", share_params=True, std=std),
         run=_run_config(frames, sizes.rollout_length, seed, compile),
     )
 
 
+def off_policy_settings(algo: str, sizes: Sizes = BENCHMARL_SIZES) -> tuple[dict, dict]:
+    """BenchMARL's default settings of the off-policy `algo` in the field names of vecmarl's config:
+    (fields it must have, fields it may lack). Frames per iteration are the run's
+    (`num_envs * rollout_length`); exploration is annealed over a third of `total_frames` as BenchMARL's."""
+    required = {
+        "lr": 5e-5,
+        "gamma": 0.99,
+        "tau": 0.005,
+        "buffer_size": sizes.buffer_size,
+        "batch_size": sizes.batch_size,
+        "updates_per_iteration": sizes.updates_per_iteration,
+        "warmup_frames": 0,
+        "prioritized": False,
+        "max_grad_norm": 5.0,
+    }
+    optional = {"adam_eps": 1e-6}
+    if algo in ("masac", "isac", "maddpg", "iddpg"):
+        # BenchMARL's MA* critics see every agent's observation and action and give one value per env.
+        centralised = algo.startswith("ma")
+        required |= {"critic_scope": "global" if centralised else "agent", "shared_value": centralised}
+    if algo in ("masac", "isac"):
+        optional |= {"alpha_init": 1.0}
+    if algo in ("maddpg", "iddpg"):
+        required |= {"exploration_sigma_init": 0.8, "exploration_sigma_end": 0.01, "exploration_anneal": 1 / 3}
+    if algo in DISCRETE:
+        optional |= {"exploration_eps_init": 0.8, "exploration_eps_end": 0.01, "exploration_anneal": 1 / 3}
+    if algo == "qmix":
+        optional |= {"mixing_embed_dim": 32}
+    return required, optional
+
+
+def off_policy_config(algo: str, sizes: Sizes = BENCHMARL_SIZES) -> AlgorithmConfig:
+    """vecmarl's config of the registered off-policy `algo` with BenchMARL's settings, set by field name
+    (`off_policy_settings`); those it may lack and lacks are left at vecmarl's defaults
+    (`unmatched_settings` names them)."""
+    config_class = algorithms.config_class(algo)
+    required, optional = off_policy_settings(algo, sizes)
+    fields = field_names(config_class)
+    missing = [name for name in required if name not in fields]
+    if missing:
+        raise ValueError(
+            f"{config_class.__qualname__} (--algo {algo}) has no field(s) {', '.join(missing)}, which BenchMARL's "
+            f"settings need ({', '.join(f'{k}={required[k]!r}' for k in missing)}); rename them in "
+            "marl.bench.train.off_policy_settings to the config's names"
+        )
+    return config_class(algo=algo, **required, **{k: v for k, v in optional.items() if k in fields})
+
+
+def unmatched_settings(algo: str) -> list[str]:
+    """BenchMARL's settings of the off-policy `algo` that vecmarl's config has no field for."""
+    if algo in ON_POLICY:
+        return []
+    _, optional = off_policy_settings(algo)
+    fields = field_names(algorithms.config_class(algo))
+    return [
+        f"{algo}: vecmarl's config has no field {name!r}: BenchMARL's {value!r} is not matched (vecmarl's default runs)"
+        for name, value in optional.items()
+        if name not in fields
+    ]
+
+
+# `--quick` default rows: the sizes the algorithm's config has of these.
+QUICK_DEFAULTS = {"epochs": 1, "minibatch_size": 128, "updates_per_iteration": 4, "batch_size": 32, "buffer_size": 4096}
+
+
 def default_config(algo: str, iterations: int, seed: int, quick: bool = False) -> TrainConfig:
-    """A bare `marl train --algo ALGO` (`TrainConfig()`) on `navigation`, for `iterations` iterations."""
-    config = TrainConfig(algo=PPOConfig(algo=algo))
+    """A bare `marl train --algo ALGO` (the algorithm's defaults) on `navigation`, for `iterations` iterations."""
+    config = TrainConfig(algo=algorithms.default_config(algo))
     if quick:
+        sizes = {k: v for k, v in QUICK_DEFAULTS.items() if k in field_names(type(config.algo))}
         config = TrainConfig(
             env=EnvSettings(num_envs=16),
-            algo=PPOConfig(algo=algo, epochs=1, minibatch_size=128),
+            algo=dataclasses.replace(config.algo, **sizes),
             model=ModelConfig(hidden=(32, 32)),
             run=RunConfig(rollout_length=16),
         )
@@ -204,6 +370,7 @@ def run_vecmarl(config: TrainConfig) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench_train_") as run_dir:
         trainer = Trainer(config, run_dir=run_dir)  # nothing is written: no logger, no checkpoint
         groups = list(trainer.env.groups)
+        steps = getattr(config.algo, "updates_per_iteration", None)  # off-policy: per iteration, every group's at once
         iterations = []
         start = time.perf_counter()
         while trainer.frames < config.run.total_frames:
@@ -212,7 +379,8 @@ def run_vecmarl(config: TrainConfig) -> dict:
             iterations.append(
                 {
                     "frames": trainer.frames_per_iteration,
-                    **{phase: row[phase] for phase in PHASES},
+                    **{phase: row.get(phase, 0.0) for phase in PHASES},  # off-policy: no advantages_s
+                    "optimizer_steps": steps,
                     "episode_return": statistics.fmean(row[f"{g}/episode_return"] for g in groups),
                     "policy_std": std,
                 }
@@ -252,6 +420,9 @@ class Case:
         frames_per_iteration = iterations[0]["frames"]
         # The first iteration of a run holds its one-off costs: with --compile, compiling.
         first_s = statistics.median(sum(run["iterations"][0][p] for p in PHASES) for run in self.runs)
+        step_s = None  # off-policy: the update's seconds per optimiser step
+        if self.algo in OFF_POLICY and all(it.get("optimizer_steps") for it in iterations):
+            step_s = statistics.median(it["update_s"] / it["optimizer_steps"] for it in iterations)
         return {
             "name": self.name,
             "side": self.side,
@@ -264,6 +435,7 @@ class Case:
             **phases,
             "iteration_s": iteration_s,
             "iteration_frames_per_s": frames_per_iteration / iteration_s,
+            "optimizer_step_s": step_s,
             "first_iteration_s": first_s,
             "frames": self.runs[0]["frames"],
             "frames_per_s": statistics.median(r["frames"] / r["seconds"] for r in self.runs),
@@ -286,25 +458,38 @@ def matmul_gflops(repeats: int = 30) -> float:
     return 2 * 1200 * 256 * 256 / seconds / 1e9
 
 
-def check_defaults(reported: dict) -> list[str]:
-    """Where BenchMARL's loaded yaml defaults differ from those `benchmarl_config` reproduces."""
-    return [
-        f"BenchMARL {section}.{key} = {reported[section].get(key)!r}, vecmarl's matched config assumes {value!r}"
-        for section, expected in EXPECTED_DEFAULTS.items()
+def check_defaults(run: dict, algo: str) -> list[str]:
+    """Where a BenchMARL run of `algo` differs from what `benchmarl_config` assumes: its loaded yaml
+    defaults (`run["defaults"]`) and its action space (`run["continuous_actions"]`)."""
+    reported = run["defaults"]
+    mismatches = [
+        f"BenchMARL {algo} {section}.{key} = {reported[section].get(key)!r}, vecmarl's matched config assumes {value!r}"
+        for section, expected in expected_defaults(algo).items()
         for key, value in expected.items()
         if reported[section].get(key) != value
     ]
+    continuous = algo not in DISCRETE
+    if run["continuous_actions"] != continuous:
+        mismatches.append(
+            f"BenchMARL ran {algo} with {'continuous' if run['continuous_actions'] else 'discrete'} actions, "
+            f"vecmarl's matched config has {'continuous' if continuous else 'discrete'} ones"
+        )
+    return mismatches
 
 
 def print_tables(rows: list[dict]) -> None:
     print("\n1. one iteration (median over iterations): seconds per phase and frames/s")
-    header = f"{'run':<46}{'frames/iter':>12}{'collect':>9}{'advant.':>9}{'update':>9}{'iter':>9}{'frames/s':>10}"
+    header = (
+        f"{'run':<46}{'frames/iter':>12}{'collect':>9}{'advant.':>9}{'update':>9}{'iter':>9}{'frames/s':>10}"
+        f"{'ms/opt step':>13}"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:
+        step = f"{1e3 * r['optimizer_step_s']:>13.2f}" if r.get("optimizer_step_s") else f"{'-':>13}"
         print(
             f"{r['name']:<46}{r['frames_per_iteration']:>12,}{r['collect_s']:>9.3f}{r['advantages_s']:>9.3f}"
-            f"{r['update_s']:>9.3f}{r['iteration_s']:>9.3f}{r['iteration_frames_per_s']:>10,.0f}"
+            f"{r['update_s']:>9.3f}{r['iteration_s']:>9.3f}{r['iteration_frames_per_s']:>10,.0f}{step}"
         )
     matched = [r for r in rows if r["settings"] == "BenchMARL"]
     if not matched:
@@ -331,6 +516,13 @@ def print_tables(rows: list[dict]) -> None:
         )
 
 
+def cannot_run(algo: str, env: str) -> str | None:
+    """Why vecmarl's `algo` does not run on `env` in this benchmark, or None."""
+    if algo in DISCRETE and env != "vmas/navigation":
+        return f"{algo} acts discretely; {env} has continuous actions only (vmas/navigation has both)"
+    return None
+
+
 def build_cases(args: argparse.Namespace) -> list[Case]:
     cases = []
     for algo in args.algos:
@@ -339,16 +531,20 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
                 Case(f"BenchMARL {algo.upper()} vmas navigation", "BenchMARL", "vmas/navigation", algo, "BenchMARL")
             )
         for env in args.envs:
+            if cannot_run(algo, env):
+                continue
             if "eager" in args.modes:
                 cases.append(Case(f"vecmarl {algo.upper()} {env}", "vecmarl", env, algo, "BenchMARL"))
             if "compile" in args.modes:
                 name = f"vecmarl {algo.upper()} {env} --compile"
                 cases.append(Case(name, "vecmarl", env, algo, "BenchMARL", compile=True))
-            if "overlap" in args.modes:
+            if "overlap" in args.modes and algo in ON_POLICY:
                 name = f"vecmarl {algo.upper()} {env} --compile --overlap-critic"
                 cases.append(Case(name, "vecmarl", env, algo, "BenchMARL", compile=True, overlap=True))
     if args.default_iterations:
         for algo in args.algos:
+            if cannot_run(algo, "navigation"):
+                continue
             cases.append(Case(f"vecmarl default {algo.upper()} navigation", "vecmarl", "navigation", algo, "default"))
     return cases
 
@@ -383,11 +579,31 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--frames", type=int, default=30_000, help="frames per run with BenchMARL's settings")
     parser.add_argument("--repeats", type=int, default=1, help="runs per row (seeds 0..N-1); medians are reported")
     parser.add_argument("--threads", type=int, default=None, help="torch threads for every side (default: torch's)")
-    parser.add_argument("--peer-python", default=None, help="a Python with benchmarl, torchrl and vmas")
-    parser.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS), help="algorithms to run")
-    parser.add_argument("--envs", nargs="+", choices=ENVS, default=list(ENVS), help="vecmarl envs to run")
     parser.add_argument(
-        "--default-iterations", type=int, default=3, help="iterations of the default-config rows (0 skips them)"
+        "--peer-python", default=None, help="a Python with benchmarl 1.5, torchrl 0.10 or 0.11 and vmas"
+    )
+    registered = [algo for algo in ALGOS if algo in algorithms.names()]
+    later = [algo for algo in ALGOS if algo not in registered]
+    parser.add_argument(
+        "--algos",
+        nargs="+",
+        metavar="ALGO",
+        default=[algo for algo in ON_POLICY if algo in registered],
+        help=f"algorithms to run, on both sides: {', '.join(registered)} (default: the PPO ones)"
+        + (f"; BenchMARL's {', '.join(later)} once registered in vecmarl" if later else ""),
+    )
+    parser.add_argument(
+        "--envs",
+        nargs="+",
+        choices=ENVS,
+        default=list(ENVS),
+        help="vecmarl envs to run (QMIX, VDN, IQL: vmas/navigation only)",
+    )
+    parser.add_argument(
+        "--default-iterations",
+        type=int,
+        default=3,
+        help="iterations of the rows with vecmarl's own defaults for each algorithm on navigation (0 skips them)",
     )
     parser.add_argument(
         "--modes",
@@ -396,11 +612,19 @@ def main(argv: list[str] | None = None) -> dict:
         default=["eager"],
         help="how vecmarl runs: eager, and/or as `marl train --compile` (rows marked --compile; each such run in a "
         "fresh process, its compiling in its first iteration, which the whole-run frames/s include), and/or as "
-        "`marl train --compile --overlap-critic` (the critics' update beside the next collection)",
+        "`marl train --compile --overlap-critic` (the critics' update beside the next collection; PPO only)",
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run at tiny sizes (numbers mean nothing)")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
+    for algo in args.algos:
+        if algo not in ALGOS:
+            parser.error(f"argument --algos: BenchMARL has no {algo!r} to compare with; choose from {', '.join(ALGOS)}")
+        if algo not in registered:
+            parser.error(
+                f"argument --algos: {algo} is not registered in this vecmarl (its algorithms: "
+                f"{', '.join(algorithms.names())}); of BenchMARL's, it can run {', '.join(registered)}"
+            )
     if args.quick and args.frames == parser.get_default("frames"):
         args.frames = 2 * QUICK_SIZES.num_envs * QUICK_SIZES.rollout_length
     if args.threads:
@@ -422,17 +646,30 @@ def main(argv: list[str] | None = None) -> dict:
         f"median of {args.repeats} repeat(s), sides taking turns"
         + ("" if args.peer_python else "; BenchMARL not measured (no --peer-python)")
     )
+    if any(algo in OFF_POLICY for algo in args.algos):
+        print(
+            f"off-policy: {sizes.updates_per_iteration} optimiser steps of {sizes.batch_size} frames per iteration, "
+            f"a buffer of {sizes.buffer_size:,} frames"
+        )
+    for algo in args.algos:
+        for env in args.envs:
+            if cannot_run(algo, env):
+                print(f"not run: vecmarl {algo.upper()} on {env}: {cannot_run(algo, env)}")
+    warnings = [warning for algo in args.algos for warning in unmatched_settings(algo)]
+    for warning in warnings:
+        print(f"warning: {warning}")
     cases = build_cases(args)
-    peer_info, warnings = {}, []
+    peer_info = {}
     for repeat in range(args.repeats):
         for case in cases:
             probe = matmul_gflops()
             run = run_case(case, args, seed=repeat, threads=threads)
             run["seed"], run["load_average"], run["matmul_gflops"] = repeat, os.getloadavg()[0], probe
             case.runs.append(run)
-            if case.side == "BenchMARL" and not peer_info:
-                peer_info = {k: run[k] for k in ("benchmarl", "torch", "defaults")}
-                warnings = [] if args.quick else check_defaults(run["defaults"])
+            if case.side == "BenchMARL" and case.algo not in peer_info.get("defaults", {}):
+                peer_info = {"benchmarl": run["benchmarl"], "torch": run["torch"], "defaults": {}} | peer_info
+                peer_info["defaults"][case.algo] = run["defaults"]
+                warnings += check_defaults(run, case.algo)
             print(
                 f"  {case.name} (seed {repeat}): {run['frames']:,} frames in {run['seconds']:.1f} s, "
                 f"return {run['iterations'][-1]['episode_return']:.3f}, load {run['load_average']:.2f}, "

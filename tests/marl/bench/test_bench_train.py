@@ -7,10 +7,13 @@ import json
 import pytest
 import torch
 
+from marl.algorithms import base as algorithm_registry
+from marl.algorithms.ppo import PPO
 from marl.app.build import build_algorithm, make_env
 from marl.app.distributed import World
 from marl.bench import train as bench_train
-from marl.bench.train import EXPECTED_DEFAULTS, benchmarl_config, check_defaults, main
+from marl.bench.train import benchmarl_config, check_defaults, expected_defaults, main
+from marl.config import AlgorithmConfig
 
 ROW_FIELDS = {
     "name", "side", "env", "algo", "settings", "frames_per_iteration", "collect_s", "advantages_s", "update_s",
@@ -54,7 +57,7 @@ def test_help_explains_what_is_measured(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
-    for flag in ("--json", "--repeats", "--peer-python", "--frames", "--threads", "--quick", "--modes"):
+    for flag in ("--json", "--repeats", "--peer-python", "--frames", "--threads", "--quick", "--modes", "--algos"):
         assert flag in out
     assert "not timed" in out
 
@@ -77,10 +80,25 @@ def test_benchmarl_adam_eps_reaches_the_optimizer():
 
 
 def test_a_changed_benchmarl_default_is_reported():
-    reported = json.loads(json.dumps(EXPECTED_DEFAULTS))
-    assert check_defaults(reported) == []
-    reported["algorithm"]["lmbda"] = 0.95
-    assert check_defaults(reported) == ["BenchMARL algorithm.lmbda = 0.95, vecmarl's matched config assumes 0.9"]
+    run = {"defaults": json.loads(json.dumps(expected_defaults("ippo"))), "continuous_actions": True}
+    assert check_defaults(run, "ippo") == []
+    run["defaults"]["algorithm"]["lmbda"] = 0.95
+    assert check_defaults(run, "ippo") == [
+        "BenchMARL ippo algorithm.lmbda = 0.95, vecmarl's matched config assumes 0.9"
+    ]
+
+
+def test_off_policy_defaults_and_action_space_are_checked():
+    run = {"defaults": json.loads(json.dumps(expected_defaults("qmix"))), "continuous_actions": False}
+    assert check_defaults(run, "qmix") == []
+    assert expected_defaults("qmix")["experiment"]["off_policy_n_optimizer_steps"] == 1000
+    assert "on_policy_minibatch_size" not in expected_defaults("qmix")["experiment"]
+    run["defaults"]["experiment"]["off_policy_n_optimizer_steps"] = 500
+    run["continuous_actions"] = True
+    assert check_defaults(run, "qmix") == [
+        "BenchMARL qmix experiment.off_policy_n_optimizer_steps = 500, vecmarl's matched config assumes 1000",
+        "BenchMARL ran qmix with continuous actions, vecmarl's matched config has discrete ones",
+    ]
 
 
 def test_compile_mode_adds_compiled_vecmarl_rows_next_to_the_eager_ones(monkeypatch, capsys, restore_threads):
@@ -132,3 +150,118 @@ def test_overlap_mode_adds_rows_trained_with_overlap_critic():
         "vecmarl IPPO vmas/navigation --compile --overlap-critic",
     ]
     assert [case.overlap for case in cases] == [False, True]
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeOffPolicyConfig(AlgorithmConfig):
+    """The fields issue 29's off-policy config is to have (MADDPG's), for the config builder's tests."""
+
+    algo: str = "maddpg"
+    lr: float = 3e-4
+    gamma: float = 0.99
+    tau: float = 0.01
+    buffer_size: int = 100_000
+    batch_size: int = 256
+    updates_per_iteration: int = 1
+    warmup_frames: int = 1000
+    prioritized: bool = True
+    max_grad_norm: float = 1.0
+    critic_scope: str = "auto"
+    shared_value: bool = False
+    exploration_sigma_init: float = 0.1
+    exploration_sigma_end: float = 0.1
+    exploration_anneal: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeQConfig(AlgorithmConfig):
+    """A value-based config without tau (a field BenchMARL's settings need) nor epsilon fields."""
+
+    algo: str = "qmix"
+    lr: float = 3e-4
+
+
+class FakeOffPolicy:
+    Config = FakeOffPolicyConfig
+
+
+@pytest.fixture
+def fake_off_policy(monkeypatch):
+    """maddpg and iddpg registered with FakeOffPolicyConfig, qmix with FakeQConfig, for this test only."""
+    for name in ("maddpg", "iddpg"):
+        monkeypatch.setitem(algorithm_registry._ALGORITHMS, name, FakeOffPolicy)
+    monkeypatch.setitem(algorithm_registry._ALGORITHMS, "qmix", type("FakeQ", (), {"Config": FakeQConfig}))
+
+
+def test_off_policy_benchmarl_settings_in_vecmarl_fields(fake_off_policy):
+    config = benchmarl_config("vmas/navigation", "maddpg", frames=12_000, seed=3)
+    algo = config.algo
+    assert isinstance(algo, FakeOffPolicyConfig) and algo.algo == "maddpg"
+    assert config.env.num_envs * config.run.rollout_length == 6000 and config.run.total_frames == 12_000
+    assert (algo.updates_per_iteration, algo.batch_size, algo.buffer_size) == (1000, 128, 1_000_000)
+    assert (algo.lr, algo.gamma, algo.tau, algo.max_grad_norm) == (5e-5, 0.99, 0.005, 5.0)
+    assert (algo.warmup_frames, algo.prioritized) == (0, False)
+    assert (algo.exploration_sigma_init, algo.exploration_sigma_end, algo.exploration_anneal) == (0.8, 0.01, 1 / 3)
+    assert (algo.critic_scope, algo.shared_value) == ("global", True)
+    assert config.model.hidden == (256, 256) and config.model.activation == "tanh" and config.model.share_params
+    assert config.env.env_options == {"n_agents": 3, "max_steps": 100, "shared_rew": False}
+    iddpg = benchmarl_config("navigation", "iddpg", frames=6000, seed=0).algo
+    assert (iddpg.critic_scope, iddpg.shared_value) == ("agent", False)
+    quick = benchmarl_config("navigation", "iddpg", frames=400, seed=0, sizes=bench_train.QUICK_SIZES)
+    assert (quick.algo.updates_per_iteration, quick.algo.batch_size, quick.model.hidden) == (4, 32, (32, 32))
+    default = bench_train.default_config("maddpg", iterations=2, seed=0, quick=True)  # the default rows
+    assert (default.algo.updates_per_iteration, default.algo.batch_size, default.algo.buffer_size) == (4, 32, 4096)
+    assert default.algo.lr == FakeOffPolicyConfig.lr and default.run.total_frames == 2 * 16 * 16
+
+
+def test_off_policy_settings_vecmarl_cannot_take_are_named(fake_off_policy):
+    assert bench_train.unmatched_settings("maddpg") == [
+        "maddpg: vecmarl's config has no field 'adam_eps': BenchMARL's 1e-06 is not matched (vecmarl's default runs)"
+    ]
+    assert bench_train.unmatched_settings("ippo") == []
+    with pytest.raises(ValueError, match=r"FakeQConfig \(--algo qmix\) has no field\(s\) gamma, tau, buffer_size"):
+        benchmarl_config("vmas/navigation", "qmix", frames=6000, seed=0)
+    with pytest.raises(ValueError, match="qmix needs discrete actions; .* only vmas/navigation"):
+        benchmarl_config("navigation", "qmix", frames=6000, seed=0)
+    with pytest.raises(KeyError, match="unknown algorithm 'vdn'"):
+        benchmarl_config("vmas/navigation", "vdn", frames=6000, seed=0)
+
+
+def test_value_based_rows_run_on_vmas_discrete_only(fake_off_policy):
+    args = argparse.Namespace(
+        algos=["qmix", "maddpg"], envs=["vmas/navigation", "navigation"], modes=["eager", "overlap"],
+        peer_python="python", default_iterations=1,
+    )  # fmt: skip
+    assert [case.name for case in bench_train.build_cases(args)] == [
+        "BenchMARL QMIX vmas navigation",
+        "vecmarl QMIX vmas/navigation",
+        "BenchMARL MADDPG vmas navigation",
+        "vecmarl MADDPG vmas/navigation",
+        "vecmarl MADDPG navigation",
+        "vecmarl default MADDPG navigation",
+    ]  # no overlap rows (PPO's option), no QMIX on the continuous native navigation
+    assert bench_train.cannot_run("qmix", "navigation") and bench_train.cannot_run("masac", "navigation") is None
+
+
+@pytest.mark.parametrize(
+    "algo, message",
+    [
+        ("masac", "masac is not registered in this vecmarl (its algorithms: ippo, mappo); of BenchMARL's, it can run "
+         "mappo, ippo"),
+        ("coma", "BenchMARL has no 'coma' to compare with; choose from mappo, ippo, masac"),
+    ],
+)  # fmt: skip
+def test_algos_offers_only_what_is_registered(algo, message, monkeypatch, capsys):
+    monkeypatch.setattr(algorithm_registry, "_ALGORITHMS", {"mappo": PPO, "ippo": PPO})
+    with pytest.raises(SystemExit) as exit:
+        main(["--quick", "--algos", "mappo", algo])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: argument --algos: {message}" in err
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())  # unwrapped
+    assert (
+        "--algos ALGO [ALGO ...] algorithms to run, on both sides: mappo, ippo (default: the PPO ones); " in help_text
+    )
+    assert "BenchMARL's masac, isac, maddpg, iddpg, qmix, vdn, iql once registered in vecmarl" in help_text
