@@ -37,6 +37,7 @@ from marl.core.distributions import RandomWhile
 from marl.core.models import CriticInput
 from marl.core.replay import Prioritized, ReplayBuffer
 from marl.core.rollout import Acting
+from marl.optim.update_step import UpdateStep
 
 CRITIC_SCOPES = ("auto", "agent", "group", "global")
 
@@ -181,8 +182,6 @@ class OffPolicy(Algorithm):
         """Raise a ValueError naming the group and the algorithms that fit when this one cannot train it."""
 
     def _build_step(self, trainables) -> None:
-        from marl.optim.update_step import UpdateStep
-
         self.step = UpdateStep(
             trainables,
             self.loss,

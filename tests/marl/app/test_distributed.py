@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import math
 import os
 import signal
 import subprocess
@@ -197,3 +198,28 @@ def test_a_used_run_folder_stops_every_rank_with_one_error_line(tmp_path):
     frames = [line for line in output.splitlines() if line.strip().startswith('File "')]
     assert not [line for line in frames if "/marl/" in line or "/envs/" in line], output[-3000:]
     assert (tmp_path / "run" / "metrics.csv").read_text() == "iteration\n1\n"
+
+
+def test_an_off_policy_algorithm_trains_on_two_ranks_with_a_buffer_each(tmp_path):
+    """MASAC under torchrun: every rank fills its own replay buffer, gradients are averaged, and the
+    targets move alike on every rank (the run completes, its rows are finite, resume works)."""
+    args = [
+        *("-m", "marl", "train", "--algo", "masac", "--env", "speaker_listener"),
+        *("--num-envs", "8", "--rollout-length", "8", "--batch-size", "32", "--updates-per-iteration", "2"),
+        *("--buffer-size", "1000", "--hidden", "16", "--no-progress", "--no-tensorboard", "--log-dir", str(tmp_path)),
+        *("--run-name", "run", "--save-buffer"),
+    ]
+    code, output, _ = torchrun(*args, "--total-frames", str(2 * FRAMES_PER_ITERATION))
+    assert code == 0, output[-3000:]
+    assert "replay buffer: 1,000 env steps, uniform" in output and "on each of 2 ranks" in output
+    with open(tmp_path / "run" / "metrics.csv") as file:
+        rows = list(csv.DictReader(file))
+    assert [int(row["frames"]) for row in rows] == [FRAMES_PER_ITERATION, 2 * FRAMES_PER_ITERATION]
+    for row in rows:
+        for key in ("speaker/critic_loss", "listener/policy_loss", "listener/alpha"):
+            assert math.isfinite(float(row[key])), (key, row[key])
+    checkpoint = str(tmp_path / "run" / "checkpoint.pt")
+    code, output, _ = torchrun(
+        "-m", "marl", "train", "--resume", checkpoint, "--total-frames", str(3 * FRAMES_PER_ITERATION)
+    )
+    assert code == 0, output[-3000:]
