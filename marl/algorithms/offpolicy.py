@@ -128,6 +128,13 @@ def linear(start: float, end: float, progress: float) -> float:
     return start + (end - start) * min(max(progress, 0.0), 1.0)
 
 
+def annealed(start: float, end: float, anneal: float, frames: int, total_frames: int) -> float:
+    """An exploration schedule at `frames`: `start` moved linearly to `end` over the first `anneal`
+    fraction of `total_frames` (`end` from the start when `anneal` is 0)."""
+    span = anneal * total_frames
+    return linear(start, end, frames / span if span > 0 else 1.0)
+
+
 def critic_input(config: TrainConfig, env, group: str, action_sizes: dict[str, int]) -> CriticInput:
     """What group `group`'s critic sees, by its scope, with `action_sizes` of the groups whose actions it sees."""
     algo, model = config.for_group(group)
@@ -190,16 +197,18 @@ class OffPolicy(Algorithm):
             self.world,
             compile=self.config.run.compile,
             aux=True,
-            after_step=self._polyak,
+            after_step=self.update_targets,
         )
 
-    def _polyak(self) -> None:
+    def update_targets(self) -> None:
+        """After every optimiser step (inside the compiled graph when compiled): move the target networks;
+        Polyak averaging by default."""
         for g, (targets, online) in self.targets.items():
             polyak_(targets, online, self.learners[g].algo.tau)
 
     def acting_policies(self) -> dict:
-        """Each group's acting policy (a module: observation, mask -> distribution)."""
-        raise NotImplementedError
+        """Each group's acting policy (a module: observation, mask -> distribution): its learner's `policy`."""
+        return {g: lr.policy for g, lr in self.learners.items()}
 
     @property
     def acting(self) -> Acting:

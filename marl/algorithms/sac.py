@@ -222,9 +222,6 @@ class SAC(OffPolicy):
         }
         self._build_step(trainables)
 
-    def acting_policies(self) -> dict:
-        return {g: lr.policy for g, lr in self.learners.items()}
-
     def draw_noise(self, steps: int, batch_size: int) -> dict[str, torch.Tensor]:
         """Per continuous group `[steps, 2, batch_size, n, A]`: each step's actions at `s` and at `s'`."""
         return {
