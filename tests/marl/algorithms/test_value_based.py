@@ -12,13 +12,47 @@ import pytest
 import torch
 
 import envs
+from envs import registry
 from envs.native.spread import scripted_action
+from envs.specs import Box, Discrete, GroupSpec, MultiDiscrete
 from envs.sync import forbid_host_sync
 from marl.algorithms.qlearning import QConfig, QMixer, best_actions, chosen_values, next_values, team_step, vdn_mix
+from marl.app.evaluate import evaluate
 from marl.app.trainer import Trainer
 from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
 from marl.core.distributions import EpsilonGreedy
+from tests.envs.broken_envs import Counter
 from tests.marl.algorithms.test_offpolicy import mean_return, small_config
+
+
+class MaskedCounter(Counter):
+    """`Counter` with discrete movers (move by -0.1, 0 or +0.1; mover_0 may never move up), a picker with
+    two independent choices (MultiDiscrete), and a global state (the positions and targets)."""
+
+    def _make_groups(self):
+        n = self.config.n_agents
+        return {
+            "mover": GroupSpec([f"mover_{i}" for i in range(n)], Box((2,)), Discrete(3, masked=True)),
+            "picker": GroupSpec(["picker_0"], Box((1,)), MultiDiscrete((2, 3))),
+        }
+
+    def _state_spec(self):
+        return Box((2 * self.config.n_agents,))
+
+    def _step(self, action):
+        self.pos = self.pos + (action["mover"].float() - 1) * 0.1
+        self.picks = self.picks + action["picker"][:, 0].sum(-1).float()
+        distance = (self.pos - self.target).abs()
+        reward = {"mover": -distance, "picker": -distance.mean(-1, keepdim=True)}
+        return reward, (distance < 0.05).all(-1)
+
+    def _action_mask(self):
+        mask = torch.ones(self.num_envs, self.config.n_agents, 3, dtype=torch.bool, device=self.device)
+        mask[:, 0, 2] = False
+        return {"mover": mask}
+
+    def _state(self):
+        return torch.cat([self.pos, self.target], -1)
 
 
 def discrete_config(tmp_path, algo: str, env: str = "spread", **options) -> TrainConfig:
@@ -225,6 +259,22 @@ def test_discrete_groups_train(tmp_path, algo, group_map):
         assert len(trainer.env.groups) == 3
 
 
+@pytest.mark.parametrize("algo", ["qmix", "iql"])
+def test_masked_and_multi_discrete_groups_train_and_the_mixer_sees_the_state(tmp_path, monkeypatch, algo):
+    monkeypatch.setitem(registry._ENVS, "masked_counter", MaskedCounter)  # registered for this test only
+    trainer = Trainer(discrete_config(tmp_path, algo, "masked_counter"), run_dir=tmp_path / "run")
+    if algo == "qmix":
+        assert trainer.algorithm.learners["mover"].mixer.hyper_w1.in_features == 4  # the state, not observations
+    for _ in range(2):
+        row = trainer.train_iteration()
+    assert all(math.isfinite(row[f"{g}/loss"]) for g in ("mover", "picker"))
+    stored = trainer.buffer.storage
+    assert (stored["mover", "action"][:128, 0] != 2).all()  # epsilon 0.8 explores, never onto a masked action
+    assert (stored["mover", "action"][:128, 1] == 2).any()
+    picks = stored["picker", "action"][:128, 0]  # [steps, 2 heads]
+    assert picks.shape == (128, 2) and (picks[:, 1] == 2).any() and (picks[:, 0] <= 1).all()
+
+
 def test_continuous_groups_and_actor_critic_options_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"group 'predator' has Box.*maddpg, iddpg, masac or isac"):
         Trainer(discrete_config(tmp_path, "qmix", "tag"), run_dir=tmp_path / "run")
@@ -269,6 +319,21 @@ def test_a_resumed_run_continues_exactly(tmp_path, algo):
             if key.endswith(("loss", "q_value", "q_total", "epsilon", "episode_return")):
                 assert got[key] == value or (math.isnan(got[key]) and math.isnan(value)), key
     assert math.isfinite(got["agent/episode_return"])  # iteration 4 ends the 25-step episodes
+
+
+def test_checkpoints_hold_the_target_networks_and_optimiser_and_evaluate_greedily(tmp_path):
+    trainer = Trainer(discrete_config(tmp_path, "qmix"), run_dir=tmp_path / "run")
+    trainer.train_iteration()
+    state = trainer.algorithm.state_dict()
+    assert set(state["agent"]) == {"policy", "target_q", "mixer", "target_mixer", "optimizer"}
+    assert state["agent"]["optimizer"]["state"]  # Adam's moments
+    path = trainer.save()
+    greedy = evaluate(str(path), episodes=4, device="cpu")
+    again = evaluate(str(path), episodes=4, device="cpu")
+    assert greedy["episodes"] == 4 and math.isfinite(greedy["returns"]["agent"]["mean"])
+    assert greedy["returns"] == again["returns"]  # greedy: the same episodes give the same returns
+    sampled = evaluate(str(path), episodes=4, device="cpu", deterministic=False)
+    assert math.isfinite(sampled["returns"]["agent"]["mean"])
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # the compile fallback's warning fails the test
