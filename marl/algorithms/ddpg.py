@@ -42,7 +42,6 @@ from marl.core.replay import gather
 from marl.optim.update_step import Trainable, adam
 
 TERMS = ("loss", "critic_loss", "policy_loss", "q_value", "td_error", "sigma")
-NETS = ("policy", "critic")
 
 
 @dataclass(frozen=True)
@@ -105,7 +104,6 @@ class DDPG(OffPolicy):
 
     Config = DDPGConfig
     term_names = TERMS
-    net_names = NETS
 
     def check_group(self, group: str, spec) -> None:
         if not isinstance(spec.action, Box):

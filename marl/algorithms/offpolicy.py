@@ -163,18 +163,17 @@ def polyak_(targets: list[torch.Tensor], online: list[torch.Tensor], tau: float)
 
 
 class OffPolicy(Algorithm):
-    """The update loop of an off-policy actor-critic algorithm; a subclass builds each group's nets in
-    `__init__` (then calls `_build_step`) and writes `loss`.
+    """The update loop of an off-policy algorithm (actor-critic, or value-based: `qlearning`); a subclass
+    builds each group's nets in `__init__` (then calls `_build_step` with them) and writes `loss`.
 
     Subclass attributes: `learners` (per group an object with `algo`, the group's config, `modules()`,
     every module it saves by name, targets included, and `optimizer`), `targets` (per group `(target
-    tensors, online tensors)` for the Polyak update), `term_names` (the loss terms the loss returns per
-    group, in order) and `net_names` (each group's nets, in its optimiser's order).
+    tensors, online tensors)` for the Polyak update) and `term_names` (the loss terms the loss returns per
+    group, in order). Each group logs its terms and a gradient norm per net of its `Trainable`.
     """
 
     collects = "transitions"
     term_names: tuple[str, ...] = ()
-    net_names: tuple[str, ...] = ()
 
     def __init__(self, config: TrainConfig, env, device: torch.device, world, generator: torch.Generator) -> None:
         super().__init__(config, env, device, world, generator)
@@ -244,12 +243,12 @@ class OffPolicy(Algorithm):
                 buffer.update_priority(index, priority)
             sums = out if sums is None else {g: sums[g] + v for g, v in out.items()}
         timer.mark("update_s")
-        names = (*self.term_names, *(f"{net}_grad_norm" for net in self.net_names))
         fill = buffer.size.float() / buffer.capacity
-        return {
-            g: {**dict(zip(names, (v / algo.updates_per_iteration).unbind())), "buffer_fill": fill}
-            for g, v in sums.items()
-        }
+        out = {}
+        for g, v in sums.items():
+            names = (*self.term_names, *(f"{net}_grad_norm" for net in self.step.trainables[g].nets))
+            out[g] = {**dict(zip(names, (v / algo.updates_per_iteration).unbind(), strict=True)), "buffer_fill": fill}
+        return out
 
     def loss(self, storage, index, weight, noise, t):
         """`(total, {group: terms [len(term_names)]}, {group: |TD error| [k, n]})` of the env steps `index`

@@ -28,6 +28,7 @@ and mixer) move by Polyak averaging every step (`tau`), or are copied every `tar
 steps (`target_update hard`). Logged: `loss`, `q_value` (mean chosen Q of the agents), `q_total` (the
 mixed value; IQL: the same as `q_value`), `td_error` (mean |Q - y|), `epsilon`, the gradient norms.
 
+Each group may take its own of the three (`--group NAME.algo=iql`), and its own options.
 Actor-critic options of the shared config (`critic_scope`, `shared_value`) do not apply and are refused.
 """
 
@@ -215,26 +216,25 @@ class QLearning(OffPolicy):
 
     def __init__(self, config: TrainConfig, env, device: torch.device, world, generator: torch.Generator) -> None:
         super().__init__(config, env, device, world, generator)
-        mixing = config.algo.algo == "qmix"
-        self.net_names = ("q", "mixer") if mixing else ("q",)
         self.learners: dict[str, QLearner] = {}
         for g, spec in env.groups.items():
-            algo, model = config.for_group(g)
+            algo, model = config.for_group(g)  # each group's algo may differ (--group NAME.algo=iql)
             policy = QPolicy(spec, model.hidden, model.activation, model.share_params).to(device)
             mixer = None
+            mixing = algo.algo == "qmix"
             if mixing:
                 # Conditioned on the env's state, else on the group's observations: [*B, n * obs].
                 state = env.state_spec
                 seen = math.prod(state.shape) if state is not None else spec.n_agents * observation_size(spec)
                 mixer = QMixer(spec.n_agents, seen, algo.mixing_embed_dim).to(device)
-            nets = {"q": policy.net, **({"mixer": mixer} if mixing else {})}
-            optimizer = adam([p for net in nets.values() for p in net.parameters()], lr=algo.lr, eps=algo.adam_eps)
+            parameters = [*policy.parameters(), *(mixer.parameters() if mixing else ())]
+            optimizer = adam(parameters, lr=algo.lr, eps=algo.adam_eps)
             self.learners[g] = QLearner(
                 algo, policy, frozen_copy(policy.net), mixer, frozen_copy(mixer) if mixing else None, optimizer
             )
         self.targets = {
             g: (
-                [*lr.target_q.parameters(), *(lr.target_mixer.parameters() if mixing else ())],
+                [*lr.target_q.parameters(), *(lr.target_mixer.parameters() if lr.mixer is not None else ())],
                 [p for net in self.nets(lr).values() for p in net.parameters()],
             )
             for g, lr in self.learners.items()
@@ -280,7 +280,7 @@ class QLearning(OffPolicy):
             q = chosen_values(lr.policy.values(data["observation"]), data["action"], nvec)  # [k, n]
             with torch.no_grad():
                 next_obs = flat_observation(data["next_observation"], lr.policy.spec)
-                online = lr.policy.values(data["next_observation"]) if lr.algo.double_q else None
+                online = lr.policy.net(next_obs) if lr.algo.double_q else None
                 next_q = next_values(lr.target_q(next_obs), online, data.get("next_action_mask"), nvec)  # [k, n]
             reward, terminated = data["reward"], data["terminated"]
             if lr.algo.algo == "iql":

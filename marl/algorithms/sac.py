@@ -51,7 +51,6 @@ from marl.core.replay import gather
 from marl.optim.update_step import Trainable, adam
 
 TERMS = ("loss", "critic_loss", "policy_loss", "alpha_loss", "alpha", "q_value", "td_error", "entropy")
-NETS = ("policy", "critic", "alpha")
 
 
 @dataclass(frozen=True)
@@ -170,7 +169,6 @@ class SAC(OffPolicy):
 
     Config = SACConfig
     term_names = TERMS
-    net_names = NETS
 
     def check_group(self, group: str, spec) -> None:
         if not isinstance(spec.action, (Box, Discrete)):

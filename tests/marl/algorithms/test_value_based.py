@@ -5,6 +5,7 @@ learning on spread)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 
@@ -273,6 +274,18 @@ def test_masked_and_multi_discrete_groups_train_and_the_mixer_sees_the_state(tmp
     assert (stored["mover", "action"][:128, 1] == 2).any()
     picks = stored["picker", "action"][:128, 0]  # [steps, 2 heads]
     assert picks.shape == (128, 2) and (picks[:, 1] == 2).any() and (picks[:, 0] <= 1).all()
+
+
+def test_each_group_may_take_its_own_value_based_algorithm(tmp_path):
+    config = discrete_config(tmp_path, "qmix", group_map="per_agent", double_q=False)
+    overrides = {"agent_0": {"algo": "iql"}, "agent_1": {"algo": "vdn", "double_q": True}}
+    trainer = Trainer(dataclasses.replace(config, group_overrides=overrides), run_dir=tmp_path / "run")
+    learners = trainer.algorithm.learners
+    assert learners["agent_0"].mixer is None and learners["agent_1"].mixer is None
+    assert learners["agent_2"].mixer is not None and learners["agent_1"].algo.double_q
+    row = trainer.train_iteration()
+    assert math.isfinite(row["agent_2/mixer_grad_norm"]) and "agent_0/mixer_grad_norm" not in row
+    assert all(math.isfinite(row[f"agent_{i}/q_grad_norm"]) for i in range(3))
 
 
 def test_continuous_groups_and_actor_critic_options_are_refused(tmp_path):
