@@ -21,7 +21,10 @@ network (double Q, `double_q`) or of the target network, valued by the target ne
 
 For VDN and QMIX the team's reward is the mean of its agents' rewards, and the team's episode has
 terminated when any agent's has (BenchMARL's conventions). TD(0): a truncated step bootstraps from its
-true next observation, a terminated one does not (`td_targets`).
+true next observation, a terminated one does not (`td_targets`). With `n_step` > 1 the reward is the
+discounted sum of the next n (`n_step_returns`, cut after a step where any of the group's agents is done,
+or before a step not yet collected) and the bootstrap is `gamma^m` times the value at the last step's
+next observation.
 `loss = mean(w * (Q - y)^2)` (`critic_loss`), `w` the importance weights of prioritized replay, whose
 priorities are `|Q - y|` (per agent for IQL, per env step for the mixers). Target networks (Q-network
 and mixer) move by Polyak averaging every step (`tau`), or are copied every `target_update_every`
@@ -85,6 +88,9 @@ class QConfig(OffPolicyConfig):
     """With target_update hard: optimiser steps between copies."""
     mixing_embed_dim: int = 32
     """qmix: width of the mixing network's hidden layer (and of its hypernetworks)."""
+    n_step: int = 1
+    """TD(n) targets: n rewards, discounted, then the bootstrap (cut short where the episode ends or the
+    buffer holds no later step)."""
 
     def check(self) -> None:
         super().check()
@@ -96,7 +102,7 @@ class QConfig(OffPolicyConfig):
         for name in ("exploration_eps_init", "exploration_eps_end", "exploration_anneal"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        for name in ("target_update_every", "mixing_embed_dim"):
+        for name in ("target_update_every", "mixing_embed_dim", "n_step"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
@@ -184,6 +190,20 @@ def team_step(reward: torch.Tensor, terminated: torch.Tensor) -> tuple[torch.Ten
     return reward.mean(-1, keepdim=True), terminated.any(-1, keepdim=True)
 
 
+def n_step_returns(
+    reward: torch.Tensor, done: torch.Tensor, available: torch.Tensor, gamma: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Discounted sums of up to n rewards of the same env, `[k, n_agents]`, from its steps `j = 0..n-1`:
+    `reward` `[n, k, n_agents]`, `done` `[n, k]` (any of the group's agents), `available` `[n, k]` (step j
+    is in the buffer; step 0 always). Step j counts while every earlier step was neither done nor missing.
+    Returns the sums, the steps counted `m` `[k]` (>= 1) and `gamma^m` `[k, 1]`."""
+    counted = torch.cumprod(torch.cat([available[:1], available[1:] & ~done[:-1]]).float(), 0)  # [n, k]
+    powers = gamma ** torch.arange(reward.shape[0], device=reward.device, dtype=reward.dtype)  # [n]
+    total = (reward * (counted * powers[:, None]).unsqueeze(-1)).sum(0)
+    steps = counted.sum(0)
+    return total, steps.long(), (gamma**steps).unsqueeze(-1)
+
+
 @dataclass
 class QLearner:
     """Everything one group learns with (a mixer and its target for QMIX only)."""
@@ -243,6 +263,7 @@ class QLearning(OffPolicy):
         # advanced in place by the compiled step.
         self.updates = torch.zeros((), dtype=torch.int64, device=device)
         cudagraphs.mark_static((self.updates,), device)
+        self.position = torch.zeros((), dtype=torch.int64, device=device)  # the buffer's, from `update` on
         self._build_step(
             {g: Trainable(self.nets(lr), lr.optimizer, lr.algo.max_grad_norm) for g, lr in self.learners.items()}
         )
@@ -276,13 +297,16 @@ class QLearning(OffPolicy):
         batch = gather(storage, index)
         total, terms, priority = 0.0, {}, {}
         for g, lr in self.learners.items():
-            data, nvec = batch[g], lr.policy.nvec
+            data, nvec, gamma = batch[g], lr.policy.nvec, lr.algo.gamma
             q = chosen_values(lr.policy.values(data["observation"]), data["action"], nvec)  # [k, n]
+            reward, terminated, after = data["reward"], data["terminated"], batch
+            if lr.algo.n_step > 1:
+                reward, terminated, after, gamma = self._n_step(storage, index, g, lr.algo)
             with torch.no_grad():
-                next_obs = flat_observation(data["next_observation"], lr.policy.spec)
+                next_obs = flat_observation(after[g]["next_observation"], lr.policy.spec)
                 online = lr.policy.net(next_obs) if lr.algo.double_q else None
-                next_q = next_values(lr.target_q(next_obs), online, data.get("next_action_mask"), nvec)  # [k, n]
-            reward, terminated = data["reward"], data["terminated"]
+                next_mask = after[g].get("next_action_mask")
+                next_q = next_values(lr.target_q(next_obs), online, next_mask, nvec)  # [k, n]
             if lr.algo.algo == "iql":
                 value = q
             else:
@@ -290,12 +314,11 @@ class QLearning(OffPolicy):
                 if lr.mixer is None:
                     value, next_q = vdn_mix(q).unsqueeze(-1), vdn_mix(next_q).unsqueeze(-1)  # [k, 1]
                 else:
-                    condition, next_condition = self._condition(batch, g)
-                    value = lr.mixer(q, condition).unsqueeze(-1)
+                    value = lr.mixer(q, self._condition(batch, g, "")).unsqueeze(-1)
                     with torch.no_grad():
-                        next_q = lr.target_mixer(next_q, next_condition).unsqueeze(-1)
+                        next_q = lr.target_mixer(next_q, self._condition(after, g, "next_")).unsqueeze(-1)
             with torch.no_grad():
-                target = td_targets(reward, terminated, next_q, lr.algo.gamma)  # [k, n] (iql) or [k, 1]
+                target = td_targets(reward, terminated, next_q, gamma)  # [k, n] (iql) or [k, 1]
             loss = critic_loss(value.unsqueeze(1), target, weight)
             error = (value.detach() - target).abs()  # [k, n] or [k, 1]
             total = total + loss
@@ -304,13 +327,41 @@ class QLearning(OffPolicy):
             priority[g] = error.expand_as(q)  # a mixer's one error per env step, for each agent
         return total, terms, priority
 
-    def _condition(self, batch: dict, group: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """What group `group`'s mixer sees at s and s': the env's state, else the group's observations
-        stacked, `[k, d]` each."""
-        if "state" in batch:
-            return batch["state"].flatten(1), batch["next_state"].flatten(1)
-        data = batch[group]
-        return data["observation"].flatten(1), data["next_observation"].flatten(1)
+    def update(self, buffer, timer):
+        self.position = buffer.position  # where the buffer writes next: n-step returns stop before it
+        return super().update(buffer, timer)
+
+    def _n_step(self, storage, index: torch.Tensor, group: str, algo: QConfig):
+        """Group `group`'s n-step rewards `[k, n]`, the last counted step's terminated flags `[k, n]`, that
+        step's data (`{group: {next_observation, next_action_mask}, next_state}`) and `gamma^m` `[k, 1]`.
+
+        The buffer is extended with time-major `[T, B]` batches of the same B envs, one after another, so
+        the same env's step j later sits `j * B` slots on (modulo the capacity): a gather, no search. A
+        step at or past the write position is not there yet (or is an older step overwritten)."""
+        capacity, stride = storage[(group, "reward")].shape[0], self.env.num_envs
+        offsets = torch.arange(algo.n_step, device=index.device).unsqueeze(-1) * stride  # [n_step, 1]
+        slots = (index + offsets).remainder(capacity)  # [n_step, k]
+        # Slots from index's up to the write position, in [1, capacity] (all of them when the ring is full
+        # and index's step is the oldest).
+        ahead = (self.position - index - 1).remainder(capacity) + 1  # [k]
+        available = offsets < ahead  # [n_step, k]
+        reward = storage[(group, "reward")][slots]  # [n_step, k, n]
+        done = storage[(group, "done")][slots].any(-1)  # [n_step, k]
+        total, steps, discount = n_step_returns(reward, done, available, algo.gamma)
+        last = slots.gather(0, (steps - 1).unsqueeze(0)).squeeze(0)  # [k]
+        after = {group: {"next_observation": storage[(group, "next_observation")][last]}}
+        if (group, "next_action_mask") in storage:
+            after[group]["next_action_mask"] = storage[(group, "next_action_mask")][last]
+        if ("next_state",) in storage:
+            after["next_state"] = storage[("next_state",)][last]
+        return total, storage[(group, "terminated")][last], after, discount
+
+    def _condition(self, batch: dict, group: str, when: str) -> torch.Tensor:
+        """What group `group`'s mixer sees at s (`when` "") or s' ("next_"): the env's state, else the
+        group's observations stacked, `[k, d]`."""
+        if f"{when}state" in batch:
+            return batch[f"{when}state"].flatten(1)
+        return batch[group][f"{when}observation"].flatten(1)
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "updates": self.updates.clone()}

@@ -207,10 +207,48 @@ def test_the_loss_equals_a_written_out_reference(tmp_path, algo):
     assert not any(p.requires_grad for p in learner.target_q.parameters())
 
 
+@pytest.mark.parametrize("capacity", [1000, 100], ids=["filling", "wrapped"])
+def test_n_step_targets_equal_a_walk_through_the_collected_steps(tmp_path, capacity):
+    """3-step IQL targets of draws near episode ends (step 24 of 25), the write position, and (wrapped) the
+    ring's seam, against the same env's steps walked one by one in the batches as collected."""
+    config = discrete_config(tmp_path, "iql", n_step=3, buffer_size=capacity, gamma=0.9, double_q=False)
+    trainer = Trainer(config, run_dir=tmp_path / "run")
+    algorithm, learner = trainer.algorithm, trainer.algorithm.learners["agent"]
+    batches = []
+    for _ in range(4):  # 4 x [8 steps, 8 envs]: time-major, global step t * 8 + env
+        batch = trainer.collector.collect()
+        trainer.buffer.extend(batch)
+        batches.append(batch["agent"].clone())
+    steps = {key: torch.cat([b[key] for b in batches]).flatten(0, 1) for key in batches[0].keys()}  # [256, ...]
+    written = 256
+    algorithm.position = trainer.buffer.position
+    index = torch.tensor([0, 7, 24 * 8 + 3, 23 * 8 + 5, 250, 255, 244, 99, 40, 156])  # wrapped: 56, the oldest
+    index = index.remainder(capacity)
+    _, _, priority = algorithm.loss(trainer.buffer.storage, index, None, {}, torch.tensor([0]))
+    with torch.no_grad():
+        for row, slot in enumerate(index.tolist()):
+            first = slot + capacity * ((written - 1 - slot) // capacity)  # the newest step stored in the slot
+            total, m = torch.zeros(3), 0
+            for j in range(3):
+                step = first + 8 * j
+                if step >= written:
+                    break
+                total += 0.9**j * steps["reward"][step]
+                m += 1
+                if steps["done"][step].any():
+                    break
+            last = first + 8 * (m - 1)
+            next_q = learner.target_q(steps["next_observation"][last].unsqueeze(0))[0].amax(-1)  # [n]
+            target = total + 0.9**m * (~steps["terminated"][last]).float() * next_q
+            q = learner.policy.net(steps["observation"][first].unsqueeze(0))[0]
+            q = q.gather(-1, steps["action"][first].unsqueeze(-1)).squeeze(-1)
+            assert torch.allclose(priority["agent"][row], (q - target).abs(), atol=1e-5), (slot, first, m)
+
+
 def test_the_mixer_sees_the_state_when_the_env_has_one(tmp_path):
     trainer = Trainer(discrete_config(tmp_path, "qmix"), run_dir=tmp_path / "run")
     state = {"state": torch.randn(4, 2, 3), "next_state": torch.randn(4, 2, 3), "agent": {}}
-    condition, next_condition = trainer.algorithm._condition(state, "agent")
+    condition, next_condition = (trainer.algorithm._condition(state, "agent", when) for when in ("", "next_"))
     assert torch.equal(condition, state["state"].flatten(1)) and torch.equal(
         next_condition, state["next_state"].flatten(1)
     )
@@ -301,7 +339,9 @@ def test_continuous_groups_and_actor_critic_options_are_refused(tmp_path):
 
 @pytest.mark.parametrize("prioritized", [False, True], ids=["uniform", "prioritized"])
 def test_an_update_reads_nothing_back_from_the_device(tmp_path, prioritized):
-    config = discrete_config(tmp_path, "qmix", prioritized=prioritized, warmup_frames=64, target_update="hard")
+    config = discrete_config(
+        tmp_path, "qmix", prioritized=prioritized, warmup_frames=64, target_update="hard", n_step=3
+    )
     trainer = Trainer(config, run_dir=tmp_path / "run")
     trainer.buffer.backend = "torch"
     trainer.algorithm.begin_iteration(0, 10**5)
@@ -354,7 +394,9 @@ def test_compiled_steps_match_eager(tmp_path):
     torch._dynamo.reset()
     runs = {}
     for compile in (False, True):
-        config = discrete_config(tmp_path, "qmix", compile=compile, target_update="hard", target_update_every=2)
+        config = discrete_config(
+            tmp_path, "qmix", compile=compile, target_update="hard", target_update_every=2, n_step=3
+        )
         trainer = Trainer(config, run_dir=tmp_path / f"compile{compile}")
         runs[compile] = [trainer.train_iteration() for _ in range(2)]
     for eager, compiled in zip(runs[False], runs[True]):
