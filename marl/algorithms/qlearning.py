@@ -60,7 +60,7 @@ from marl.config import TrainConfig
 from marl.core.distributions import EpsilonGreedy, head_size
 from marl.core.models import flat_observation, observation_size
 from marl.core.networks import MultiAgentMLP
-from marl.core.replay import gather
+from marl.core.replay import ReplayBuffer, gather
 from marl.optim.update_step import Trainable, adam
 
 TERMS = ("loss", "q_value", "q_total", "td_error", "epsilon")
@@ -327,7 +327,7 @@ class QLearning(OffPolicy):
             priority[g] = error.expand_as(q)  # a mixer's one error per env step, for each agent
         return total, terms, priority
 
-    def update(self, buffer, timer):
+    def update(self, buffer: ReplayBuffer, timer) -> dict[str, dict[str, torch.Tensor]]:
         self.position = buffer.position  # where the buffer writes next: n-step returns stop before it
         return super().update(buffer, timer)
 
