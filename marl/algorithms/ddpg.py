@@ -28,11 +28,11 @@ from marl.algorithms.base import register
 from marl.algorithms.offpolicy import (
     OffPolicy,
     OffPolicyConfig,
+    annealed,
     critic_input,
     critic_loss,
     fixed,
     frozen_copy,
-    linear,
     split,
     td_targets,
 )
@@ -42,7 +42,6 @@ from marl.core.replay import gather
 from marl.optim.update_step import Trainable, adam
 
 TERMS = ("loss", "critic_loss", "policy_loss", "q_value", "td_error", "sigma")
-NETS = ("policy", "critic")
 
 
 @dataclass(frozen=True)
@@ -105,7 +104,6 @@ class DDPG(OffPolicy):
 
     Config = DDPGConfig
     term_names = TERMS
-    net_names = NETS
 
     def check_group(self, group: str, spec) -> None:
         if not isinstance(spec.action, Box):
@@ -148,16 +146,14 @@ class DDPG(OffPolicy):
         }
         self._build_step(trainables)
 
-    def acting_policies(self) -> dict:
-        return {g: lr.policy for g, lr in self.learners.items()}
-
     def begin_iteration(self, frames: int, total_frames: int) -> None:
         super().begin_iteration(frames, total_frames)
         for lr in self.learners.values():
             a = lr.algo
-            anneal = a.exploration_anneal * total_frames
-            progress = frames / anneal if anneal > 0 else 1.0
-            lr.policy.sigma.fill_(linear(a.exploration_sigma_init, a.exploration_sigma_end, progress))
+            sigma = annealed(
+                a.exploration_sigma_init, a.exploration_sigma_end, a.exploration_anneal, frames, total_frames
+            )
+            lr.policy.sigma.fill_(sigma)
 
     def loss(self, storage, index, weight, noise, t):
         batch = gather(storage, index)

@@ -129,6 +129,13 @@ def linear(start: float, end: float, progress: float) -> float:
     return start + (end - start) * min(max(progress, 0.0), 1.0)
 
 
+def annealed(start: float, end: float, anneal: float, frames: int, total_frames: int) -> float:
+    """An exploration schedule at `frames`: `start` moved linearly to `end` over the first `anneal`
+    fraction of `total_frames` (`end` from the start when `anneal` is 0)."""
+    span = anneal * total_frames
+    return linear(start, end, frames / span if span > 0 else 1.0)
+
+
 def critic_input(config: TrainConfig, env, group: str, action_sizes: dict[str, int]) -> CriticInput:
     """What group `group`'s critic sees, by its scope, with `action_sizes` of the groups whose actions it sees."""
     algo, model = config.for_group(group)
@@ -157,18 +164,17 @@ def polyak_(targets: list[torch.Tensor], online: list[torch.Tensor], tau: float)
 
 
 class OffPolicy(Algorithm):
-    """The update loop of an off-policy actor-critic algorithm; a subclass builds each group's nets in
-    `__init__` (then calls `_build_step`) and writes `loss`.
+    """The update loop of an off-policy algorithm (actor-critic, or value-based: `qlearning`); a subclass
+    builds each group's nets in `__init__` (then calls `_build_step` with them) and writes `loss`.
 
     Subclass attributes: `learners` (per group an object with `algo`, the group's config, `modules()`,
     every module it saves by name, targets included, and `optimizer`), `targets` (per group `(target
-    tensors, online tensors)` for the Polyak update), `term_names` (the loss terms the loss returns per
-    group, in order) and `net_names` (each group's nets, in its optimiser's order).
+    tensors, online tensors)` for the Polyak update) and `term_names` (the loss terms the loss returns per
+    group, in order). Each group logs its terms and a gradient norm per net of its `Trainable`.
     """
 
     collects = "transitions"
     term_names: tuple[str, ...] = ()
-    net_names: tuple[str, ...] = ()
 
     def __init__(self, config: TrainConfig, env, device: torch.device, world, generator: torch.Generator) -> None:
         super().__init__(config, env, device, world, generator)
@@ -189,16 +195,18 @@ class OffPolicy(Algorithm):
             self.world,
             compile=self.config.run.compile,
             aux=True,
-            after_step=self._polyak,
+            after_step=self.update_targets,
         )
 
-    def _polyak(self) -> None:
+    def update_targets(self) -> None:
+        """After every optimiser step (inside the compiled graph when compiled): move the target networks;
+        Polyak averaging by default."""
         for g, (targets, online) in self.targets.items():
             polyak_(targets, online, self.learners[g].algo.tau)
 
     def acting_policies(self) -> dict:
-        """Each group's acting policy (a module: observation, mask -> distribution)."""
-        raise NotImplementedError
+        """Each group's acting policy (a module: observation, mask -> distribution): its learner's `policy`."""
+        return {g: lr.policy for g, lr in self.learners.items()}
 
     @property
     def acting(self) -> Acting:
@@ -234,12 +242,12 @@ class OffPolicy(Algorithm):
                 buffer.update_priority(index, priority)
             sums = out if sums is None else {g: sums[g] + v for g, v in out.items()}
         timer.mark("update_s")
-        names = (*self.term_names, *(f"{net}_grad_norm" for net in self.net_names))
         fill = buffer.size.float() / buffer.capacity
-        return {
-            g: {**dict(zip(names, (v / algo.updates_per_iteration).unbind())), "buffer_fill": fill}
-            for g, v in sums.items()
-        }
+        out = {}
+        for g, v in sums.items():
+            names = (*self.term_names, *(f"{net}_grad_norm" for net in self.step.trainables[g].nets))
+            out[g] = {**dict(zip(names, (v / algo.updates_per_iteration).unbind(), strict=True)), "buffer_fill": fill}
+        return out
 
     def loss(self, storage, index, weight, noise, t):
         """`(total, {group: terms [len(term_names)]}, {group: |TD error| [k, n]})` of the env steps `index`

@@ -51,7 +51,6 @@ from marl.core.replay import gather
 from marl.optim.update_step import Trainable, adam
 
 TERMS = ("loss", "critic_loss", "policy_loss", "alpha_loss", "alpha", "q_value", "td_error", "entropy")
-NETS = ("policy", "critic", "alpha")
 
 
 @dataclass(frozen=True)
@@ -170,7 +169,6 @@ class SAC(OffPolicy):
 
     Config = SACConfig
     term_names = TERMS
-    net_names = NETS
 
     def check_group(self, group: str, spec) -> None:
         if not isinstance(spec.action, (Box, Discrete)):
@@ -221,9 +219,6 @@ class SAC(OffPolicy):
             for g, lr in self.learners.items()
         }
         self._build_step(trainables)
-
-    def acting_policies(self) -> dict:
-        return {g: lr.policy for g, lr in self.learners.items()}
 
     def draw_noise(self, steps: int, batch_size: int) -> dict[str, torch.Tensor]:
         """Per continuous group `[steps, 2, batch_size, n, A]`: each step's actions at `s` and at `s'`."""

@@ -295,7 +295,13 @@ def off_policy_settings(algo: str, sizes: Sizes = BENCHMARL_SIZES) -> tuple[dict
     if algo in ("maddpg", "iddpg"):
         required |= {"exploration_sigma_init": 0.8, "exploration_sigma_end": 0.01, "exploration_anneal": 1 / 3}
     if algo in DISCRETE:
-        optional |= {"exploration_eps_init": 0.8, "exploration_eps_end": 0.01, "exploration_anneal": 1 / 3}
+        # TorchRL's DQN and QMixer losses, which BenchMARL's use, default to double_dqn=False.
+        optional |= {
+            "exploration_eps_init": 0.8,
+            "exploration_eps_end": 0.01,
+            "exploration_anneal": 1 / 3,
+            "double_q": False,
+        }
     if algo == "qmix":
         optional |= {"mixing_embed_dim": 32}
     return required, optional

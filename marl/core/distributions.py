@@ -10,6 +10,9 @@ action (what the env receives):
 - `MaskedCategorical` for `Discrete` actions: disallowed actions (action mask false) get probability
   zero; raw and env actions are the same int64 index.
 - `MultiCategorical` for `MultiDiscrete` actions: independent categoricals, log-probs summed.
+- `EpsilonGreedy` for value-based groups (IQL, VDN, QMIX) with `Discrete` or `MultiDiscrete` actions: the
+  greedy action of the Q values, or with probability `epsilon` a uniformly random allowed one; raw and env
+  actions are the same index (per head). It has no density either.
 - `NoisyDeterministic` for DDPG's bounded continuous actions: the policy's action plus Gaussian
   exploration noise of scale `sigma` (a fraction of the half range), clipped to the bounds; raw and env
   actions are the same. It has no density: an algorithm that needs `log_prob` does not use it.
@@ -150,6 +153,48 @@ class NoisyDeterministic:
         return raw
 
 
+class EpsilonGreedy:
+    """Acting on Q values `[*B, n, sum(nvec)]` (one head of `nvec[h]` values per sub-action; a `Discrete`
+    spec is one head, and its raw action `[*B, n]` has no head dim): greedy, or with probability `epsilon`
+    (a 0-d tensor the algorithm anneals, read on the device) each agent draws uniformly over its allowed
+    actions (`mask` `[*B, n, K]`, False where not allowed; one head only)."""
+
+    def __init__(
+        self, q: torch.Tensor, epsilon: torch.Tensor, mask: torch.Tensor | None, nvec: tuple[int, ...], heads: bool
+    ) -> None:
+        self.q, self.epsilon, self.mask, self.nvec, self.heads = q, epsilon, mask, list(nvec), heads
+
+    def _per_head(self, values: torch.Tensor, fill: float) -> list[torch.Tensor]:
+        if self.mask is not None:
+            values = values.masked_fill(~self.mask, fill)
+        return list(values.split(self.nvec, -1))
+
+    def _join(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack(parts, -1) if self.heads else parts[0]
+
+    def mode(self) -> torch.Tensor:
+        """The greedy allowed action."""
+        return self._join([part.argmax(-1) for part in self._per_head(self.q, -math.inf)])
+
+    def random(self, noise: torch.Tensor) -> torch.Tensor:
+        """A uniform draw over the allowed actions: the argmax of iid uniform noise over them."""
+        return self._join([part.argmax(-1) for part in self._per_head(noise, -1.0)])
+
+    def sample(self, noise: torch.Tensor) -> torch.Tensor:
+        """`noise`: uniform in [0, 1), shaped like `q`. The random action is the argmax of the first head's
+        allowed noise; its largest value `u_max` is independent of which one it is (iid draws), and
+        `u_max ** allowed` is uniform in [0, 1): the coin that picks exploring, from the same noise."""
+        first = self._per_head(noise, -1.0)[0]  # [*B, n, nvec[0]]
+        allowed = self.mask.sum(-1) if self.mask is not None else first.shape[-1]
+        explore = first.amax(-1).clamp_min(0).pow(allowed) < self.epsilon  # [*B, n]
+        if self.heads:
+            explore = explore.unsqueeze(-1)
+        return torch.where(explore, self.random(noise), self.mode())
+
+    def env_action(self, raw: torch.Tensor) -> torch.Tensor:
+        return raw
+
+
 class RandomWhile:
     """`dist`, except that `sample` draws a uniformly random action (its `random`) while the 0-d bool
     tensor `flag` is set: off-policy algorithms' warm-up, switched on the device with no host sync."""
@@ -167,7 +212,7 @@ class RandomWhile:
         return self.dist.env_action(raw)
 
 
-Distribution = TanhNormal | MaskedCategorical | MultiCategorical | NoisyDeterministic | RandomWhile
+Distribution = TanhNormal | MaskedCategorical | MultiCategorical | NoisyDeterministic | EpsilonGreedy | RandomWhile
 
 
 def head_size(spec: ActionSpec) -> int:

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import envs
 from envs.native.navigation import scripted_action
 from envs.sync import forbid_host_sync
+from marl import algorithms
 from marl.algorithms.ddpg import DDPGConfig, ddpg_terms
 from marl.algorithms.offpolicy import critic_loss, td_targets
 from marl.algorithms.sac import SACConfig, continuous_terms, discrete_terms
@@ -23,12 +24,14 @@ from marl.core.distributions import MaskedCategorical, NoisyDeterministic, Rando
 from marl.core.models import CriticInput, QCritic
 
 
-def small_config(tmp_path, algo: str, env: str = "navigation", compile: bool = False, **options) -> TrainConfig:
-    cls = DDPGConfig if algo.endswith("ddpg") else SACConfig
+def small_config(
+    tmp_path, algo: str, env: str = "navigation", compile: bool = False, group_map: str = "by_type", **options
+) -> TrainConfig:
+    """A small off-policy run of any registered off-policy `algo` (the value-based tests use it too)."""
     options = {"batch_size": 32, "updates_per_iteration": 3, "buffer_size": 1000, **options}
     return TrainConfig(
-        env=EnvSettings(env=env, num_envs=8),
-        algo=cls(algo=algo, **options),
+        env=EnvSettings(env=env, num_envs=8, group_map=group_map),
+        algo=algorithms.config_class(algo)(algo=algo, **options),
         model=ModelConfig(hidden=(16,)),
         run=RunConfig(
             total_frames=10**5,

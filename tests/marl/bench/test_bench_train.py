@@ -223,8 +223,14 @@ def test_off_policy_settings_vecmarl_cannot_take_are_named(fake_off_policy):
         benchmarl_config("vmas/navigation", "qmix", frames=6000, seed=0)
     with pytest.raises(ValueError, match="qmix needs discrete actions; .* only vmas/navigation"):
         benchmarl_config("navigation", "qmix", frames=6000, seed=0)
-    with pytest.raises(KeyError, match="unknown algorithm 'vdn'"):
-        benchmarl_config("vmas/navigation", "vdn", frames=6000, seed=0)
+    vdn = benchmarl_config("vmas/navigation", "vdn", frames=6000, seed=0).algo  # the registered one
+    assert (vdn.algo, vdn.tau, vdn.exploration_eps_init, vdn.exploration_anneal, vdn.double_q) == (
+        "vdn",
+        0.005,
+        0.8,
+        1 / 3,
+        False,
+    )
 
 
 def test_value_based_rows_run_on_vmas_discrete_only(fake_off_policy):

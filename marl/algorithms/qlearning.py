@@ -1,0 +1,371 @@
+"""IQL, VDN and QMIX: value-based learning for groups with discrete actions, from a replay buffer
+(`marl.algorithms.offpolicy`).
+
+Each group has a Q-network `[*B, n, obs] -> [*B, n, sum(nvec)]` (shared parameters, or per agent,
+stacked: `marl.core.networks.MultiAgentMLP`): one Q value per action (`Discrete`), or per action of each
+head (`MultiDiscrete`, independent heads whose values add up: `Q(s, a) = sum_h Q_h(s, a_h)`, so the
+greedy action is each head's argmax). Agents act ε-greedily over their allowed actions
+(`marl.core.distributions.EpsilonGreedy`), ε annealed linearly from `exploration_eps_init` to
+`exploration_eps_end` over the first `exploration_anneal` of the run (BenchMARL's defaults); evaluation
+is greedy.
+
+Per optimiser step and group, from agents' chosen values `Q_i = Q_i(o_i, a_i)` `[k, n]` and their next
+values `Q'_i = Q'_i(o'_i, a*_i)`, `a*_i` the best allowed next action (`next_action_mask`) of the online
+network (double Q, `double_q`) or of the target network, valued by the target network:
+
+- `iql`: every agent its own TD target, `y_i = r_i + gamma * (1 - terminated_i) * Q'_i`;
+- `vdn`: the team's value `Q_tot = sum_i Q_i`, `y = r + gamma * (1 - terminated) * sum_i Q'_i`;
+- `qmix`: `Q_tot = mixer(Q_1..Q_n, s)`, a monotonic mixing network (`QMixer`) whose weights come from
+  hypernetworks of the env's state `s` (or, without one, the group's stacked observations), its target
+  copy mixing the next values at `s'`.
+
+For VDN and QMIX the team's reward is the mean of its agents' rewards, and the team's episode has
+terminated when any agent's has (BenchMARL's conventions). TD(0): a truncated step bootstraps from its
+true next observation, a terminated one does not (`td_targets`). With `n_step` > 1 the reward is the
+discounted sum of the next n (`n_step_returns`, cut after a step where any of the group's agents is done,
+or before a step not yet collected) and the bootstrap is `gamma^m` times the value at the last step's
+next observation.
+`loss = mean(w * (Q - y)^2)` (`critic_loss`), `w` the importance weights of prioritized replay, whose
+priorities are `|Q - y|` (per agent for IQL, per env step for the mixers). Target networks (Q-network
+and mixer) move by Polyak averaging every step (`tau`), or are copied every `target_update_every`
+steps (`target_update hard`). Logged: `loss`, `q_value` (mean chosen Q of the agents), `q_total` (the
+mixed value; IQL: the same as `q_value`), `td_error` (mean |Q - y|), `epsilon`, the gradient norms.
+
+Each group may take its own of the three (`--group NAME.algo=iql`), and its own options.
+Actor-critic options of the shared config (`critic_scope`, `shared_value`) do not apply and are refused.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from envs import cudagraphs
+from envs.specs import Discrete, GroupSpec, MultiDiscrete
+from marl.algorithms.base import register
+from marl.algorithms.offpolicy import (
+    OffPolicy,
+    OffPolicyConfig,
+    annealed,
+    critic_loss,
+    frozen_copy,
+    polyak_,
+    td_targets,
+)
+from marl.config import TrainConfig
+from marl.core.distributions import EpsilonGreedy, head_size
+from marl.core.models import flat_observation, observation_size
+from marl.core.networks import MultiAgentMLP
+from marl.core.replay import ReplayBuffer, gather
+from marl.optim.update_step import Trainable, adam
+
+TERMS = ("loss", "q_value", "q_total", "td_error", "epsilon")
+
+
+@dataclass(frozen=True)
+class QConfig(OffPolicyConfig):
+    """IQL, VDN and QMIX: ε-greedy Q-learning per agent, alone or mixed into the group's value."""
+
+    algo: Literal["qmix", "vdn", "iql"] = "qmix"
+    """iql: each agent learns its own Q; vdn: the group's Q is the sum of its agents'; qmix: a monotonic
+    mixing network of the env's state (or the group's observations) combines them."""
+    exploration_eps_init: float = 0.8
+    """Probability of a uniformly random allowed action at the start."""
+    exploration_eps_end: float = 0.01
+    """Probability of a random action after the annealing."""
+    exploration_anneal: float = 1 / 3
+    """The fraction of total_frames over which epsilon is annealed linearly (0: eps_end from the start)."""
+    double_q: bool = True
+    """Double Q-learning: the online network picks the best next action, the target network values it."""
+    target_update: Literal["polyak", "hard"] = "polyak"
+    """How the target networks follow: polyak (move by tau every step) or hard (copy every
+    target_update_every steps)."""
+    target_update_every: int = 200
+    """With target_update hard: optimiser steps between copies."""
+    mixing_embed_dim: int = 32
+    """qmix: width of the mixing network's hidden layer (and of its hypernetworks)."""
+    n_step: int = 1
+    """TD(n) targets: n rewards, discounted, then the bootstrap (cut short where the episode ends or the
+    buffer holds no later step)."""
+
+    def check(self) -> None:
+        super().check()
+        if self.critic_scope != "auto" or self.shared_value:
+            raise ValueError(
+                f"critic_scope and shared_value are options of the actor-critic algorithms; {self.algo} has no "
+                "critic: leave them at their defaults (auto, False)"
+            )
+        for name in ("exploration_eps_init", "exploration_eps_end", "exploration_anneal"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        for name in ("target_update_every", "mixing_embed_dim", "n_step"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+def heads(spec: GroupSpec) -> tuple[int, ...]:
+    """The actions per head: `(n,)` for `Discrete(n)`, `nvec` for `MultiDiscrete`."""
+    return spec.action.nvec if isinstance(spec.action, MultiDiscrete) else (spec.action.n,)
+
+
+class QPolicy(nn.Module):
+    """A group's Q-network, `[*B, n, *obs_shape] -> [*B, n, sum(nvec)]` (`values`), acting ε-greedily:
+    `forward(observation, mask)` is an `EpsilonGreedy` with `epsilon`, a 0-d buffer the algorithm anneals."""
+
+    def __init__(self, spec: GroupSpec, hidden, activation: str, share_params: bool) -> None:
+        super().__init__()
+        self.spec, self.nvec, self.heads = spec, heads(spec), isinstance(spec.action, MultiDiscrete)
+        self.net = MultiAgentMLP(
+            observation_size(spec), head_size(spec.action), spec.n_agents, hidden, activation, share_params
+        )
+        self.register_buffer("epsilon", torch.zeros(()))
+
+    def values(self, observation: torch.Tensor) -> torch.Tensor:
+        return self.net(flat_observation(observation, self.spec))
+
+    def forward(self, observation: torch.Tensor, action_mask: torch.Tensor | None = None) -> EpsilonGreedy:
+        mask = action_mask if self.spec.has_action_mask else None
+        return EpsilonGreedy(self.values(observation), self.epsilon, mask, self.nvec, self.heads)
+
+
+def chosen_values(q: torch.Tensor, action: torch.Tensor, nvec: tuple[int, ...]) -> torch.Tensor:
+    """The values of `action` (`[*B, n]` for one head, `[*B, n, H]` for several) in `q`
+    `[*B, n, sum(nvec)]`, summed over the heads: `[*B, n]`."""
+    action = action.unsqueeze(-1) if action.dim() == q.dim() - 1 else action  # [*B, n, H]
+    parts = [part.gather(-1, a.unsqueeze(-1)) for part, a in zip(q.split(list(nvec), -1), action.unbind(-1))]
+    return torch.cat(parts, -1).sum(-1)
+
+
+def best_actions(q: torch.Tensor, mask: torch.Tensor | None, nvec: tuple[int, ...]) -> torch.Tensor:
+    """Each head's best allowed action in `q` `[*B, n, sum(nvec)]` (`mask` `[*B, n, K]`, one head only):
+    `[*B, n, H]`."""
+    if mask is not None:
+        q = q.masked_fill(~mask, -math.inf)
+    return torch.stack([part.argmax(-1) for part in q.split(list(nvec), -1)], -1)
+
+
+def next_values(
+    target_q: torch.Tensor, online_q: torch.Tensor | None, mask: torch.Tensor | None, nvec: tuple[int, ...]
+) -> torch.Tensor:
+    """`[*B, n]`: the target network's values `target_q` `[*B, n, sum(nvec)]` of the best allowed next
+    actions, picked by the online network's `online_q` (double Q) or, when None, by the target's own."""
+    picked = best_actions(target_q if online_q is None else online_q, mask, nvec)
+    return chosen_values(target_q, picked, nvec)
+
+
+class QMixer(nn.Module):
+    """QMIX's mixing network (Rashid et al. 2018): agents' values `[*B, n]` and a conditioning input
+    `[*B, d]` -> the group's value `[*B]`, monotonic in every agent's value.
+
+    `Q_tot = w2 . elu(Q W1 + b1) + b2`, with `W1` `[n, E]`, `b1` `[E]`, `w2` `[E]` given by linear
+    hypernetworks of the input, `W1` and `w2` through `abs` (non-negative: dQ_tot/dQ_i >= 0), and `b2` by a
+    two-layer one (E = `embed_dim`)."""
+
+    def __init__(self, n_agents: int, in_features: int, embed_dim: int) -> None:
+        super().__init__()
+        self.n_agents, self.embed_dim = n_agents, embed_dim
+        self.hyper_w1 = nn.Linear(in_features, n_agents * embed_dim)
+        self.hyper_b1 = nn.Linear(in_features, embed_dim)
+        self.hyper_w2 = nn.Linear(in_features, embed_dim)
+        self.hyper_b2 = nn.Sequential(nn.Linear(in_features, embed_dim), nn.ReLU(), nn.Linear(embed_dim, 1))
+
+    def forward(self, q: torch.Tensor, condition: torch.Tensor) -> torch.Tensor:
+        w1 = self.hyper_w1(condition).abs().unflatten(-1, (self.n_agents, self.embed_dim))  # [*B, n, E]
+        hidden = nn.functional.elu((q.unsqueeze(-2) @ w1).squeeze(-2) + self.hyper_b1(condition))  # [*B, E]
+        w2 = self.hyper_w2(condition).abs()  # [*B, E]
+        return (hidden * w2).sum(-1) + self.hyper_b2(condition).squeeze(-1)
+
+
+def vdn_mix(q: torch.Tensor) -> torch.Tensor:
+    """VDN: the group's value is the sum of its agents' `[*B, n] -> [*B]`."""
+    return q.sum(-1)
+
+
+def team_step(reward: torch.Tensor, terminated: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The team's reward (the mean over the agents) and termination (any agent's) `[k, n] -> [k, 1]` each."""
+    return reward.mean(-1, keepdim=True), terminated.any(-1, keepdim=True)
+
+
+def n_step_returns(
+    reward: torch.Tensor, done: torch.Tensor, available: torch.Tensor, gamma: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Discounted sums of up to n rewards of the same env, `[k, n_agents]`, from its steps `j = 0..n-1`:
+    `reward` `[n, k, n_agents]`, `done` `[n, k]` (any of the group's agents), `available` `[n, k]` (step j
+    is in the buffer; step 0 always). Step j counts while every earlier step was neither done nor missing.
+    Returns the sums, the steps counted `m` `[k]` (>= 1) and `gamma^m` `[k, 1]`."""
+    counted = torch.cumprod(torch.cat([available[:1], available[1:] & ~done[:-1]]).float(), 0)  # [n, k]
+    powers = gamma ** torch.arange(reward.shape[0], device=reward.device, dtype=reward.dtype)  # [n]
+    total = (reward * (counted * powers[:, None]).unsqueeze(-1)).sum(0)
+    steps = counted.sum(0)
+    return total, steps.long(), (gamma**steps).unsqueeze(-1)
+
+
+@dataclass
+class QLearner:
+    """Everything one group learns with (a mixer and its target for QMIX only)."""
+
+    algo: QConfig
+    policy: QPolicy
+    target_q: MultiAgentMLP
+    mixer: QMixer | None
+    target_mixer: QMixer | None
+    optimizer: torch.optim.Adam
+
+    def modules(self) -> dict[str, nn.Module]:
+        names = ("policy", "target_q", "mixer", "target_mixer") if self.mixer is not None else ("policy", "target_q")
+        return {n: getattr(self, n) for n in names}
+
+
+@register("qmix", "vdn", "iql")
+class QLearning(OffPolicy):
+    """IQL, VDN or QMIX for every group at once (each group mixes its own agents)."""
+
+    Config = QConfig
+    term_names = TERMS
+
+    def check_group(self, group: str, spec) -> None:
+        if not isinstance(spec.action, (Discrete, MultiDiscrete)):
+            raise ValueError(
+                f"{self.config.algo.algo} is value-based and needs discrete actions (Discrete or MultiDiscrete), "
+                f"but group {group!r} has {spec.action}: train it with maddpg, iddpg, masac or isac"
+            )
+
+    def __init__(self, config: TrainConfig, env, device: torch.device, world, generator: torch.Generator) -> None:
+        super().__init__(config, env, device, world, generator)
+        self.learners: dict[str, QLearner] = {}
+        for g, spec in env.groups.items():
+            algo, model = config.for_group(g)  # each group's algo may differ (--group NAME.algo=iql)
+            policy = QPolicy(spec, model.hidden, model.activation, model.share_params).to(device)
+            mixer = None
+            mixing = algo.algo == "qmix"
+            if mixing:
+                # Conditioned on the env's state, else on the group's observations: [*B, n * obs].
+                state = env.state_spec
+                seen = math.prod(state.shape) if state is not None else spec.n_agents * observation_size(spec)
+                mixer = QMixer(spec.n_agents, seen, algo.mixing_embed_dim).to(device)
+            parameters = [*policy.parameters(), *(mixer.parameters() if mixing else ())]
+            optimizer = adam(parameters, lr=algo.lr, eps=algo.adam_eps)
+            self.learners[g] = QLearner(
+                algo, policy, frozen_copy(policy.net), mixer, frozen_copy(mixer) if mixing else None, optimizer
+            )
+        self.targets = {
+            g: (
+                [*lr.target_q.parameters(), *(lr.target_mixer.parameters() if lr.mixer is not None else ())],
+                [p for net in self.nets(lr).values() for p in net.parameters()],
+            )
+            for g, lr in self.learners.items()
+        }
+        # Optimiser steps taken: the clock of the hard target copies (saved with the learners' state),
+        # advanced in place by the compiled step.
+        self.updates = torch.zeros((), dtype=torch.int64, device=device)
+        cudagraphs.mark_static((self.updates,), device)
+        self.position = torch.zeros((), dtype=torch.int64, device=device)  # the buffer's, from `update` on
+        self._build_step(
+            {g: Trainable(self.nets(lr), lr.optimizer, lr.algo.max_grad_norm) for g, lr in self.learners.items()}
+        )
+
+    @staticmethod
+    def nets(learner: QLearner) -> dict[str, nn.Module]:
+        """A group's trained nets, in its optimiser's order."""
+        return {"q": learner.policy.net, **({"mixer": learner.mixer} if learner.mixer is not None else {})}
+
+    def update_targets(self) -> None:
+        self.updates += 1
+        for g, (targets, online) in self.targets.items():
+            algo = self.learners[g].algo
+            if algo.target_update == "polyak":
+                polyak_(targets, online, algo.tau)
+            else:  # a copy on the steps the clock says, read on the device: lerp by 1 copies, by 0 keeps
+                copy = (self.updates % algo.target_update_every == 0).float()
+                for target, source in zip(targets, online):
+                    target.lerp_(source, copy)
+
+    def begin_iteration(self, frames: int, total_frames: int) -> None:
+        super().begin_iteration(frames, total_frames)
+        for lr in self.learners.values():
+            a = lr.algo
+            epsilon = annealed(
+                a.exploration_eps_init, a.exploration_eps_end, a.exploration_anneal, frames, total_frames
+            )
+            lr.policy.epsilon.fill_(epsilon)
+
+    def loss(self, storage, index, weight, noise, t):
+        batch = gather(storage, index)
+        total, terms, priority = 0.0, {}, {}
+        for g, lr in self.learners.items():
+            data, nvec, gamma = batch[g], lr.policy.nvec, lr.algo.gamma
+            q = chosen_values(lr.policy.values(data["observation"]), data["action"], nvec)  # [k, n]
+            reward, terminated, after = data["reward"], data["terminated"], batch
+            if lr.algo.n_step > 1:
+                reward, terminated, after, gamma = self._n_step(storage, index, g, lr.algo)
+            with torch.no_grad():
+                next_obs = flat_observation(after[g]["next_observation"], lr.policy.spec)
+                online = lr.policy.net(next_obs) if lr.algo.double_q else None
+                next_mask = after[g].get("next_action_mask")
+                next_q = next_values(lr.target_q(next_obs), online, next_mask, nvec)  # [k, n]
+            if lr.algo.algo == "iql":
+                value = q
+            else:
+                reward, terminated = team_step(reward, terminated)
+                if lr.mixer is None:
+                    value, next_q = vdn_mix(q).unsqueeze(-1), vdn_mix(next_q).unsqueeze(-1)  # [k, 1]
+                else:
+                    value = lr.mixer(q, self._condition(batch, g, "")).unsqueeze(-1)
+                    with torch.no_grad():
+                        next_q = lr.target_mixer(next_q, self._condition(after, g, "next_")).unsqueeze(-1)
+            with torch.no_grad():
+                target = td_targets(reward, terminated, next_q, gamma)  # [k, n] (iql) or [k, 1]
+            loss = critic_loss(value.unsqueeze(1), target, weight)
+            error = (value.detach() - target).abs()  # [k, n] or [k, 1]
+            total = total + loss
+            q_total = value.detach().mean()  # IQL: the agents' mean Q again
+            terms[g] = torch.stack([loss.detach(), q.detach().mean(), q_total, error.mean(), lr.policy.epsilon])
+            priority[g] = error.expand_as(q)  # a mixer's one error per env step, for each agent
+        return total, terms, priority
+
+    def update(self, buffer: ReplayBuffer, timer) -> dict[str, dict[str, torch.Tensor]]:
+        self.position = buffer.position  # where the buffer writes next: n-step returns stop before it
+        return super().update(buffer, timer)
+
+    def _n_step(self, storage, index: torch.Tensor, group: str, algo: QConfig):
+        """Group `group`'s n-step rewards `[k, n]`, the last counted step's terminated flags `[k, n]`, that
+        step's data (`{group: {next_observation, next_action_mask}, next_state}`) and `gamma^m` `[k, 1]`.
+
+        The buffer is extended with time-major `[T, B]` batches of the same B envs, one after another, so
+        the same env's step j later sits `j * B` slots on (modulo the capacity): a gather, no search. A
+        step at or past the write position is not there yet (or is an older step overwritten)."""
+        capacity, stride = storage[(group, "reward")].shape[0], self.env.num_envs
+        offsets = torch.arange(algo.n_step, device=index.device).unsqueeze(-1) * stride  # [n_step, 1]
+        slots = (index + offsets).remainder(capacity)  # [n_step, k]
+        # Slots from index's up to the write position, in [1, capacity] (all of them when the ring is full
+        # and index's step is the oldest).
+        ahead = (self.position - index - 1).remainder(capacity) + 1  # [k]
+        available = offsets < ahead  # [n_step, k]
+        reward = storage[(group, "reward")][slots]  # [n_step, k, n]
+        done = storage[(group, "done")][slots].any(-1)  # [n_step, k]
+        total, steps, discount = n_step_returns(reward, done, available, algo.gamma)
+        last = slots.gather(0, (steps - 1).unsqueeze(0)).squeeze(0)  # [k]
+        after = {group: {"next_observation": storage[(group, "next_observation")][last]}}
+        if (group, "next_action_mask") in storage:
+            after[group]["next_action_mask"] = storage[(group, "next_action_mask")][last]
+        if ("next_state",) in storage:
+            after["next_state"] = storage[("next_state",)][last]
+        return total, storage[(group, "terminated")][last], after, discount
+
+    def _condition(self, batch: dict, group: str, when: str) -> torch.Tensor:
+        """What group `group`'s mixer sees at s (`when` "") or s' ("next_"): the env's state, else the
+        group's observations stacked, `[k, d]`."""
+        if f"{when}state" in batch:
+            return batch[f"{when}state"].flatten(1)
+        return batch[group][f"{when}observation"].flatten(1)
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "updates": self.updates.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.updates.copy_(state["updates"])
