@@ -5,7 +5,6 @@ compiled, resumed, without host syncs)."""
 from __future__ import annotations
 
 import math
-import shutil
 
 import pytest
 import torch
@@ -13,7 +12,6 @@ import torch.nn.functional as F
 
 import envs
 from envs.native.navigation import scripted_action
-from envs.sync import forbid_host_sync
 from marl import algorithms
 from marl.algorithms.ddpg import DDPGConfig, ddpg_terms
 from marl.algorithms.offpolicy import critic_loss, td_targets
@@ -22,6 +20,7 @@ from marl.app.trainer import Trainer
 from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
 from marl.core.distributions import MaskedCategorical, NoisyDeterministic, RandomWhile, TanhNormal
 from marl.core.models import CriticInput, QCritic
+from tests.marl.algorithms.offpolicy_checks import assert_repeats, resume_midway, update_without_host_sync
 
 
 def small_config(
@@ -310,34 +309,14 @@ def test_value_based_groups_are_refused_by_ddpg_with_the_algorithms_that_fit(tmp
 @pytest.mark.parametrize("prioritized", [False, True], ids=["uniform", "prioritized"])
 def test_an_update_reads_nothing_back_from_the_device(tmp_path, prioritized):
     config = small_config(tmp_path, "masac", "speaker_listener", prioritized=prioritized, warmup_frames=64)
-    trainer = Trainer(config, run_dir=tmp_path / "run")
-    trainer.buffer.backend = "torch"
-    trainer.algorithm.begin_iteration(0, 10**5)
-    trainer.buffer.extend(trainer.collector.collect())
-    with forbid_host_sync("cpu"):
-        trainer.algorithm.begin_iteration(64, 10**5)
-        trainer.collector.collect()
-        trainer.algorithm.update(trainer.buffer, trainer.timer)
+    update_without_host_sync(config, tmp_path / "run")
 
 
 @pytest.mark.parametrize("algo", ["masac", "maddpg"])
 def test_a_resumed_run_continues_exactly(tmp_path, algo):
     env = "speaker_listener" if algo == "masac" else "tag"
-    straight = Trainer(small_config(tmp_path, algo, env, prioritized=True), run_dir=tmp_path / "run")
-    straight.buffer.backend = "torch"
-    for _ in range(2):
-        straight.train_iteration()
-    straight.save()
-    saved = tmp_path / "saved.pt"
-    shutil.copy(straight.checkpoint_path, saved)
-    expected = [straight.train_iteration() for _ in range(2)]
-    resumed = Trainer.resume(saved)
-    resumed.buffer.backend = "torch"
-    for want in expected:
-        got = resumed.train_iteration()
-        for key, value in want.items():
-            if key.endswith(("loss", "alpha", "sigma", "q_value", "episode_return")):
-                assert got[key] == value or (got[key] != got[key] and value != value), key
+    resumed, expected = resume_midway(small_config(tmp_path, algo, env, prioritized=True), tmp_path)
+    assert_repeats(resumed, expected, ("loss", "alpha", "sigma", "q_value", "episode_return"))
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # the compile fallback's warning fails the test

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import shutil
 
 import pytest
 import torch
@@ -16,13 +15,13 @@ import envs
 from envs import registry
 from envs.native.spread import scripted_action
 from envs.specs import Box, Discrete, GroupSpec, MultiDiscrete
-from envs.sync import forbid_host_sync
 from marl.algorithms.qlearning import QConfig, QMixer, best_actions, chosen_values, next_values, team_step, vdn_mix
 from marl.app.evaluate import evaluate
 from marl.app.trainer import Trainer
 from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
 from marl.core.distributions import EpsilonGreedy
 from tests.envs.broken_envs import Counter
+from tests.marl.algorithms.offpolicy_checks import assert_repeats, resume_midway, update_without_host_sync
 from tests.marl.algorithms.test_offpolicy import mean_return, small_config
 
 
@@ -342,35 +341,15 @@ def test_an_update_reads_nothing_back_from_the_device(tmp_path, prioritized):
     config = discrete_config(
         tmp_path, "qmix", prioritized=prioritized, warmup_frames=64, target_update="hard", n_step=3
     )
-    trainer = Trainer(config, run_dir=tmp_path / "run")
-    trainer.buffer.backend = "torch"
-    trainer.algorithm.begin_iteration(0, 10**5)
-    trainer.buffer.extend(trainer.collector.collect())
-    with forbid_host_sync("cpu"):
-        trainer.algorithm.begin_iteration(64, 10**5)
-        trainer.collector.collect()
-        trainer.algorithm.update(trainer.buffer, trainer.timer)
+    update_without_host_sync(config, tmp_path / "run")
 
 
 @pytest.mark.parametrize("algo", ["qmix", "iql"])
 def test_a_resumed_run_continues_exactly(tmp_path, algo):
     options = {"prioritized": True, "target_update": "hard", "target_update_every": 4}
-    straight = Trainer(discrete_config(tmp_path, algo, **options), run_dir=tmp_path / "run")
-    straight.buffer.backend = "torch"
-    for _ in range(2):
-        straight.train_iteration()
-    straight.save()
-    saved = tmp_path / "saved.pt"
-    shutil.copy(straight.checkpoint_path, saved)
-    expected = [straight.train_iteration() for _ in range(2)]
-    resumed = Trainer.resume(saved)
-    resumed.buffer.backend = "torch"
+    resumed, expected = resume_midway(discrete_config(tmp_path, algo, **options), tmp_path)
     assert resumed.algorithm.updates.item() == 6
-    for want in expected:
-        got = resumed.train_iteration()
-        for key, value in want.items():
-            if key.endswith(("loss", "q_value", "q_total", "epsilon", "episode_return")):
-                assert got[key] == value or (math.isnan(got[key]) and math.isnan(value)), key
+    got = assert_repeats(resumed, expected, ("loss", "q_value", "q_total", "epsilon", "episode_return"))
     assert math.isfinite(got["agent/episode_return"])  # iteration 4 ends the 25-step episodes
 
 
