@@ -107,6 +107,11 @@ class RunConfig:
     """Steps collected per env per iteration (T); an iteration is num_envs * rollout_length frames."""
     seed: int = 0
     """Seeds the envs, the networks and the sampling."""
+    seeds: tuple[int, ...] = ()
+    """Train one run per seed in one process (`--seeds 0 1 2 3 4`; PPO so far), each as a run with --seed
+    that seed: parameters stacked on a seed dim, all runs' envs in one batch; replaces --seed."""
+    num_seeds: int = 1
+    """Train this many seeds in one process: seed, seed + 1, ... (as --seeds)."""
     device: str = "auto"
     """cpu, cuda, cuda:N, or auto (CUDA when present)."""
     log_dir: str = "runs"
@@ -142,6 +147,23 @@ class RunConfig:
                 f"compile_unroll ({self.compile_unroll}) must divide rollout_length ({self.rollout_length})"
             )
         check_seed(self.seed)
+        object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
+        for seed in self.seeds:
+            check_seed(seed)
+        if len(set(self.seeds)) < len(self.seeds):
+            repeated = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
+            raise ValueError(f"seeds {list(self.seeds)} repeat {repeated}: each seed trains one run, list it once")
+        if self.num_seeds < 1:
+            raise ValueError(f"num_seeds must be >= 1, got {self.num_seeds}")
+        if self.seeds and self.num_seeds not in (1, len(self.seeds)):
+            raise ValueError(
+                f"num_seeds={self.num_seeds} but {len(self.seeds)} seeds were listed: pass --seeds or --num-seeds"
+            )
+        check_seed(self.seed + self.num_seeds - 1)
+
+    def member_seeds(self) -> tuple[int, ...]:
+        """The seeds of the runs trained in this process: `seeds`, else `seed`, `seed + 1`, ... `num_seeds` of them."""
+        return self.seeds or tuple(range(self.seed, self.seed + self.num_seeds))
 
 
 def _default_algorithm() -> AlgorithmConfig:

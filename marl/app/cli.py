@@ -232,6 +232,7 @@ def sigterm_as_interrupt():
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from marl.app import seeds
     from marl.app.summary import print_summary
 
     with usage_errors():
@@ -247,7 +248,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
     with sigterm_as_interrupt():
         rows = trainer.train()
-    if world.is_main:
+    if world.is_main and len(trainer.seeds) > 1:
+        seeds.print_summary(trainer, rows)
+    elif world.is_main:
         print_summary(trainer, rows)
     world.close()
     return 0

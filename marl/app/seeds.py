@@ -1,0 +1,238 @@
+"""What a run of several seeds in one process (`marl train --seeds 0 1 2 3 4`) adds around the run loop:
+its checks and memory estimate, its logs, each member's single-seed checkpoint, its summary.
+
+A population's run folder holds:
+- `checkpoint.pt`: the whole population (`marl train --resume` continues every member);
+- `aggregate.csv`: per iteration and metric, the mean over the members, their standard deviation and a
+  95% bootstrap confidence interval of the mean (`NAME`, `NAME_std`, `NAME_ci_low`, `NAME_ci_high`);
+- `seed_<s>/`: member `s` as an ordinary run folder, its `metrics.csv` and a single-seed `checkpoint.pt`
+  that `marl eval`, `marl plot` and `marl train --resume` take as any other run's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from marl import algorithms
+from marl.app.logger import RunLogger
+from marl.config import RunConfig, TrainConfig
+from marl.core.replay import format_bytes, free_bytes
+from marl.core.rollout import transition_layout
+
+AGGREGATE = "aggregate.csv"
+CONFIDENCE = 0.95
+RESAMPLES = 1000
+STATS = ("std", "ci_low", "ci_high")  # the aggregate's columns beside each metric's mean: NAME_std, ...
+
+
+def seeds_text(seeds: Sequence[int], sep: str = ", ") -> str:
+    """`0-4` for consecutive seeds, else the seeds joined by `sep`."""
+    seeds = list(seeds)
+    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[0] + len(seeds))):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return sep.join(map(str, seeds))
+
+
+def member_dir(run_dir: Path, seed: int) -> Path:
+    return Path(run_dir) / f"seed_{seed}"
+
+
+def logs(run_dir: Path, seeds: Sequence[int]) -> list[Path]:
+    """Every CSV a run with `seeds` writes."""
+    if len(seeds) == 1:
+        return [Path(run_dir) / "metrics.csv"]
+    return [Path(run_dir) / AGGREGATE, *(member_dir(run_dir, s) / "metrics.csv" for s in seeds)]
+
+
+def check_population(config: TrainConfig, world) -> None:
+    """Refuse what several seeds in one process do not support (yet), before anything is built."""
+    algorithms.check_seeded(config.algo.algo)
+    if world.size > 1:
+        raise ValueError("several seeds (--seeds, --num-seeds) train in one process: run them without torchrun")
+    if config.run.compile:
+        raise ValueError("several seeds (--seeds, --num-seeds) train eagerly so far: leave out --compile")
+
+
+# ---- memory --------------------------------------------------------------------------------------
+
+
+def member_nbytes(config: TrainConfig, env, algorithm) -> dict[str, int]:
+    """What one member takes, by part: its rollout (every transition and the values, advantages and
+    targets computed on it), the update's per-member copies of the rollout (member-major, then shuffled:
+    two), and its nets with their gradients and Adam's two moments."""
+    frames = config.env.num_envs * config.run.rollout_length
+    layout = transition_layout(env.groups, env.state_spec, log_prob=True)
+    per_frame = sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size() for shape, dtype in layout.values())
+    per_frame += sum(3 * 4 * spec.n_agents for spec in env.groups.values())  # value, advantage, target
+    nets = 4 * sum(p.numel() * p.element_size() for p in algorithm.parameters()) // len(algorithm.seeds)
+    return {"rollout": frames * per_frame, "update": 2 * frames * per_frame, "nets and Adam": nets}
+
+
+def check_memory(config: TrainConfig, env, device: torch.device, algorithm, free: int | None = None) -> None:
+    """Print what the members take; refuse, saying how many seeds fit, when it exceeds the memory free on
+    `device` (before the rollout is allocated)."""
+    parts = member_nbytes(config, env, algorithm)
+    each, seeds = sum(parts.values()), algorithm.seeds
+    free = free_bytes(device) if free is None else free
+    split = ", ".join(f"{name} {format_bytes(n)}" for name, n in parts.items())
+    where = "unknown" if free is None else format_bytes(free)
+    print(
+        f"seeds {seeds_text(seeds)}: {len(seeds)} runs in one process, {format_bytes(each)} each ({split}): "
+        f"{format_bytes(each * len(seeds))} of {where} free on {device}"
+    )
+    if free is not None and each * len(seeds) > free:
+        fit = int(free // max(each, 1))
+        raise MemoryError(
+            f"{len(seeds)} seeds need {format_bytes(each * len(seeds))} ({format_bytes(each)} each) but "
+            f"{format_bytes(free)} is free on {device}: at most {fit} seed(s) fit; pass --num-seeds {max(fit, 1)} "
+            f"(run the others in another process), or fewer --num-envs or a shorter --rollout-length"
+        )
+
+
+# ---- members as single runs ----------------------------------------------------------------------
+
+
+def member_config(config: TrainConfig, seed: int) -> TrainConfig:
+    """The config of a single run with `seed`, which a member trains as."""
+    run = dataclasses.replace(config.run, seed=seed, seeds=(), num_seeds=1)
+    return dataclasses.replace(config, run=run)
+
+
+def member_state(trainer, state: dict, k: int) -> dict:
+    """Member `k`'s checkpoint, as a single run with its seed writes it, from the population's `state`
+    (`Trainer.state_dict()`): its slot of every stacked tensor, its block of the envs."""
+    count, num_envs = len(trainer.seeds), trainer.config.env.num_envs
+    rows = slice(k * num_envs, (k + 1) * num_envs)
+
+    def envs_rows(value):
+        if isinstance(value, dict):
+            return {name: envs_rows(v) for name, v in value.items()}
+        if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == count * num_envs:
+            return value[rows].clone()
+        return value
+
+    env = state["env"]
+    if env is not None:
+        rng = {"key": env["rng"]["key"][k].clone(), "counter": env["rng"]["counter"].clone()}
+        env = {**env, "tensors": envs_rows(env["tensors"]), "rng": rng, "seed": trainer.seeds[k]}
+    stats = state["stats"]
+    sums = {"return_sum": {g: v[k].clone() for g, v in stats["return_sum"].items()}}
+    sums.update({name: stats[name][k].clone() for name in ("length_sum", "episodes")})
+    return {
+        **state,
+        "config": member_config(trainer.config, trainer.seeds[k]).to_dict(),
+        "algorithm": trainer.algorithm.member_state_dict(k),
+        "generator": state["generator"][k],
+        "env": env,
+        "obs": envs_rows(state["obs"]),
+        "stats": {"running": envs_rows(stats["running"]), "length": envs_rows(stats["length"]), **sums},
+        "buffer": None,
+        "pending": None,
+    }
+
+
+# ---- logs ------------------------------------------------------------------------------------------
+
+
+def bootstrap_ci(values: Sequence[float], confidence: float = CONFIDENCE, resamples: int = RESAMPLES) -> tuple:
+    """The mean of `values` (NaNs left out), their standard deviation, and a percentile bootstrap
+    confidence interval of the mean: `(mean, std, low, high)`; NaN where no value is finite."""
+    finite = np.array([v for v in values if math.isfinite(v)], dtype=np.float64)
+    if finite.size == 0:
+        return (math.nan,) * 4
+    mean = float(finite.mean())
+    std = float(finite.std(ddof=1)) if finite.size > 1 else 0.0
+    # A fixed stream: the same members give the same interval in every run and on resume.
+    draws = np.random.default_rng(0).integers(0, finite.size, size=(resamples, finite.size))
+    means = finite[draws].mean(1)
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return mean, std, float(low), float(high)
+
+
+def aggregate_row(row: dict) -> dict[str, float]:
+    """An iteration's population row (`Trainer.train_iteration`: `members`, one metrics dict per member)
+    as the aggregate's: the shared columns, then every metric's mean, std and confidence interval."""
+    members = row["members"]
+    out = {k: v for k, v in row.items() if k != "members"}
+    for name in members[0]:
+        mean, *stats = bootstrap_ci([m[name] for m in members])
+        out[name] = mean
+        out.update({f"{name}_{stat}": value for stat, value in zip(STATS, stats)})
+    return out
+
+
+class PopulationLogger:
+    """Each member's row to its own `seed_<s>/metrics.csv`; the aggregate to `aggregate.csv` (and TensorBoard),
+    with the progress bar."""
+
+    def __init__(self, run_dir: Path, seeds: Sequence[int], run: RunConfig, start_frames: int) -> None:
+        self.members = [
+            RunLogger(member_dir(run_dir, s), run.total_frames, start_frames, progress=False, tensorboard=False)
+            for s in seeds
+        ]
+        self.aggregate = RunLogger(
+            run_dir, run.total_frames, start_frames, run.progress, run.tensorboard, csv_name=AGGREGATE
+        )
+
+    def log(self, row: dict) -> None:
+        shared = {k: v for k, v in row.items() if k != "members"}
+        for logger, member in zip(self.members, row["members"]):
+            logger.log({**shared, **member})
+        self.aggregate.log(aggregate_row(row))
+
+    def close(self) -> None:
+        for logger in (*self.members, self.aggregate):
+            logger.close()
+
+
+# ---- summary ----------------------------------------------------------------------------------------
+
+
+def final_return(rows: list[dict], key: str) -> float:
+    """A run's final return: its mean over the last tenth of the iterations where an episode ended (as the
+    single run's summary), NaN when none did."""
+    tail = max(1, len(rows) // 10)
+    recent = [r[key] for r in rows[-tail:] if math.isfinite(r.get(key, math.nan))]
+    if not recent:
+        recent = [r[key] for r in rows if math.isfinite(r.get(key, math.nan))][-tail:]
+    return sum(recent) / len(recent) if recent else math.nan
+
+
+def print_summary(trainer, rows: list[dict]) -> None:
+    """The end of a population's run: per group the members' final returns, their mean and its 95% CI."""
+    if not rows:
+        print("nothing to train: the run already reached total_frames")
+        return
+    last, seeds = rows[-1], trainer.seeds
+    lines = [
+        "",
+        f"run            {trainer.run_dir}",
+        f"env            {trainer.config.env.env}  ({len(seeds)} seeds x {trainer.config.env.num_envs} envs "
+        f"on {trainer.device})",
+        f"frames         {int(last['frames']):,} per seed in {last['time_s']:.1f} s "
+        f"({len(seeds) * last['frames'] / max(last['time_s'], 1e-9):,.0f} frames/s, all seeds)",
+        f"iterations     {int(last['iteration'])}",
+    ]
+    for g in trainer.env.groups:
+        key = f"{g}/episode_return"
+        finals = [final_return([{**r, **r["members"][k]} for r in rows], key) for k in range(len(seeds))]
+        mean, std, low, high = bootstrap_ci(finals)
+        each = ", ".join(f"{v:.3f}" for v in finals)
+        lines.append(
+            f"{g:<14} final return {mean:.4f} (95% CI {low:.4f} to {high:.4f}, std {std:.4f}) over seeds "
+            f"{seeds_text(seeds)}: {each}"
+        )
+    first = member_dir(trainer.run_dir, seeds[0])
+    lines += [
+        f"checkpoint     {trainer.checkpoint_path} (all seeds); one seed's: {first / 'checkpoint.pt'}",
+        f"next           marl eval --checkpoint {first / 'checkpoint.pt'}",
+        f"               marl plot {trainer.run_dir}",
+    ]
+    print("\n".join(lines))
