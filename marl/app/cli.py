@@ -296,6 +296,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             num_envs=args.num_envs,
             seed=args.seed,
             deterministic=not args.stochastic,
+            member=args.member,
         )
     episodes = _count(result["episodes"], "episode")
     for group, value in result["returns"].items():
@@ -376,6 +377,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--num-envs", type=int, default=None, help="envs run at once; default: min(episodes, 256)")
     evaluate.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs")
     evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
+    evaluate.add_argument(
+        "--member", type=int, default=None, metavar="SEED", help="of a run of several seeds: the seed to evaluate"
+    )
     evaluate.set_defaults(func=cmd_eval)
 
     from marl.app.plot import X_AXES
