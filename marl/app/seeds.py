@@ -59,6 +59,20 @@ def check_population(config: TrainConfig, world) -> None:
         raise ValueError("several seeds (--seeds, --num-seeds) train eagerly so far: leave out --compile")
 
 
+def env_seed(config: TrainConfig, seeds: tuple[int, ...]) -> int | tuple[int, ...]:
+    """The seed of a population's `[S * B]` envs: every member's own for a native env (its counter-based
+    stream splits by member, `envs.random`), the first member's for an adapter's simulator (VMAS,
+    PettingZoo), whose one random stream cannot: its members are then independent runs, each seeded apart
+    in its nets and sampling, but their envs are not a single run's with their seed."""
+    if "/" not in config.env.env:
+        return seeds
+    print(
+        f"{config.env.env}: one random stream (seeded {seeds[0]}) serves every seed's envs: each member "
+        "trains independently, but its envs do not draw as a single run's with its seed"
+    )
+    return seeds[0]
+
+
 # ---- memory --------------------------------------------------------------------------------------
 
 

@@ -72,11 +72,13 @@ class Trainer:
             self.algorithm = build_algorithm(config, self.env, self.device, self.world, self.generator)
         else:  # one run per seed: each member's envs, generator and learners as a single run's with its seed
             seeds.check_population(config, self.world)
-            seed = self.seeds
-            self.env = make_env(config, self.device, num_envs=len(seed) * config.env.num_envs, seed=seed)
-            self.generator = [torch.Generator(self.device).manual_seed(s + 1) for s in seed]
+            seed = seeds.env_seed(config, self.seeds)  # the envs' (and the collector's first reset's)
+            self.env = make_env(config, self.device, num_envs=len(self.seeds) * config.env.num_envs, seed=seed)
+            self.generator = [torch.Generator(self.device).manual_seed(s + 1) for s in self.seeds]
             check_group_overrides(config, self.env.groups)
-            self.algorithm = algorithms.build_seeded(config, self.env, self.device, self.world, self.generator, seed)
+            self.algorithm = algorithms.build_seeded(
+                config, self.env, self.device, self.world, self.generator, self.seeds
+            )
             seeds.check_memory(config, self.env, self.device, self.algorithm)  # before the rollout is allocated
         self.world.broadcast_parameters(self.algorithm.parameters())
         self.collector = Collector(
