@@ -26,6 +26,8 @@ from marl.core.members import MemberPolicy, Members, clip_members_, join, split
 from marl.core.rollout import Acting, observations
 from marl.optim.update_step import adam
 
+CHUNK_ROWS = 4096  # env steps of all members per chunk of the advantages' critic passes (`_in_chunks`)
+
 
 @register_seeded("mappo", "ippo")
 class SeededPPO(Algorithm):
@@ -104,8 +106,8 @@ class SeededPPO(Algorithm):
             def value(obs, state, learner=learner):
                 return learner.critic.value(learner.critic_input(obs, state))
 
-            values = self.members(value, obs, state)  # [S, T, B, n]
-            next_values = self.members(value, next_obs, next_state)
+            values = self._in_chunks(value, obs, state)  # [S, T, B, n]
+            next_values = self._in_chunks(value, next_obs, next_state)
             data = batch[g]
             advantage, target = kernels.gae(
                 data["reward"],
@@ -122,6 +124,18 @@ class SeededPPO(Algorithm):
             self.members.broadcast(learner.critic.update_moments, *moments)
             explained[g] = vmap(explained_variance)(values, split(target, S, 1))
         return explained
+
+    def _in_chunks(self, fn, obs: dict, state):
+        """`self.members(fn, obs, state)` over `[S, T, B, ...]` inputs, a few steps `T` at a time: every
+        member's values at once would outgrow the CPU's caches (S times a single run's rows), and
+        every elementwise op would then run at memory speed."""
+        T, B = next(iter(obs.values())).shape[1:3]
+        steps = max(1, CHUNK_ROWS // (self.count * B))
+        parts = []
+        for t in range(0, T, steps):
+            chunk = {g: o[:, t : t + steps] for g, o in obs.items()}
+            parts.append(self.members(fn, chunk, state[:, t : t + steps] if state is not None else None))
+        return torch.cat(parts, 1)
 
     def update_inputs(self, batch: TensorDict) -> tuple[dict[str, dict[str, torch.Tensor]], torch.Tensor | None]:
         """`PPO.update_inputs` per member: `[S, T * B, ...]` (member `k`'s rows in a single run's order),
