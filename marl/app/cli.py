@@ -239,12 +239,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         trainer = _make_trainer(args)
     config, world = trainer.config, trainer.world
     envs_text = f"{config.env.num_envs} envs" + (f" on each of {world.size} ranks" if world.size > 1 else "")
+    if len(trainer.seeds) > 1:
+        envs_text = f"{len(trainer.seeds)} seeds x {envs_text} (seeds {seeds.seeds_text(trainer.seeds)})"
     if world.is_main:
         groups = ", ".join(f"{g}: {_count(s.n_agents, 'agent')}" for g, s in trainer.env.groups.items())
         print(
             f"training {config.env.env} ({groups}) "
             f"with {algorithms_text(config, trainer.env.groups)} on {trainer.device}, {envs_text}, "
-            f"{config.run.total_frames:,} frames; logging to {trainer.run_dir}"
+            f"{config.run.total_frames:,} frames{' per seed' if len(trainer.seeds) > 1 else ''}; "
+            f"logging to {trainer.run_dir}"
         )
     with sigterm_as_interrupt():
         rows = trainer.train()
