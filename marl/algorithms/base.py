@@ -165,7 +165,8 @@ def register_seeded(*names: str):
     """Class decorator: the algorithm that trains several seeds of `--algo NAME` in one process
     (`marl train --seeds`). It is built with `(config, env, device, world, generators, seeds)`: the env
     holds every member's envs in one `[S * B]` batch (`marl.core.members`), `generators[k]` is member `k`'s
-    random stream; `update` returns each term per member (`[S]`), and `member_state_dict(k)` is member
+    random stream, `sweep` (`--sweep`) maps options to each member's value; `update` returns each term per
+    member (`[S]`), and `member_state_dict(k)` is member
     `k`'s state as the single-seed algorithm's `state_dict()`."""
 
     def decorate(cls: type[Algorithm]) -> type[Algorithm]:
@@ -187,10 +188,11 @@ def check_seeded(name: str) -> None:
         )
 
 
-def build_seeded(config: TrainConfig, env, device: torch.device, world, generators, seeds) -> Algorithm:
-    """The algorithm that trains `seeds` of `config.algo` in one process (`register_seeded`)."""
+def build_seeded(config: TrainConfig, env, device: torch.device, world, generators, seeds, sweep=None) -> Algorithm:
+    """The algorithm that trains `seeds` of `config.algo` in one process (`register_seeded`); `sweep` maps
+    swept options to each member's value (`--sweep`)."""
     check_seeded(config.algo.algo)
-    return _SEEDED[config.algo.algo](config, env, device, world, generators, seeds)
+    return _SEEDED[config.algo.algo](config, env, device, world, generators, seeds, sweep)
 
 
 def names() -> list[str]:

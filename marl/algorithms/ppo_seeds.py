@@ -7,11 +7,18 @@ then stacked (`marl.core.members.Members`): collection, values and losses run ev
 means (inside the vmapped loss), GAE (per env column), the critics' running moments (`[S]` buffers),
 gradient-norm clipping (`clip_members_`) and the minibatch orders (each member's generator). Adam over
 stacked parameters is elementwise, so one Adam per group is `S` single runs' Adams.
+
+A population (`--sweep lr=1e-4,1e-3`) gives each member its own values of `SWEEPABLE` options, as `[S]`
+tensors: the loss reads them (vmapped, one value per member), and a swept learning rate scales each
+member's Adam step (Adam then steps with lr 1).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
+import types
 
 import torch
 from tensordict import TensorDict
@@ -26,6 +33,7 @@ from marl.core.members import MemberPolicy, Members, clip_members_, join, split
 from marl.core.rollout import Acting, observations
 from marl.optim.update_step import adam
 
+SWEEPABLE = ("lr", "entropy_coef", "clip_eps", "value_coef")
 CHUNK_ROWS = 4096  # env steps of all members per chunk of the advantages' critic passes (`_in_chunks`)
 
 
@@ -42,13 +50,24 @@ class SeededPPO(Algorithm):
         world,
         generators: list[torch.Generator],
         seeds: tuple[int, ...],
+        sweep: dict[str, tuple[float, ...]] | None = None,
     ) -> None:
         super().__init__(config, env, device, world, generators[0])
         self.seeds, self.generators = tuple(seeds), list(generators)
+        sweep = dict(sweep or {})
+        unknown = sorted(set(sweep) - set(SWEEPABLE))
+        if unknown:
+            raise ValueError(f"--sweep takes PPO's options {', '.join(SWEEPABLE)}, not {', '.join(unknown)}")
         singles = []
-        for seed, generator in zip(seeds, generators):
+        for k, (seed, generator) in enumerate(zip(seeds, generators)):
+            member = dataclasses.replace(
+                config, algo=dataclasses.replace(config.algo, **{n: v[k] for n, v in sweep.items()})
+            )
             torch.manual_seed(seed)  # as a single run with this seed seeds the init of its networks
-            singles.append(PPO(config, env, device, world, generator))
+            singles.append(PPO(member, env, device, world, generator))
+        # Each member's values of the swept options the loss reads, [S]; a swept lr scales the Adam steps.
+        self.swept = {n: torch.tensor(v, device=device) for n, v in sweep.items() if n != "lr"} or None
+        self.member_lr = torch.tensor(sweep["lr"], device=device) if "lr" in sweep else None
         self.template = singles[0]  # its nets run every member's tensors (`Members`)
         self.members = Members([_nets(single) for single in singles])
         # Per group its stacked parameters in a single run's optimiser order (every net's, in NETS' order).
@@ -59,8 +78,11 @@ class SeededPPO(Algorithm):
             }
             for g, lr in self.template.learners.items()
         }
+        self.base_lr = {
+            g: 1.0 if self.member_lr is not None else lr.algo.lr for g, lr in self.template.learners.items()
+        }
         self.optimizers = {
-            g: adam([p for net in NETS for p in self.group_params[g][net]], lr=lr.algo.lr, eps=lr.algo.adam_eps)
+            g: adam([p for net in NETS for p in self.group_params[g][net]], lr=self.base_lr[g], eps=lr.algo.adam_eps)
             for g, lr in self.template.learners.items()
         }
 
@@ -78,7 +100,7 @@ class SeededPPO(Algorithm):
         for g, learner in self.template.learners.items():
             if learner.algo.lr_schedule == "linear":
                 for group in self.optimizers[g].param_groups:
-                    group["lr"] = learner.algo.lr * (1.0 - progress)
+                    group["lr"] = self.base_lr[g] * (1.0 - progress)
 
     def update(self, batch: TensorDict, timer) -> dict[str, dict[str, torch.Tensor]]:
         """`PPO.update` for every member; each term is `[S]`, one per member."""
@@ -182,7 +204,12 @@ class SeededPPO(Algorithm):
         """One minibatch step of every member: the members' losses summed (each member's gradient is its
         own loss's), each member's gradients clipped per net, Adam; per group `[S, terms + 2 norms]`."""
         template = self.template
-        total, terms = self.members(lambda f, s: template._minibatch_loss(f, s, slice(None)), flat, state)
+
+        def loss(flat, state, swept):
+            with _options(template, swept):
+                return template._minibatch_loss(flat, state, slice(None))
+
+        total, terms = self.members(loss, flat, state, self.swept)
         for optimizer in self.optimizers.values():
             optimizer.zero_grad(set_to_none=True)
         total.sum().backward()
@@ -194,9 +221,21 @@ class SeededPPO(Algorithm):
                     norms.append(clip_members_(self.group_params[g][net], learner.algo.max_grad_norm))
                 else:
                     norms.append(torch.full((self.count,), math.nan, device=self.device))
-            self.optimizers[g].step()
+            self._adam_step(g)
             out[g] = torch.cat([terms[g], torch.stack(norms, -1)], -1)
         return out
+
+    @torch.no_grad()
+    def _adam_step(self, g: str) -> None:
+        """Group `g`'s Adam step; with a swept lr (Adam's own is then 1), each member's step scaled by its lr."""
+        if self.member_lr is None:
+            self.optimizers[g].step()
+            return
+        params = [p for net in NETS for p in self.group_params[g][net]]
+        before = [p.clone() for p in params]
+        self.optimizers[g].step()
+        for p, old in zip(params, before):
+            p.copy_(old + self.member_lr.view(-1, *([1] * (p.dim() - 1))) * (p - old))
 
     def parameters(self) -> list[torch.Tensor]:
         return list(self.members.params.values())
@@ -235,6 +274,23 @@ class SeededPPO(Algorithm):
     @classmethod
     def label(cls, config: TrainConfig, groups) -> str:
         return PPO.label(config, groups)
+
+
+@contextlib.contextmanager
+def _options(ppo: PPO, swept: dict[str, torch.Tensor] | None):
+    """Within: every learner's config reads the swept options' values (one member's, under vmap)."""
+    if swept is None:
+        yield
+        return
+    held = {g: lr.algo for g, lr in ppo.learners.items()}
+    try:
+        for lr in ppo.learners.values():
+            fields = {f.name: getattr(lr.algo, f.name) for f in dataclasses.fields(lr.algo)}
+            lr.algo = types.SimpleNamespace(**{**fields, **swept})
+        yield
+    finally:
+        for g, lr in ppo.learners.items():
+            lr.algo = held[g]
 
 
 def _nets(ppo: PPO) -> nn.Module:

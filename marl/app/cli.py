@@ -239,19 +239,19 @@ def cmd_train(args: argparse.Namespace) -> int:
         trainer = _make_trainer(args)
     config, world = trainer.config, trainer.world
     envs_text = f"{config.env.num_envs} envs" + (f" on each of {world.size} ranks" if world.size > 1 else "")
-    if len(trainer.seeds) > 1:
-        envs_text = f"{len(trainer.seeds)} seeds x {envs_text} (seeds {seeds.seeds_text(trainer.seeds)})"
+    if len(trainer.members) > 1:
+        envs_text = f"{len(trainer.members)} runs x {envs_text} ({seeds.members_text(trainer.members)})"
     if world.is_main:
         groups = ", ".join(f"{g}: {_count(s.n_agents, 'agent')}" for g, s in trainer.env.groups.items())
         print(
             f"training {config.env.env} ({groups}) "
             f"with {algorithms_text(config, trainer.env.groups)} on {trainer.device}, {envs_text}, "
-            f"{config.run.total_frames:,} frames{' per seed' if len(trainer.seeds) > 1 else ''}; "
+            f"{config.run.total_frames:,} frames{' per run' if len(trainer.members) > 1 else ''}; "
             f"logging to {trainer.run_dir}"
         )
     with sigterm_as_interrupt():
         rows = trainer.train()
-    if world.is_main and len(trainer.seeds) > 1:
+    if world.is_main and len(trainer.members) > 1:
         seeds.print_summary(trainer, rows)
     elif world.is_main:
         print_summary(trainer, rows)
@@ -381,7 +381,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs")
     evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
     evaluate.add_argument(
-        "--member", type=int, default=None, metavar="SEED", help="of a run of several seeds: the seed to evaluate"
+        "--member",
+        default=None,
+        metavar="SEED",
+        help="of a run of several seeds: the seed to evaluate (with --sweep: the run's folder name, seed_0-lr_0.001)",
     )
     evaluate.set_defaults(func=cmd_eval)
 

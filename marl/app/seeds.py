@@ -5,8 +5,9 @@ A population's run folder holds:
 - `checkpoint.pt`: the whole population (`marl train --resume` continues every member);
 - `aggregate.csv`: per iteration and metric, the mean over the members, their standard deviation and a
   95% bootstrap confidence interval of the mean (`NAME`, `NAME_std`, `NAME_ci_low`, `NAME_ci_high`);
-- `seed_<s>/`: member `s` as an ordinary run folder, its `metrics.csv` and a single-seed `checkpoint.pt`
-  that `marl eval`, `marl plot` and `marl train --resume` take as any other run's.
+- `seed_<s>/` (with `--sweep`: `seed_<s>-lr_0.001-...`): each member as an ordinary run folder, its
+  `metrics.csv` and a single-seed `checkpoint.pt` that `marl eval`, `marl plot` and `marl train --resume`
+  take as any other run's.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 from marl import algorithms
 from marl.app.logger import RunLogger
-from marl.config import RunConfig, TrainConfig
+from marl.config import Member, RunConfig, TrainConfig
 from marl.core.replay import format_bytes, free_bytes
 from marl.core.rollout import transition_layout
 
@@ -39,15 +40,29 @@ def seeds_text(seeds: Sequence[int], sep: str = ", ") -> str:
     return sep.join(map(str, seeds))
 
 
-def member_dir(run_dir: Path, seed: int) -> Path:
-    return Path(run_dir) / f"seed_{seed}"
+def members_text(members: Sequence[Member]) -> str:
+    """`seeds 0-4`, with a sweep `seeds 0-1 x lr 0.0001, 0.001`."""
+    seeds = sorted({m.seed for m in members})
+    swept = {name: sorted({v for m in members for k, v in m.values if k == name}) for name, _ in members[0].values}
+    return " x ".join(
+        [f"seeds {seeds_text(seeds)}", *(f"{k} {', '.join(f'{v:g}' for v in vs)}" for k, vs in swept.items())]
+    )
 
 
-def logs(run_dir: Path, seeds: Sequence[int]) -> list[Path]:
-    """Every CSV a run with `seeds` writes."""
-    if len(seeds) == 1:
+def sweep_values(members: Sequence[Member]) -> dict[str, tuple[float, ...]]:
+    """Each swept option's value for every member, in the members' order."""
+    return {name: tuple(dict(m.values)[name] for m in members) for name, _ in members[0].values}
+
+
+def member_dir(run_dir: Path, member: Member) -> Path:
+    return Path(run_dir) / member.name
+
+
+def logs(run_dir: Path, members: Sequence[Member]) -> list[Path]:
+    """Every CSV a run of `members` writes."""
+    if len(members) == 1:
         return [Path(run_dir) / "metrics.csv"]
-    return [Path(run_dir) / AGGREGATE, *(member_dir(run_dir, s) / "metrics.csv" for s in seeds)]
+    return [Path(run_dir) / AGGREGATE, *(member_dir(run_dir, m) / "metrics.csv" for m in members)]
 
 
 def check_population(config: TrainConfig, world) -> None:
@@ -84,7 +99,7 @@ def member_nbytes(config: TrainConfig, env, algorithm) -> dict[str, int]:
     layout = transition_layout(env.groups, env.state_spec, log_prob=True)
     per_frame = sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size() for shape, dtype in layout.values())
     per_frame += sum(3 * 4 * spec.n_agents for spec in env.groups.values())  # value, advantage, target
-    nets = 4 * sum(p.numel() * p.element_size() for p in algorithm.parameters()) // len(algorithm.seeds)
+    nets = 4 * sum(p.numel() * p.element_size() for p in algorithm.parameters()) // algorithm.count
     return {"rollout": frames * per_frame, "update": 2 * frames * per_frame, "nets and Adam": nets}
 
 
@@ -92,18 +107,18 @@ def check_memory(config: TrainConfig, env, device: torch.device, algorithm, free
     """Print what the members take; refuse, saying how many seeds fit, when it exceeds the memory free on
     `device` (before the rollout is allocated)."""
     parts = member_nbytes(config, env, algorithm)
-    each, seeds = sum(parts.values()), algorithm.seeds
+    each, count = sum(parts.values()), algorithm.count
     free = free_bytes(device) if free is None else free
     split = ", ".join(f"{name} {format_bytes(n)}" for name, n in parts.items())
     where = "unknown" if free is None else format_bytes(free)
     print(
-        f"seeds {seeds_text(seeds)}: {len(seeds)} runs in one process, {format_bytes(each)} each ({split}): "
-        f"{format_bytes(each * len(seeds))} of {where} free on {device}"
+        f"{members_text(config.run.members())}: {count} runs in one process, {format_bytes(each)} each ({split}): "
+        f"{format_bytes(each * count)} of {where} free on {device}"
     )
-    if free is not None and each * len(seeds) > free:
+    if free is not None and each * count > free:
         fit = int(free // max(each, 1))
         raise MemoryError(
-            f"{len(seeds)} seeds need {format_bytes(each * len(seeds))} ({format_bytes(each)} each) but "
+            f"{count} seeds need {format_bytes(each * count)} ({format_bytes(each)} each) but "
             f"{format_bytes(free)} is free on {device}: at most {fit} seed(s) fit; pass --num-seeds {max(fit, 1)} "
             f"(run the others in another process), or fewer --num-envs or a shorter --rollout-length"
         )
@@ -112,16 +127,16 @@ def check_memory(config: TrainConfig, env, device: torch.device, algorithm, free
 # ---- members as single runs ----------------------------------------------------------------------
 
 
-def member_config(config: TrainConfig, seed: int) -> TrainConfig:
-    """The config of a single run with `seed`, which a member trains as."""
-    run = dataclasses.replace(config.run, seed=seed, seeds=(), num_seeds=1)
-    return dataclasses.replace(config, run=run)
+def member_config(config: TrainConfig, member: Member) -> TrainConfig:
+    """The config of the single run a member trains as: its seed, its swept values."""
+    run = dataclasses.replace(config.run, seed=member.seed, seeds=(), num_seeds=1, sweep=())
+    return dataclasses.replace(config, run=run, algo=dataclasses.replace(config.algo, **dict(member.values)))
 
 
 def member_state(trainer, state: dict, k: int) -> dict:
     """Member `k`'s checkpoint, as a single run with its seed writes it, from the population's `state`
     (`Trainer.state_dict()`): its slot of every stacked tensor, its block of the envs."""
-    count, num_envs = len(trainer.seeds), trainer.config.env.num_envs
+    count, num_envs = len(trainer.members), trainer.config.env.num_envs
     rows = slice(k * num_envs, (k + 1) * num_envs)
 
     def envs_rows(value):
@@ -140,7 +155,7 @@ def member_state(trainer, state: dict, k: int) -> dict:
     sums.update({name: stats[name][k].clone() for name in ("length_sum", "episodes")})
     return {
         **state,
-        "config": member_config(trainer.config, trainer.seeds[k]).to_dict(),
+        "config": member_config(trainer.config, trainer.members[k]).to_dict(),
         "algorithm": trainer.algorithm.member_state_dict(k),
         "generator": state["generator"][k],
         "env": env,
@@ -186,10 +201,10 @@ class PopulationLogger:
     """Each member's row to its own `seed_<s>/metrics.csv`; the aggregate to `aggregate.csv` (and TensorBoard),
     with the progress bar."""
 
-    def __init__(self, run_dir: Path, seeds: Sequence[int], run: RunConfig, start_frames: int) -> None:
+    def __init__(self, run_dir: Path, members: Sequence[Member], run: RunConfig, start_frames: int) -> None:
         self.members = [
-            RunLogger(member_dir(run_dir, s), run.total_frames, start_frames, progress=False, tensorboard=False)
-            for s in seeds
+            RunLogger(member_dir(run_dir, m), run.total_frames, start_frames, progress=False, tensorboard=False)
+            for m in members
         ]
         self.aggregate = RunLogger(
             run_dir, run.total_frames, start_frames, run.progress, run.tensorboard, csv_name=AGGREGATE
@@ -220,33 +235,45 @@ def final_return(rows: list[dict], key: str) -> float:
 
 
 def print_summary(trainer, rows: list[dict]) -> None:
-    """The end of a population's run: per group the members' final returns, their mean and its 95% CI."""
+    """The end of a population's run: per group the members' final returns, their mean and its 95% CI over
+    the seeds; with a sweep, per combination of values, ranked by its mean."""
     if not rows:
         print("nothing to train: the run already reached total_frames")
         return
-    last, seeds = rows[-1], trainer.seeds
+    last, members = rows[-1], trainer.members
     lines = [
         "",
         f"run            {trainer.run_dir}",
-        f"env            {trainer.config.env.env}  ({len(seeds)} seeds x {trainer.config.env.num_envs} envs "
-        f"on {trainer.device})",
-        f"frames         {int(last['frames']):,} per seed in {last['time_s']:.1f} s "
-        f"({len(seeds) * last['frames'] / max(last['time_s'], 1e-9):,.0f} frames/s, all seeds)",
+        f"env            {trainer.config.env.env}  ({len(members)} runs x {trainer.config.env.num_envs} envs "
+        f"on {trainer.device}: {members_text(members)})",
+        f"frames         {int(last['frames']):,} per run in {last['time_s']:.1f} s "
+        f"({len(members) * last['frames'] / max(last['time_s'], 1e-9):,.0f} frames/s, all runs)",
         f"iterations     {int(last['iteration'])}",
     ]
     for g in trainer.env.groups:
         key = f"{g}/episode_return"
-        finals = [final_return([{**r, **r["members"][k]} for r in rows], key) for k in range(len(seeds))]
-        mean, std, low, high = bootstrap_ci(finals)
-        each = ", ".join(f"{v:.3f}" for v in finals)
-        lines.append(
-            f"{g:<14} final return {mean:.4f} (95% CI {low:.4f} to {high:.4f}, std {std:.4f}) over seeds "
-            f"{seeds_text(seeds)}: {each}"
-        )
-    first = member_dir(trainer.run_dir, seeds[0])
+        finals = [final_return([{**r, **r["members"][k]} for r in rows], key) for k in range(len(members))]
+        by_values: dict[tuple, list[tuple[int, float]]] = {}
+        for member, value in zip(members, finals):
+            by_values.setdefault(member.values, []).append((member.seed, value))
+        ranked = sorted(by_values.items(), key=lambda item: -_nan_low(bootstrap_ci([v for _, v in item[1]])[0]))
+        for rank, (values, runs) in enumerate(ranked, 1):
+            mean, std, low, high = bootstrap_ci([v for _, v in runs])
+            each = ", ".join(f"{v:.3f}" for _, v in runs)
+            swept = " ".join(f"{k}={v:g}" for k, v in values)
+            head = f"{g:<14}" if rank == 1 else " " * 14
+            lines.append(
+                f"{head} {f'#{rank} {swept}: ' if values else ''}final return {mean:.4f} (95% CI {low:.4f} to "
+                f"{high:.4f}, std {std:.4f}) over seeds {seeds_text([s for s, _ in runs])}: {each}"
+            )
+    first = member_dir(trainer.run_dir, members[0])
     lines += [
-        f"checkpoint     {trainer.checkpoint_path} (all seeds); one seed's: {first / 'checkpoint.pt'}",
+        f"checkpoint     {trainer.checkpoint_path} (all runs); one run's: {first / 'checkpoint.pt'}",
         f"next           marl eval --checkpoint {first / 'checkpoint.pt'}",
         f"               marl plot {trainer.run_dir}",
     ]
     print("\n".join(lines))
+
+
+def _nan_low(value: float) -> float:
+    return value if math.isfinite(value) else -math.inf

@@ -64,8 +64,9 @@ class Trainer:
             self.world.check_on_main(lambda: check_fresh_run_dir(self.run_dir))
         self.device = canonical_device(device)  # as its tensors report it: `cpu:0` is `cpu`
         torch.manual_seed(config.run.seed)
-        self.seeds = config.run.member_seeds()
-        if len(self.seeds) == 1:
+        self.members = config.run.members()
+        self.seeds = tuple(member.seed for member in self.members)
+        if len(self.members) == 1:
             seed = self.world.seed(self.seeds[0])
             self.env = make_env(config, self.device, seed=seed)
             self.generator = torch.Generator(self.device).manual_seed(seed + 1)
@@ -77,7 +78,7 @@ class Trainer:
             self.generator = [torch.Generator(self.device).manual_seed(s + 1) for s in self.seeds]
             check_group_overrides(config, self.env.groups)
             self.algorithm = algorithms.build_seeded(
-                config, self.env, self.device, self.world, self.generator, self.seeds
+                config, self.env, self.device, self.world, self.generator, self.seeds, seeds.sweep_values(self.members)
             )
             seeds.check_memory(config, self.env, self.device, self.algorithm)  # before the rollout is allocated
         self.world.broadcast_parameters(self.algorithm.parameters())
@@ -153,17 +154,17 @@ class Trainer:
             for name, value in terms[g].items():
                 device_values[f"{g}/{name}"] = value
         device_values = self.world.reduce_metrics(device_values, episodes)
-        members = len(self.seeds)
+        members = len(self.members)
         shape = (members,) if members > 1 else ()  # several seeds: every value is per member
         values = torch.stack([v.float().reshape(shape) for v in device_values.values()]).tolist()  # the one sync
         per_member = [dict(zip(device_values, column)) for column in zip(*values)] if members > 1 else None
         metrics = dict(zip(device_values, values)) if members == 1 else {"members": per_member}
-        for seed, member in zip(self.seeds, per_member or [metrics]):
+        for run, member in zip(self.members, per_member or [metrics]):
             for g in self.env.groups:
                 for name in terms[g]:
                     value = member[f"{g}/{name}"]
                     if name.endswith("loss") and not math.isfinite(value):
-                        of_seed = f" (seed {seed})" if members > 1 else ""
+                        of_seed = f" (member {run.name})" if members > 1 else ""
                         raise NonFiniteLossError(
                             f"the {name} of group '{g}'{of_seed} became {value} at iteration "
                             f"{self.iteration + 1}; stopping instead of training on it (lower the learning rate, "
@@ -186,8 +187,8 @@ class Trainer:
         """Train until `total_frames`, logging every iteration and checkpointing every
         `checkpoint_every` iterations and at the end; returns the logged rows."""
         run = self.config.run
-        if self.world.is_main and len(self.seeds) > 1:
-            logger = seeds.PopulationLogger(self.run_dir, self.seeds, run, self.frames)
+        if self.world.is_main and len(self.members) > 1:
+            logger = seeds.PopulationLogger(self.run_dir, self.members, run, self.frames)
         elif self.world.is_main:
             logger = RunLogger(self.run_dir, run.total_frames, self.frames, run.progress, run.tensorboard)
         else:
@@ -255,10 +256,10 @@ class Trainer:
         state = self.world.gather_checkpoint(self.state_dict())
         if state is None:
             return None
-        if len(self.seeds) > 1:  # each member also as an ordinary checkpoint, in its own run folder
-            for k in range(len(self.seeds)):
+        if len(self.members) > 1:  # each member also as an ordinary checkpoint, in its own run folder
+            for k, member in enumerate(self.members):
                 save_checkpoint(
-                    seeds.member_dir(self.run_dir, self.seeds[k]) / "checkpoint.pt", seeds.member_state(self, state, k)
+                    seeds.member_dir(self.run_dir, member) / "checkpoint.pt", seeds.member_state(self, state, k)
                 )
         return save_checkpoint(self.checkpoint_path, state)
 
@@ -298,7 +299,7 @@ class Trainer:
         trainer.load_state_dict(state)
         if trainer.world.is_main:
             # Iterations logged after the checkpoint (before a Ctrl-C or a crash) are trained again.
-            for log in seeds.logs(trainer.run_dir, trainer.seeds):
+            for log in seeds.logs(trainer.run_dir, trainer.members):
                 drop_rows_after(log, trainer.iteration)
         return trainer
 
@@ -328,8 +329,9 @@ def check_fresh_run_dir(run_dir: Path) -> None:
 
 
 def default_run_dir(config: TrainConfig) -> Path:
-    member_seeds = config.run.member_seeds()
+    member_seeds = sorted(set(config.run.member_seeds()))
     seed = f"seed{member_seeds[0]}" if len(member_seeds) == 1 else f"seeds{seeds.seeds_text(member_seeds, '_')}"
+    seed += "-sweep" if config.run.sweep else ""
     name = config.run.run_name or (
         f"{config.env.env.replace('/', '_')}-{config.algo.algo}-{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     )

@@ -84,8 +84,8 @@ def time_run(config: TrainConfig) -> dict:
     seconds = rows[-1]["time_s"]
     groups = list(trainer.env.groups)
     members = (
-        [[{**r, **r["members"][k]} for r in rows] for k in range(len(trainer.seeds))]
-        if len(trainer.seeds) > 1
+        [[{**r, **r["members"][k]} for r in rows] for k in range(len(trainer.members))]
+        if len(trainer.members) > 1
         else [rows]
     )
     returns = [statistics.fmean(final_return(m, f"{g}/episode_return") for g in groups) for m in members]

@@ -157,3 +157,31 @@ def test_bootstrap_interval_brackets_the_mean_and_skips_nan():
     assert mean == 2.5 and std == pytest.approx(1.2909944) and 1.0 <= low < 2.5 < high <= 4.0
     assert population.bootstrap_ci([2.0, 2.0]) == (2.0, 0.0, 2.0, 2.0)
     assert all(math.isnan(v) for v in population.bootstrap_ci([math.nan]))
+
+
+def test_each_member_of_a_sweep_trains_as_the_single_run_with_its_seed_and_values(tmp_path):
+    config = tiny_config(tmp_path)
+    population = with_run(config, seeds=(3,), sweep=("lr=0.001,0.01", "entropy_coef=0,0.05", "clip_eps=0.1,0.3"))
+    batched = Trainer(population, run_dir=tmp_path / "sweep")
+    assert len(batched.members) == 8 and batched.members[5].name == "seed_3-lr_0.01-entropy_coef_0-clip_eps_0.3"
+    for k in (0, 5, 6):  # a few members: lr, entropy and clip each differ between them
+        values = dict(batched.members[k].values)
+        single = dataclasses.replace(with_run(config, seed=3), algo=dataclasses.replace(config.algo, **values))
+        batched_k = Trainer(population, run_dir=tmp_path / f"sweep{k}") if k else batched
+        single_trainer = Trainer(single, run_dir=tmp_path / f"single{k}")
+        for _ in range(2):
+            assert_rows_match(batched_k.train_iteration()["members"][k], single_trainer.train_iteration())
+
+
+def test_a_sweep_summary_ranks_the_values_and_bad_sweeps_are_refused(tmp_path, capsys):
+    argv = [*tiny_argv(tmp_path), "--num-seeds", "2", "--sweep", "lr=0.0001,0.03"]
+    assert main(["train", *argv]) == 0
+    out = capsys.readouterr().out
+    assert "4 runs x 8 envs (seeds 0, 1 x lr 0.0001, 0.03)" in out and "#2 lr=" in out
+    assert (tmp_path / "run" / "seed_1-lr_0.03" / "checkpoint.pt").exists()
+    checkpoint = str(tmp_path / "run" / "checkpoint.pt")
+    assert main(["eval", "--checkpoint", checkpoint, "--member", "seed_1-lr_0.03", "--episodes", "2"]) == 0
+    assert main(["train", *tiny_argv(tmp_path / "b"), "--sweep", "gamma=0.9,0.99"]) == 2
+    assert "--sweep takes PPO's options lr, entropy_coef, clip_eps, value_coef, not gamma" in capsys.readouterr().err
+    assert main(["train", *tiny_argv(tmp_path / "b"), "--sweep", "lr=1e-3,x"]) == 2
+    assert "--sweep takes OPTION=V1,V2,..." in capsys.readouterr().err
