@@ -58,6 +58,9 @@ class SeededPPO(Algorithm):
         unknown = sorted(set(sweep) - set(SWEEPABLE))
         if unknown:
             raise ValueError(f"--sweep takes PPO's options {', '.join(SWEEPABLE)}, not {', '.join(unknown)}")
+        overridden = sorted({n for o in config.group_overrides.values() for n in o} & set(sweep))
+        if overridden:
+            raise ValueError(f"--sweep and --group both set {', '.join(overridden)}: sweep it for every group, or none")
         singles = []
         for k, (seed, generator) in enumerate(zip(seeds, generators)):
             member = dataclasses.replace(
