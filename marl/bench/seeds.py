@@ -126,7 +126,7 @@ def bench_seeds(
                         "kind": kind.replace("S", str(seeds)),
                         "seeds": seeds if kind == "S seeds" else 1,
                         "num_envs": config.env.num_envs,
-                        "frames_per_seed": frames,
+                        "frames_per_seed": frames * (seeds if kind == "1 seed, S x envs" else 1),
                         "iterations": runs[kind][0]["iterations"],
                         "median_s": median,
                         "ratio": median / single,
@@ -140,7 +140,7 @@ def bench_seeds(
 
 def print_table(rows: list[dict]) -> None:
     print(
-        "| env | run | envs per run | frames per seed | iterations | median s | ratio to 1 seed | final return (95% CI) |"
+        "| env | run | envs per run | frames per run | iterations | median s | ratio to 1 seed | final return (95% CI) |"
     )
     print("|---|---|---:|---:|---:|---:|---:|---|")
     for r in rows:
