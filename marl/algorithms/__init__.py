@@ -3,6 +3,7 @@
 - `ppo`: MAPPO and IPPO (one PPO loss; what each group's critic sees is its scope);
 - `ddpg`: MADDPG and IDDPG, `sac`: MASAC and ISAC (off-policy, from a replay buffer: `offpolicy`);
 - `qlearning`: IQL, VDN and QMIX (value-based, discrete actions; on the same off-policy base);
+- `mixed`: groups of one run on off-policy algorithms of different modules (`--group NAME.algo=...`);
 - `ppo_seeds`: PPO for several seeds in one process (`marl train --seeds`, `register_seeded`).
 
 `marl.algorithms.base` holds the interface (`Algorithm`) and the registry.
@@ -18,6 +19,7 @@ from marl.algorithms.base import (
     config_class,
     default_config,
     get,
+    label,
     names,
     register,
     register_seeded,
@@ -32,6 +34,7 @@ __all__ = [
     "config_class",
     "default_config",
     "get",
+    "label",
     "names",
     "register",
     "register_seeded",
