@@ -290,6 +290,8 @@ def _count(n: int, noun: str) -> str:
 def cmd_eval(args: argparse.Namespace) -> int:
     from marl.app.evaluate import evaluate
 
+    if args.member == "all":
+        return _eval_members(args)
     with usage_errors():
         result = evaluate(
             args.checkpoint,
@@ -310,6 +312,35 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(f"mean episode length {result['episode_length']:.1f}")
     if args.render:
         print(f"wrote {args.render}")
+    return 0
+
+
+def _eval_members(args: argparse.Namespace) -> int:
+    """`marl eval --member all`: every member of a run of several seeds, one after another, then per group
+    the mean over the members and its 95% bootstrap CI."""
+    from marl.app.checkpoint import load_checkpoint
+    from marl.app.evaluate import evaluate
+    from marl.app.seeds import bootstrap_ci
+    from marl.config import TrainConfig
+
+    with usage_errors():
+        if args.render:
+            raise ValueError("--render draws one member's episode: pass --member SEED with it, not all")
+        members = TrainConfig.from_dict(load_checkpoint(args.checkpoint)["config"]).run.members()
+        options = dict(episodes=args.episodes, device=args.device, num_envs=args.num_envs, seed=args.seed)
+        results = {
+            m.name: evaluate(args.checkpoint, deterministic=not args.stochastic, member=m.name, **options)
+            for m in members
+        }
+    for name, result in results.items():
+        returns = ", ".join(f"{g} {v['mean']:.4f}" for g, v in result["returns"].items())
+        print(f"{name}: mean episode return {returns} over {_count(result['episodes'], 'episode')}")
+    for group in next(iter(results.values()))["returns"]:
+        mean, std, low, high = bootstrap_ci([r["returns"][group]["mean"] for r in results.values()])
+        print(
+            f"{group}: mean over {len(results)} runs {mean:.4f} (95% CI {low:.4f} to {high:.4f}, std across runs "
+            f"{std:.4f})"
+        )
     return 0
 
 
@@ -384,7 +415,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--member",
         default=None,
         metavar="SEED",
-        help="of a run of several seeds: the seed to evaluate (with --sweep: the run's folder name, seed_0-lr_0.001)",
+        help="of a run of several seeds: the seed to evaluate (with --sweep: the run's folder name, seed_0-lr_0.001), "
+        "or all",
     )
     evaluate.set_defaults(func=cmd_eval)
 
