@@ -35,6 +35,7 @@ from marl.optim.update_step import adam
 
 SWEEPABLE = ("lr", "entropy_coef", "clip_eps", "value_coef")
 CHUNK_ROWS = 4096  # env steps of all members per chunk of the advantages' critic passes (`_in_chunks`)
+UPDATE_CHUNK_ROWS = 4096  # minibatch frames of all members per chunk of a step's forward and backward (`step`)
 
 
 @register_seeded("mappo", "ippo")
@@ -205,17 +206,33 @@ class SeededPPO(Algorithm):
 
     def step(self, flat, state) -> dict[str, torch.Tensor]:
         """One minibatch step of every member: the members' losses summed (each member's gradient is its
-        own loss's), each member's gradients clipped per net, Adam; per group `[S, terms + 2 norms]`."""
+        own loss's), each member's gradients clipped per net, Adam; per group `[S, terms + 2 norms]`.
+
+        The forward and backward go through the minibatch's rows in chunks of about `UPDATE_CHUNK_ROWS`
+        frames of all members, the gradients accumulating: every loss term is a mean over the rows, so
+        each chunk's, weighted by its share of the rows, sums to the minibatch's (advantages are
+        normalised over the whole minibatch first). All of a step's activations at once would outgrow the
+        CPU's caches, S times a single run's, and every elementwise op would then run at memory speed."""
         template = self.template
+        rows = next(iter(flat.values()))["advantage"].shape[1]
+        chunks = max(1, min(rows, -(-self.count * rows // UPDATE_CHUNK_ROWS)))
+        size = -(-rows // chunks)
+        flat = self._normalized_advantages(flat)
 
         def loss(flat, state, swept):
-            with _options(template, swept):
+            with _options(template, {**(swept or {}), "normalize_advantage": False}):
                 return template._minibatch_loss(flat, state, slice(None))
 
-        total, terms = self.members(loss, flat, state, self.swept)
         for optimizer in self.optimizers.values():
             optimizer.zero_grad(set_to_none=True)
-        total.sum().backward()
+        terms: dict[str, torch.Tensor] = {}
+        for start in range(0, rows, size):
+            part, weight = slice(start, start + size), (min(rows, start + size) - start) / rows
+            chunk = {g: {k: v[:, part] for k, v in data.items()} for g, data in flat.items()}
+            total, chunk_terms = self.members(loss, chunk, state[:, part] if state is not None else None, self.swept)
+            (total.sum() * weight).backward()
+            for g, t in chunk_terms.items():
+                terms[g] = terms[g] + t * weight if g in terms else t * weight
         out = {}
         for g, learner in template.learners.items():
             norms = []
@@ -226,6 +243,18 @@ class SeededPPO(Algorithm):
                     norms.append(torch.full((self.count,), math.nan, device=self.device))
             self._adam_step(g)
             out[g] = torch.cat([terms[g], torch.stack(norms, -1)], -1)
+        return out
+
+    def _normalized_advantages(self, flat):
+        """`flat` with each group's advantages normalised per member over the minibatch (where its config
+        says so), as `policy_terms` normalises a single run's."""
+        out = {}
+        for g, data in flat.items():
+            if self.template.learners[g].algo.normalize_advantage:
+                advantage = data["advantage"]  # [S, M, n]
+                mean, std = advantage.mean((1, 2), keepdim=True), advantage.std((1, 2), keepdim=True)
+                data = {**data, "advantage": (advantage - mean) / (std + 1e-8)}
+            out[g] = data
         return out
 
     @torch.no_grad()
@@ -280,16 +309,14 @@ class SeededPPO(Algorithm):
 
 
 @contextlib.contextmanager
-def _options(ppo: PPO, swept: dict[str, torch.Tensor] | None):
-    """Within: every learner's config reads the swept options' values (one member's, under vmap)."""
-    if swept is None:
-        yield
-        return
+def _options(ppo: PPO, values: dict):
+    """Within: every learner's config reads `values` instead of its own (swept options: one member's
+    value, under vmap)."""
     held = {g: lr.algo for g, lr in ppo.learners.items()}
     try:
         for lr in ppo.learners.values():
             fields = {f.name: getattr(lr.algo, f.name) for f in dataclasses.fields(lr.algo)}
-            lr.algo = types.SimpleNamespace(**{**fields, **swept})
+            lr.algo = types.SimpleNamespace(**{**fields, **values})
         yield
     finally:
         for g, lr in ppo.learners.items():

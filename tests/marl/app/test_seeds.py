@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import envs
+from marl.algorithms import ppo_seeds
 from marl.algorithms.ppo import PPOConfig
 from marl.app import seeds as population
 from marl.app.cli import build_parser, config_from_args, main
@@ -41,8 +42,11 @@ def assert_rows_match(member: dict, single: dict) -> None:
             assert value == pytest.approx(single[key], rel=1e-4, abs=1e-5), key
 
 
-@pytest.mark.parametrize(("algo", "share_params"), [("mappo", True), ("ippo", False)])
-def test_each_member_trains_as_the_single_run_with_its_seed(tmp_path, algo, share_params):
+@pytest.mark.parametrize(("algo", "share_params", "chunks"), [("mappo", True, False), ("ippo", False, True)])
+def test_each_member_trains_as_the_single_run_with_its_seed(tmp_path, monkeypatch, algo, share_params, chunks):
+    if chunks:  # the critic passes and each minibatch step in uneven chunks of rows (sizes 22, 22, 20)
+        monkeypatch.setattr(ppo_seeds, "CHUNK_ROWS", 40)
+        monkeypatch.setattr(ppo_seeds, "UPDATE_CHUNK_ROWS", 48)
     config = tiny_config(tmp_path, algo, share_params)
     batched = Trainer(with_run(config, seeds=SEEDS), run_dir=tmp_path / "seeds")
     singles = [Trainer(with_run(config, seed=s), run_dir=tmp_path / f"seed{s}") for s in SEEDS]
