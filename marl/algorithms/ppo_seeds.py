@@ -35,7 +35,7 @@ from marl.optim.update_step import adam
 
 SWEEPABLE = ("lr", "entropy_coef", "clip_eps", "value_coef")
 CHUNK_ROWS = 4096  # env steps of all members per chunk of the advantages' critic passes (`_in_chunks`)
-UPDATE_CHUNK_ROWS = 4096  # minibatch frames of all members per chunk of a step's forward and backward (`step`)
+UPDATE_CHUNK_ROWS = 2048  # minibatch frames of all members per chunk of a step's forward and backward (`step`)
 
 
 @register_seeded("mappo", "ippo")
