@@ -133,7 +133,7 @@ class Trainer:
 
     def train_iteration(self) -> dict[str, float]:
         """Collect (unless the previous update collected this batch ahead), learn; returns the iteration's
-        metrics (one host sync)."""
+        metrics (one host sync); with several seeds, each member's under `members` (a list, in their order)."""
         start = time.perf_counter()
         self.algorithm.begin_iteration(self.frames, self.config.run.total_frames)
         self.timer.mark("start")
