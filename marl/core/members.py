@@ -20,6 +20,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+from marl.optim.tanh import EAGER_TANH_VIA_SIGMOID, Tanh
+
 
 def split(x: torch.Tensor, members: int, dim: int = 0) -> torch.Tensor:
     """`[..., S * B, ...]` (the member-major env dim at `dim`) -> `[S, ..., B, ...]`."""
@@ -29,6 +31,25 @@ def split(x: torch.Tensor, members: int, dim: int = 0) -> torch.Tensor:
 def join(x: torch.Tensor, dim: int = 0) -> torch.Tensor:
     """`split`'s inverse: `[S, ..., B, ...]` -> `[..., S * B, ...]` with the env dim at `dim`."""
     return x.movedim(0, dim).flatten(dim, dim + 1)
+
+
+class VmapTanh(nn.Module):
+    """`marl.optim.tanh.Tanh` for nets run under vmap: the same function (the sigmoid form where `Tanh`
+    takes it) in plain ops, whose derivative autograd takes; under vmap `Tanh`'s autograd.Function would
+    go through a Python rule at every call."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu" and EAGER_TANH_VIA_SIGMOID:
+            return torch.sigmoid(x * 2.0) * 2.0 - 1.0
+        return torch.tanh(x)
+
+
+def vmap_activations_(net: nn.Module) -> None:
+    """Swap every `Tanh` in `net` for a `VmapTanh`, in place (activations hold no parameters)."""
+    for module in net.modules():
+        for name, child in module.named_children():
+            if isinstance(child, Tanh):
+                module._modules[name] = VmapTanh()
 
 
 class _Call(nn.Module):
@@ -54,6 +75,7 @@ class Members:
     def __init__(self, nets: Sequence[nn.Module]) -> None:
         self.count = len(nets)
         self.template = nets[0]
+        vmap_activations_(self.template)
         self._call = _Call(self.template)
         self.params = {
             name: nn.Parameter(torch.stack([dict(net.named_parameters())[name].detach() for net in nets]))

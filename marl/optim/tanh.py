@@ -20,8 +20,6 @@ def _sigmoid_tanh(x: torch.Tensor) -> torch.Tensor:
 class _SigmoidTanh(torch.autograd.Function):
     """tanh(x) as `2 * sigmoid(2x) - 1` (equal within 3e-7), with tanh's own backward `grad * (1 - y^2)`."""
 
-    generate_vmap_rule = True  # seeds' stacked parameters run the networks under torch.func.vmap
-
     @staticmethod
     def forward(x: torch.Tensor) -> torch.Tensor:
         return _sigmoid_tanh(x)
