@@ -3,10 +3,12 @@ single run with seed `k` does (to float rounding: batched matmuls sum in another
 
 Each member's nets are built as a single run builds them (the global RNG seeded with the member's seed),
 then stacked (`marl.core.members.Members`): collection, values and losses run every member at once under
-`vmap`. What a single run computes over its own rows stays per member: advantage normalisation and loss
-means (inside the vmapped loss), GAE (per env column), the critics' running moments (`[S]` buffers),
-gradient-norm clipping (`clip_members_`) and the minibatch orders (each member's generator). Adam over
-stacked parameters is elementwise, so one Adam per group is `S` single runs' Adams.
+`vmap`. What a single run computes over its own rows stays per member: loss means (inside the vmapped
+loss), advantage normalisation (over each member's minibatch), GAE (per env column), the critics'
+running moments (`[S]` buffers), gradient-norm clipping (`clip_members_`) and the minibatch orders (each
+member's generator). Adam over stacked parameters is elementwise, so one Adam per group is `S` single
+runs' Adams. The critic passes and each step's forward and backward go through their rows in chunks
+(`CHUNK_ROWS`, `UPDATE_CHUNK_ROWS`): on a CPU, S times a single run's activations outgrow the caches.
 
 A population (`--sweep lr=1e-4,1e-3`) gives each member its own values of `SWEEPABLE` options, as `[S]`
 tensors: the loss reads them (vmapped, one value per member), and a swept learning rate scales each
