@@ -48,6 +48,8 @@ def test_each_member_trains_as_the_single_run_with_its_seed(tmp_path, monkeypatc
         monkeypatch.setattr(ppo_seeds, "CHUNK_ROWS", 40)
         monkeypatch.setattr(ppo_seeds, "UPDATE_CHUNK_ROWS", 48)
     config = tiny_config(tmp_path, algo, share_params)
+    if chunks:  # and a learning rate annealed over the run
+        config = dataclasses.replace(config, algo=dataclasses.replace(config.algo, lr_schedule="linear"))
     batched = Trainer(with_run(config, seeds=SEEDS), run_dir=tmp_path / "seeds")
     singles = [Trainer(with_run(config, seed=s), run_dir=tmp_path / f"seed{s}") for s in SEEDS]
     for _ in range(2):
