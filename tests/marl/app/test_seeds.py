@@ -194,3 +194,16 @@ def test_a_sweep_summary_ranks_the_values_and_bad_sweeps_are_refused(tmp_path, c
     assert "--sweep takes PPO's options lr, entropy_coef, clip_eps, value_coef, not gamma" in capsys.readouterr().err
     assert main(["train", *tiny_argv(tmp_path / "b"), "--sweep", "lr=1e-3,x"]) == 2
     assert "--sweep takes OPTION=V1,V2,..." in capsys.readouterr().err
+
+
+def test_an_adapter_env_trains_its_members_on_the_first_seeds_stream(tmp_path, capsys):
+    pytest.importorskip("vmas")
+    config = dataclasses.replace(
+        tiny_config(tmp_path), env=EnvSettings(env="vmas/navigation", num_envs=4, env_options={"max_steps": 6})
+    )
+    trainer = Trainer(with_run(config, seeds=SEEDS, rollout_length=16))
+    assert (
+        trainer.env.num_envs == 8 and "one random stream (seeded 3) serves every seed's envs" in capsys.readouterr().out
+    )
+    members = trainer.train_iteration()["members"]
+    assert members[0]["agent/loss"] != members[1]["agent/loss"]
