@@ -34,7 +34,7 @@ only when the env is built with `check_values=True`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 import numpy as np
@@ -45,6 +45,11 @@ from envs import cudagraphs
 from envs.compile import maybe_compile
 from envs.random import CounterRandom
 from envs.specs import Box, Discrete, GroupSpec, MultiDiscrete
+
+
+def _seed(seed: int | Sequence[int]) -> int | tuple[int, ...]:
+    """An env's seed: an int, or a tuple of its members' seeds (see `BaseEnv.__init__`)."""
+    return tuple(int(s) for s in seed) if isinstance(seed, Sequence) else int(seed)
 
 
 def canonical_device(device: torch.device | str) -> torch.device:
@@ -103,7 +108,7 @@ class MultiAgentEnv:
         *,
         num_envs: int,
         device: torch.device | str = "cpu",
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
         check_values: bool = False,
         compile: bool = False,
     ) -> None:
@@ -113,7 +118,9 @@ class MultiAgentEnv:
             config: the env's options (`type(self).Config`); defaults when None.
             num_envs: number of envs stepped as one batch (B), >= 1.
             device: where the state and every tensor live.
-            seed: seeds the env's own random stream (`self.rng`); a random seed when None.
+            seed: seeds the env's own random stream (`self.rng`); a random seed when None. A sequence of
+                `S` seeds (`num_envs` divisible by `S`) seeds each block of `num_envs / S` envs as an env
+                of that size built with that seed (several runs' envs in one batch, `marl train --seeds`).
             check_values: also check action values (NaN/inf, bounds, masks) on every step. This
                 synchronises with the host, so it is meant for tests and debugging.
             compile: run the physics (`_step`, `_observe`, `_reset`) through `torch.compile`, which
@@ -130,7 +137,9 @@ class MultiAgentEnv:
         self.num_envs = num_envs
         self.device = canonical_device(device)
         self.check_values = check_values
-        self.seed = int(seed) if seed is not None else int(torch.randint(2**62, (1,)).item())
+        self.seed = _seed(seed) if seed is not None else int(torch.randint(2**62, (1,)).item())
+        if isinstance(self.seed, tuple) and num_envs % len(self.seed):
+            raise ValueError(f"{self.name}: num_envs ({num_envs}) must be divisible by the {len(self.seed)} seeds")
         self.rng = CounterRandom(self.seed, self.device)
         self.groups: dict[str, GroupSpec] = dict(self._make_groups())
         self.state_spec: Box | None = self._state_spec()
@@ -217,7 +226,7 @@ class MultiAgentEnv:
     def reset_data(self, seed: int | None = None, *, mask: torch.Tensor | None = None) -> dict:
         """`reset` returning nested dicts of tensors instead of a TensorDict (same keys and shapes)."""
         if seed is not None:
-            self.seed = int(seed)
+            self.seed = _seed(seed)
             self.rng.seed(self.seed)
         if mask is None:
             mask = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)

@@ -9,11 +9,17 @@ from one would split the compiled env step.
 
 Envs draw for the whole batch on every reset (and select with `torch.where`), so how many numbers are
 drawn never depends on data, and one env's start never depends on which other envs reset.
+
+Seeded with a sequence of `S` seeds (several training runs' envs in one `[S * B]` batch: `marl train
+--seeds`), the stream holds one key per member and splits every draw's env dim (its first; `member_dim`
+says another) into `S` blocks: block `k` is exactly what a stream seeded with `seeds[k]` draws for `B`
+envs, so member `k`'s envs start as a single run's with seed `k` do.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -51,39 +57,78 @@ def _count(shape: tuple) -> int:
 
 
 class CounterRandom:
-    """A seeded stream of random numbers on `device`; its state is `key` and `counter` (int64 tensors)."""
+    """A seeded stream of random numbers on `device`; its state is `key` and `counter` (int64 tensors).
 
-    def __init__(self, seed: int, device: torch.device | str) -> None:
+    `seed` is an int, or a sequence of `S` ints for one stream per member (`key` then `[S]`): every draw's
+    member dim (the env dim, its first unless `member_dim` says otherwise) is then split into `S` blocks."""
+
+    def __init__(self, seed: int | Sequence[int], device: torch.device | str) -> None:
         self.device = torch.device(device)
-        self.key = torch.zeros((), dtype=torch.int64, device=self.device)
+        shape = (len(seed),) if isinstance(seed, Sequence) else ()
+        self.key = torch.zeros(shape, dtype=torch.int64, device=self.device)
         self.counter = torch.zeros((), dtype=torch.int64, device=self.device)
         self.seed(seed)
 
-    def seed(self, seed: int) -> None:
-        """Restart the stream from `seed` (any int; different seeds give unrelated streams)."""
-        key = splitmix64(torch.tensor(_signed(int(seed) % (1 << 64)), dtype=torch.int64))
-        self.key.fill_(int(key))
+    @property
+    def members(self) -> int | None:
+        """The number of member streams, None for a single stream."""
+        return self.key.shape[0] if self.key.dim() else None
+
+    def seed(self, seed: int | Sequence[int]) -> None:
+        """Restart the stream from `seed` (any int; different seeds give unrelated streams), or each member's
+        from its seed (a sequence as long as the stream was built with)."""
+        seeds = list(seed) if isinstance(seed, Sequence) else [seed]
+        if len(seeds) != (self.members or 1) or isinstance(seed, Sequence) != (self.members is not None):
+            raise ValueError(f"this stream takes {self.members or 'one'} seed(s), got {seed!r}")
+        keys = splitmix64(torch.tensor([_signed(int(s) % (1 << 64)) for s in seeds], dtype=torch.int64))
+        self.key.copy_(keys.reshape(self.key.shape))
         self.counter.zero_()
 
-    def bits(self, *shape: int) -> torch.Tensor:
-        """Fresh random int64 bits shaped `shape`; advances the stream by their number."""
+    def _draws(self, shape: tuple, member_dim: int, words: int) -> tuple[torch.Tensor, tuple]:
+        """`words(count)` fresh 64-bit draws per member for `count` numbers of `shape` (each member's share
+        of it): `[S, words]` with member streams, else `[words]`; and the shape of one member's share."""
         count = _count(shape)
-        index = self.counter + torch.arange(count, dtype=torch.int64, device=self.device)
-        self.counter += count
-        return splitmix64(self.key + index * GOLDEN_GAMMA).reshape(shape)
+        members = self.members
+        if members is not None:
+            if not shape or shape[member_dim] % members:
+                raise ValueError(
+                    f"a draw shaped {tuple(shape)} from {members} member streams needs dim {member_dim} "
+                    f"(the env dim) divisible by {members}"
+                )
+            shape = (*shape[:member_dim], shape[member_dim] // members, *shape[member_dim + 1 :])
+            count //= members
+        n = words(count)
+        index = self.counter + torch.arange(n, dtype=torch.int64, device=self.device)
+        self.counter += n
+        key = self.key if members is None else self.key[:, None]  # [S, 1]: one stream per member
+        return splitmix64(key + index * GOLDEN_GAMMA), shape
 
-    def bits32(self, *shape: int) -> torch.Tensor:
+    def _shaped(self, draws: torch.Tensor, shape: tuple, member_dim: int) -> torch.Tensor:
+        """Each member's draws `[S, count]` (or one stream's `[count]`) laid out as `shape`, member `k`'s
+        share as block `k` of `member_dim`."""
+        if self.members is None:
+            return draws.reshape(shape)
+        local = (*shape[:member_dim], shape[member_dim] // self.members, *shape[member_dim + 1 :])
+        return draws.reshape(self.members, *local).movedim(0, member_dim).reshape(shape)
+
+    def bits(self, *shape: int, member_dim: int = 0) -> torch.Tensor:
+        """Fresh random int64 bits shaped `shape`; advances the stream by their number (per member)."""
+        draws, _ = self._draws(shape, member_dim, lambda count: count)
+        return self._shaped(draws, shape, member_dim)
+
+    def bits32(self, *shape: int, member_dim: int = 0) -> torch.Tensor:
         """Fresh random int32 bits shaped `shape`: both halves of each 64-bit draw (half the hashing)."""
-        count = _count(shape)
-        return self.bits((count + 1) // 2).view(torch.int32)[:count].reshape(shape)
+        draws, local = self._draws(shape, member_dim, lambda count: (count + 1) // 2)
+        count = math.prod(local)
+        return self._shaped(draws.view(torch.int32)[..., :count], shape, member_dim)
 
-    def rand(self, *shape: int) -> torch.Tensor:
+    def rand(self, *shape: int, member_dim: int = 0) -> torch.Tensor:
         """Uniform float32 in [0, 1), 24 random bits each."""
-        return ((self.bits32(*shape) >> 8) & 0xFFFFFF).float() * (1.0 / (1 << 24))
+        return ((self.bits32(*shape, member_dim=member_dim) >> 8) & 0xFFFFFF).float() * (1.0 / (1 << 24))
 
     def randn(self, *shape: int) -> torch.Tensor:
         """Standard normal float32 (Box-Muller on two uniforms)."""
-        u1, u2 = self.rand(2, *shape).unbind(0)
+        u1, u2 = self.rand(2, *shape, member_dim=1).unbind(0)
         return torch.sqrt(-2.0 * torch.log1p(-u1)) * torch.cos(2 * math.pi * u2)
 
     def randint(self, high: int, *shape: int) -> torch.Tensor:

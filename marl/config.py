@@ -13,6 +13,7 @@ algorithm's config or of `ModelConfig` for one group, except the algorithm's run
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import typing
 from dataclasses import dataclass, field
@@ -107,6 +108,14 @@ class RunConfig:
     """Steps collected per env per iteration (T); an iteration is num_envs * rollout_length frames."""
     seed: int = 0
     """Seeds the envs, the networks and the sampling."""
+    seeds: tuple[int, ...] = ()
+    """Train one run per seed in one process (`--seeds 0 1 2 3 4`; PPO so far), each as a run with --seed
+    that seed: parameters stacked on a seed dim, all runs' envs in one batch; replaces --seed."""
+    num_seeds: int = 1
+    """Train this many seeds in one process: seed, seed + 1, ... (as --seeds)."""
+    sweep: tuple[str, ...] = ()
+    """Cross the seeds with values of continuous algorithm options (`--sweep lr=1e-4,1e-3 clip_eps=0.1,0.2`):
+    one run per seed and combination, all in one process (PPO: lr, entropy_coef, clip_eps, value_coef)."""
     device: str = "auto"
     """cpu, cuda, cuda:N, or auto (CUDA when present)."""
     log_dir: str = "runs"
@@ -142,6 +151,64 @@ class RunConfig:
                 f"compile_unroll ({self.compile_unroll}) must divide rollout_length ({self.rollout_length})"
             )
         check_seed(self.seed)
+        object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
+        for seed in self.seeds:
+            check_seed(seed)
+        if len(set(self.seeds)) < len(self.seeds):
+            repeated = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
+            raise ValueError(f"seeds {list(self.seeds)} repeat {repeated}: each seed trains one run, list it once")
+        if self.num_seeds < 1:
+            raise ValueError(f"num_seeds must be >= 1, got {self.num_seeds}")
+        if self.seeds and self.num_seeds not in (1, len(self.seeds)):
+            raise ValueError(
+                f"num_seeds={self.num_seeds} but {len(self.seeds)} seeds were listed: pass --seeds or --num-seeds"
+            )
+        check_seed(self.seed + self.num_seeds - 1)
+        object.__setattr__(self, "sweep", tuple(self.sweep))
+        grid = self.sweep_grid()
+        if grid and len(self.members()) < 2:
+            raise ValueError(f"--sweep {' '.join(self.sweep)} with one seed is one run: set the option itself instead")
+
+    def member_seeds(self) -> tuple[int, ...]:
+        """The seeds of the runs trained in this process: `seeds`, else `seed`, `seed + 1`, ... `num_seeds` of them
+        (with a sweep, each seed once per combination of values: `members()`)."""
+        return tuple(member.seed for member in self.members())
+
+    def sweep_grid(self) -> dict[str, tuple[float, ...]]:
+        """`sweep` as `{option: values}`."""
+        grid: dict[str, tuple[float, ...]] = {}
+        for item in self.sweep:
+            name, _, values = item.partition("=")
+            try:
+                parsed = tuple(float(v) for v in values.split(","))
+            except ValueError:
+                parsed = ()
+            if not name or not parsed or name in grid or len(set(parsed)) < len(parsed):
+                raise ValueError(
+                    f"--sweep takes OPTION=V1,V2,... once per option, distinct numbers (lr=1e-4,3e-4), got {item!r}"
+                )
+            grid[name] = parsed
+        return grid
+
+    def members(self) -> tuple[Member, ...]:
+        """The runs trained in this process: every seed, crossed with every combination of the sweep's values."""
+        seeds = self.seeds or tuple(range(self.seed, self.seed + self.num_seeds))
+        grid = self.sweep_grid()
+        combos = list(itertools.product(*grid.values()))
+        return tuple(Member(seed, tuple(zip(grid, combo))) for seed in seeds for combo in combos)
+
+
+@dataclass(frozen=True)
+class Member:
+    """One run of a population (`RunConfig.members`): its seed and its swept option values."""
+
+    seed: int
+    values: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def name(self) -> str:
+        """`seed_3`, or with swept values `seed_3-lr_0.001-clip_eps_0.1`: its folder in the run's."""
+        return "-".join([f"seed_{self.seed}", *(f"{k}_{v:g}" for k, v in self.values)])
 
 
 def _default_algorithm() -> AlgorithmConfig:

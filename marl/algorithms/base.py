@@ -158,6 +158,43 @@ def _redefined(registered: type, cls: type) -> bool:
     return cls.__module__ == registered.__module__ and cls.__qualname__ == registered.__qualname__
 
 
+_SEEDED: dict[str, type[Algorithm]] = {}
+
+
+def register_seeded(*names: str):
+    """Class decorator: the algorithm that trains several seeds of `--algo NAME` in one process
+    (`marl train --seeds`). It is built with `(config, env, device, world, generators, seeds)`: the env
+    holds every member's envs in one `[S * B]` batch (`marl.core.members`), `generators[k]` is member `k`'s
+    random stream, `sweep` (`--sweep`) maps options to each member's value; `update` returns each term per
+    member (`[S]`), and `member_state_dict(k)` is member
+    `k`'s state as the single-seed algorithm's `state_dict()`."""
+
+    def decorate(cls: type[Algorithm]) -> type[Algorithm]:
+        for name in names:
+            _SEEDED[name] = cls
+        return cls
+
+    return decorate
+
+
+def check_seeded(name: str) -> None:
+    """Refuse several seeds for an algorithm that cannot train them in one process."""
+    get(name)
+    if name not in _SEEDED:
+        supported = ", ".join(sorted(_SEEDED))
+        raise ValueError(
+            f"several seeds in one process (--seeds, --num-seeds) train {supported} (PPO) so far, not "
+            f"--algo {name}: run its seeds one after another (marl train --algo {name} --seed N for each)"
+        )
+
+
+def build_seeded(config: TrainConfig, env, device: torch.device, world, generators, seeds, sweep=None) -> Algorithm:
+    """The algorithm that trains `seeds` of `config.algo` in one process (`register_seeded`); `sweep` maps
+    swept options to each member's value (`--sweep`)."""
+    check_seeded(config.algo.algo)
+    return _SEEDED[config.algo.algo](config, env, device, world, generators, seeds, sweep)
+
+
 def names() -> list[str]:
     """The registered algorithm names."""
     return sorted(_ALGORITHMS)

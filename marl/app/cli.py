@@ -232,22 +232,28 @@ def sigterm_as_interrupt():
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from marl.app import seeds
     from marl.app.summary import print_summary
 
     with usage_errors():
         trainer = _make_trainer(args)
     config, world = trainer.config, trainer.world
     envs_text = f"{config.env.num_envs} envs" + (f" on each of {world.size} ranks" if world.size > 1 else "")
+    if len(trainer.members) > 1:
+        envs_text = f"{len(trainer.members)} runs x {envs_text} ({seeds.members_text(trainer.members)})"
     if world.is_main:
         groups = ", ".join(f"{g}: {_count(s.n_agents, 'agent')}" for g, s in trainer.env.groups.items())
         print(
             f"training {config.env.env} ({groups}) "
             f"with {algorithms_text(config, trainer.env.groups)} on {trainer.device}, {envs_text}, "
-            f"{config.run.total_frames:,} frames; logging to {trainer.run_dir}"
+            f"{config.run.total_frames:,} frames{' per run' if len(trainer.members) > 1 else ''}; "
+            f"logging to {trainer.run_dir}"
         )
     with sigterm_as_interrupt():
         rows = trainer.train()
-    if world.is_main:
+    if world.is_main and len(trainer.members) > 1:
+        seeds.print_summary(trainer, rows)
+    elif world.is_main:
         print_summary(trainer, rows)
     world.close()
     return 0
@@ -284,6 +290,8 @@ def _count(n: int, noun: str) -> str:
 def cmd_eval(args: argparse.Namespace) -> int:
     from marl.app.evaluate import evaluate
 
+    if args.member == "all":
+        return _eval_members(args)
     with usage_errors():
         result = evaluate(
             args.checkpoint,
@@ -293,6 +301,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             num_envs=args.num_envs,
             seed=args.seed,
             deterministic=not args.stochastic,
+            member=args.member,
         )
     episodes = _count(result["episodes"], "episode")
     for group, value in result["returns"].items():
@@ -303,6 +312,35 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(f"mean episode length {result['episode_length']:.1f}")
     if args.render:
         print(f"wrote {args.render}")
+    return 0
+
+
+def _eval_members(args: argparse.Namespace) -> int:
+    """`marl eval --member all`: every member of a run of several seeds, one after another, then per group
+    the mean over the members and its 95% bootstrap CI."""
+    from marl.app.checkpoint import load_checkpoint
+    from marl.app.evaluate import evaluate
+    from marl.app.seeds import bootstrap_ci
+    from marl.config import TrainConfig
+
+    with usage_errors():
+        if args.render:
+            raise ValueError("--render draws one member's episode: pass --member SEED with it, not all")
+        members = TrainConfig.from_dict(load_checkpoint(args.checkpoint)["config"]).run.members()
+        options = dict(episodes=args.episodes, device=args.device, num_envs=args.num_envs, seed=args.seed)
+        results = {
+            m.name: evaluate(args.checkpoint, deterministic=not args.stochastic, member=m.name, **options)
+            for m in members
+        }
+    for name, result in results.items():
+        returns = ", ".join(f"{g} {v['mean']:.4f}" for g, v in result["returns"].items())
+        print(f"{name}: mean episode return {returns} over {_count(result['episodes'], 'episode')}")
+    for group in next(iter(results.values()))["returns"]:
+        mean, std, low, high = bootstrap_ci([r["returns"][group]["mean"] for r in results.values()])
+        print(
+            f"{group}: mean over {len(results)} runs {mean:.4f} (95% CI {low:.4f} to {high:.4f}, std across runs "
+            f"{std:.4f})"
+        )
     return 0
 
 
@@ -373,6 +411,13 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--num-envs", type=int, default=None, help="envs run at once; default: min(episodes, 256)")
     evaluate.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs")
     evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
+    evaluate.add_argument(
+        "--member",
+        default=None,
+        metavar="SEED",
+        help="of a run of several seeds: the seed to evaluate (with --sweep: the run's folder name, seed_0-lr_0.001), "
+        "or all",
+    )
     evaluate.set_defaults(func=cmd_eval)
 
     from marl.app.plot import X_AXES

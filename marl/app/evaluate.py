@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from envs.base import canonical_device
+from marl.app import seeds
 from marl.app.build import build_algorithm, make_env, resolve_device
 from marl.app.checkpoint import load_checkpoint
 from marl.app.distributed import World
@@ -25,12 +26,15 @@ def evaluate(
     num_envs: int | None = None,
     seed: int = 12345,
     deterministic: bool = True,
+    member: int | str | None = None,
 ) -> dict:
     """Run `episodes` full episodes with the checkpoint's policies (their mode when `deterministic`).
 
     Every env contributes its first episode only, so short episodes are not over-counted; with more
     episodes than `num_envs` (default min(episodes, 256)) the envs run in rounds with fresh seeds.
-    `render`: write env 0's first episode to this GIF path.
+    `render`: write env 0's first episode to this GIF path. A checkpoint of several seeds (`marl train
+    --seeds`) evaluates its `member` (a seed, or with a sweep the member's name, `seed_0-lr_0.001`), from
+    that member's own checkpoint in the run folder.
     """
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
@@ -41,6 +45,19 @@ def evaluate(
         check_render_path(render)  # now, not after the whole evaluation
     state = load_checkpoint(checkpoint)
     config = TrainConfig.from_dict(state["config"])
+    trained = config.run.members()
+    if len(trained) > 1 or member is not None:
+        chosen = [m for m in trained if str(member) in (m.name, str(m.seed))]
+        if len(chosen) != 1:
+            own = f" (or its own checkpoint, {seeds.member_dir(Path(checkpoint).parent, trained[0])}/checkpoint.pt)"
+            names = ", ".join(m.name for m in trained)
+            raise ValueError(
+                f"{checkpoint} holds {seeds.members_text(trained)} ({names}): pass --member SEED or NAME, one of "
+                f"them, to evaluate one" + (own if len(trained) > 1 else "")
+            )
+        if len(trained) > 1:
+            state = load_checkpoint(seeds.member_dir(Path(checkpoint).parent, chosen[0]) / "checkpoint.pt")
+            config = TrainConfig.from_dict(state["config"])
     device = canonical_device(resolve_device(device))
     batch = num_envs if num_envs is not None else min(episodes, 256)
     returns: dict[str, list[float]] = {}

@@ -11,8 +11,8 @@ from tqdm.auto import tqdm
 
 
 class RunLogger:
-    """Appends one row per iteration to `run_dir/metrics.csv` and mirrors it to TensorBoard (step: frames).
-    `start_frames`: the frames of the checkpoint a run resumes from (0 for a new run)."""
+    """Appends one row per iteration to `run_dir/metrics.csv` (or `csv_name`) and mirrors it to TensorBoard
+    (step: frames). `start_frames`: the frames of the checkpoint a run resumes from (0 for a new run)."""
 
     def __init__(
         self,
@@ -21,10 +21,11 @@ class RunLogger:
         start_frames: int = 0,
         progress: bool = True,
         tensorboard: bool = True,
+        csv_name: str = "metrics.csv",
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.csv_path = self.run_dir / "metrics.csv"
+        self.csv_path = self.run_dir / csv_name
         self._columns: list[str] | None = None
         if self.csv_path.exists() and self.csv_path.stat().st_size > 0:
             with open(self.csv_path) as f:

@@ -1,4 +1,5 @@
-"""Learning curves from a run's metrics.csv, as a PNG."""
+"""Learning curves from a run's metrics.csv, as a PNG; a run of several seeds (`marl train --seeds`) as its
+members' mean with the 95% confidence band (its aggregate.csv)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from marl.app.paths import check_output_file
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:
+    """A run's rows: its metrics.csv, or a population's aggregate.csv."""
     path = Path(run_dir) / "metrics.csv"
+    if not path.is_file() and (Path(run_dir) / AGGREGATE).is_file():
+        path = Path(run_dir) / AGGREGATE
     if not path.is_file():
         raise FileNotFoundError(f"no metrics.csv in {run_dir}: {_hint(Path(run_dir))}")
     with open(path) as f:
@@ -31,6 +35,7 @@ def _hint(path: Path) -> str:
 
 
 X_AXES = {"frames": "frames", "time": "time_s"}  # --x choice -> metrics.csv column
+AGGREGATE = "aggregate.csv"  # a population's (`marl.app.seeds`): each metric's mean, std and CI over the seeds
 
 
 def output_path(out: str | Path | None, first_run: str | Path) -> Path:
@@ -85,7 +90,14 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path | None = None, x: str 
             points = [(r[X_AXES[x]], r[key]) for r in rows if math.isfinite(r[key])]
             group = key.split("/")[0]
             label = group if len(runs) == 1 else f"{names[run_dir]}: {group}"
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", markersize=3, label=label)
+            band = f"{key}_ci_low" in rows[0]  # a population: the mean over its seeds and its 95% CI
+            if band:
+                label += " (mean, 95% CI over seeds)"
+            line = ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", markersize=3, label=label)
+            if band:
+                finite = [r for r in rows if math.isfinite(r[key])]
+                lows, highs = ([r[f"{key}_{end}"] for r in finite] for end in ("ci_low", "ci_high"))
+                ax.fill_between([p[0] for p in points], lows, highs, color=line[0].get_color(), alpha=0.2)
     ax.set_xlabel("frames" if x == "frames" else "training time (s)")
     ax.set_ylabel("mean episode return")
     if len(runs) == 1:

@@ -12,6 +12,11 @@ An algorithm may collect the next iteration's batch during its update (`Algorith
 next iteration then learns from that batch, `_pending`, which checkpoints hold.
 
 Under torchrun every rank runs this loop on its own envs (`marl.app.distributed`).
+
+With several seeds (`--seeds`, `--num-seeds`) one process trains one run per seed, its *members*
+(`marl.core.members`): one env batch of `S * num_envs` envs, one algorithm holding every member's state
+(`marl.algorithms.base.register_seeded`), per-member metrics (`marl.app.seeds` logs and summarises them)
+and, beside the population's checkpoint, each member's as an ordinary single-seed checkpoint.
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ from tensordict import TensorDict
 
 from envs import cudagraphs
 from envs.base import canonical_device
-from marl.app import distributed
-from marl.app.build import build_algorithm, make_env, resolve_device
+from marl import algorithms
+from marl.app import distributed, seeds
+from marl.app.build import build_algorithm, check_group_overrides, make_env, resolve_device
 from marl.app.checkpoint import load_checkpoint, save_checkpoint
 from marl.app.logger import NoLogger, RunLogger, drop_rows_after
 from marl.config import TrainConfig
@@ -58,10 +64,23 @@ class Trainer:
             self.world.check_on_main(lambda: check_fresh_run_dir(self.run_dir))
         self.device = canonical_device(device)  # as its tensors report it: `cpu:0` is `cpu`
         torch.manual_seed(config.run.seed)
-        seed = self.world.seed(config.run.seed)
-        self.env = make_env(config, self.device, seed=seed)
-        self.generator = torch.Generator(self.device).manual_seed(seed + 1)
-        self.algorithm = build_algorithm(config, self.env, self.device, self.world, self.generator)
+        self.members = config.run.members()
+        self.seeds = tuple(member.seed for member in self.members)
+        if len(self.members) == 1:
+            seed = self.world.seed(self.seeds[0])
+            self.env = make_env(config, self.device, seed=seed)
+            self.generator = torch.Generator(self.device).manual_seed(seed + 1)
+            self.algorithm = build_algorithm(config, self.env, self.device, self.world, self.generator)
+        else:  # one run per seed: each member's envs, generator and learners as a single run's with its seed
+            seeds.check_population(config, self.world)
+            seed = seeds.env_seed(config, self.seeds)  # the envs' (and the collector's first reset's)
+            self.env = make_env(config, self.device, num_envs=len(self.seeds) * config.env.num_envs, seed=seed)
+            self.generator = [torch.Generator(self.device).manual_seed(s + 1) for s in self.seeds]
+            check_group_overrides(config, self.env.groups)
+            self.algorithm = algorithms.build_seeded(
+                config, self.env, self.device, self.world, self.generator, self.seeds, seeds.sweep_values(self.members)
+            )
+            seeds.check_memory(config, self.env, self.device, self.algorithm)  # before the rollout is allocated
         self.world.broadcast_parameters(self.algorithm.parameters())
         self.collector = Collector(
             self.env,
@@ -114,7 +133,7 @@ class Trainer:
 
     def train_iteration(self) -> dict[str, float]:
         """Collect (unless the previous update collected this batch ahead), learn; returns the iteration's
-        metrics (one host sync)."""
+        metrics (one host sync); with several seeds, each member's under `members` (a list, in their order)."""
         start = time.perf_counter()
         self.algorithm.begin_iteration(self.frames, self.config.run.total_frames)
         self.timer.mark("start")
@@ -135,16 +154,22 @@ class Trainer:
             for name, value in terms[g].items():
                 device_values[f"{g}/{name}"] = value
         device_values = self.world.reduce_metrics(device_values, episodes)
-        values = torch.stack([v.float().reshape(()) for v in device_values.values()]).tolist()  # the one sync
-        metrics = dict(zip(device_values, values))
-        for g in self.env.groups:
-            for name in terms[g]:
-                if name.endswith("loss") and not math.isfinite(metrics[f"{g}/{name}"]):
-                    raise NonFiniteLossError(
-                        f"the {name} of group '{g}' became {metrics[f'{g}/{name}']} at iteration "
-                        f"{self.iteration + 1}; stopping instead of training on it (lower the learning rate, "
-                        "check the env's rewards and observations for NaN/inf)"
-                    )
+        members = len(self.members)
+        shape = (members,) if members > 1 else ()  # several seeds: every value is per member
+        values = torch.stack([v.float().reshape(shape) for v in device_values.values()]).tolist()  # the one sync
+        per_member = [dict(zip(device_values, column)) for column in zip(*values)] if members > 1 else None
+        metrics = dict(zip(device_values, values)) if members == 1 else {"members": per_member}
+        for run, member in zip(self.members, per_member or [metrics]):
+            for g in self.env.groups:
+                for name in terms[g]:
+                    value = member[f"{g}/{name}"]
+                    if name.endswith("loss") and not math.isfinite(value):
+                        of_seed = f" (member {run.name})" if members > 1 else ""
+                        raise NonFiniteLossError(
+                            f"the {name} of group '{g}'{of_seed} became {value} at iteration "
+                            f"{self.iteration + 1}; stopping instead of training on it (lower the learning rate, "
+                            "check the env's rewards and observations for NaN/inf)"
+                        )
         self.iteration += 1
         self.frames += self.frames_per_iteration
         seconds = time.perf_counter() - start
@@ -162,7 +187,9 @@ class Trainer:
         """Train until `total_frames`, logging every iteration and checkpointing every
         `checkpoint_every` iterations and at the end; returns the logged rows."""
         run = self.config.run
-        if self.world.is_main:
+        if self.world.is_main and len(self.members) > 1:
+            logger = seeds.PopulationLogger(self.run_dir, self.members, run, self.frames)
+        elif self.world.is_main:
             logger = RunLogger(self.run_dir, run.total_frames, self.frames, run.progress, run.tensorboard)
         else:
             logger = NoLogger()
@@ -212,7 +239,9 @@ class Trainer:
             "frames": self.frames,
             "elapsed": self.elapsed,
             "algorithm": self.algorithm.state_dict(),
-            "generator": self.generator.get_state(),
+            "generator": [g.get_state() for g in self.generator]
+            if isinstance(self.generator, list)
+            else self.generator.get_state(),
             "env": env_state,
             "obs": self.collector.obs,
             "stats": self.collector.stats.state_dict(),
@@ -225,13 +254,24 @@ class Trainer:
     def save(self) -> Path | None:
         """Write the checkpoint (under torchrun: a collective call, rank 0 writes and returns the path)."""
         state = self.world.gather_checkpoint(self.state_dict())
-        return save_checkpoint(self.checkpoint_path, state) if state is not None else None
+        if state is None:
+            return None
+        if len(self.members) > 1:  # each member also as an ordinary checkpoint, in its own run folder
+            for k, member in enumerate(self.members):
+                save_checkpoint(
+                    seeds.member_dir(self.run_dir, member) / "checkpoint.pt", seeds.member_state(self, state, k)
+                )
+        return save_checkpoint(self.checkpoint_path, state)
 
     def load_state_dict(self, state: dict) -> None:
         state = self.world.own_checkpoint(state)
         self.iteration, self.frames, self.elapsed = state["iteration"], state["frames"], state["elapsed"]
         self.algorithm.load_state_dict(state["algorithm"])
-        self.generator.set_state(state["generator"])
+        if isinstance(self.generator, list):
+            for generator, held in zip(self.generator, state["generator"]):
+                generator.set_state(held)
+        else:
+            self.generator.set_state(state["generator"])
         if state["env"] is not None:
             self.env.load_state_dict(state["env"])
             self.collector.obs = _to_device(state["obs"], self.device)
@@ -259,7 +299,8 @@ class Trainer:
         trainer.load_state_dict(state)
         if trainer.world.is_main:
             # Iterations logged after the checkpoint (before a Ctrl-C or a crash) are trained again.
-            drop_rows_after(trainer.run_dir / "metrics.csv", trainer.iteration)
+            for log in seeds.logs(trainer.run_dir, trainer.members):
+                drop_rows_after(log, trainer.iteration)
         return trainer
 
 
@@ -273,7 +314,7 @@ def _to_device(data, device: torch.device):
 def check_fresh_run_dir(run_dir: Path) -> None:
     """A fresh run must not append to another run's metrics.csv (whose header may lack this run's
     columns) nor overwrite its checkpoint."""
-    held = [name for name in ("metrics.csv", "checkpoint.pt") if (run_dir / name).exists()]
+    held = [name for name in ("metrics.csv", seeds.AGGREGATE, "checkpoint.pt") if (run_dir / name).exists()]
     if not held:
         return
     checkpoint = run_dir / "checkpoint.pt"
@@ -288,7 +329,10 @@ def check_fresh_run_dir(run_dir: Path) -> None:
 
 
 def default_run_dir(config: TrainConfig) -> Path:
+    member_seeds = sorted(set(config.run.member_seeds()))
+    seed = f"seed{member_seeds[0]}" if len(member_seeds) == 1 else f"seeds{seeds.seeds_text(member_seeds, '_')}"
+    seed += "-sweep" if config.run.sweep else ""
     name = config.run.run_name or (
-        f"{config.env.env.replace('/', '_')}-{config.algo.algo}-seed{config.run.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+        f"{config.env.env.replace('/', '_')}-{config.algo.algo}-{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
     return Path(config.run.log_dir) / name

@@ -22,6 +22,7 @@ from tensordict import TensorDict, TensorDictBase
 from envs import cudagraphs
 from envs.compile import maybe_compile
 from marl.core.distributions import Distribution, draw_noise, raw_action_dtype
+from marl.core.members import draw_member_noise
 
 
 @dataclass(frozen=True)
@@ -63,14 +64,21 @@ def transition_layout(
 class EpisodeStats:
     """Running returns of unfinished episodes and sums over finished ones, all on the device. Every
     tensor is updated in place, so its address is fixed: a compiled rollout step that updates them can be
-    replayed as a CUDA graph (see `Collector`)."""
+    replayed as a CUDA graph (see `Collector`). With `members` (several seeds' envs in one batch,
+    `marl.core.members`) the sums are per member, `[S]`."""
 
-    def __init__(self, groups: Mapping, num_envs: int, device: torch.device) -> None:
+    def __init__(self, groups: Mapping, num_envs: int, device: torch.device, members: int = 1) -> None:
         self.running = {g: torch.zeros(num_envs, s.n_agents, device=device) for g, s in groups.items()}  # [B, n]
         self.length = torch.zeros(num_envs, device=device)  # [B]
-        self.return_sum = {g: torch.zeros((), device=device) for g in self.running}
-        self.length_sum = torch.zeros((), device=device)
-        self.episodes = torch.zeros((), device=device)
+        self.members = members
+        shape = (members,) if members > 1 else ()
+        self.return_sum = {g: torch.zeros(shape, device=device) for g in self.running}
+        self.length_sum = torch.zeros(shape, device=device)
+        self.episodes = torch.zeros(shape, device=device)
+
+    def _sum(self, x: torch.Tensor) -> torch.Tensor:
+        """`[B]` summed over the envs (of each member)."""
+        return x.sum() if self.members == 1 else x.view(self.members, -1).sum(-1)
 
     def tensors(self) -> list[torch.Tensor]:
         return [*self.running.values(), self.length, *self.return_sum.values(), self.length_sum, self.episodes]
@@ -86,10 +94,10 @@ class EpisodeStats:
         for g, reward in rewards.items():
             self.running[g] += reward
             # An episode's return for a group: its agents' summed rewards, averaged over the agents.
-            self.return_sum[g] += (self.running[g].mean(-1) * finished).sum()
+            self.return_sum[g] += self._sum(self.running[g].mean(-1) * finished)
             self.running[g].masked_fill_(done[:, None], 0.0)
-        self.length_sum += (self.length * finished).sum()
-        self.episodes += finished.sum()
+        self.length_sum += self._sum(self.length * finished)
+        self.episodes += self._sum(finished)
         self.length.masked_fill_(done, 0.0)
 
     def take_finished(self) -> FinishedEpisodes:
@@ -135,6 +143,9 @@ class Collector:
     The env's resets draw from its generator, which a graph cannot hold, so the compiler splits the
     step there and runs the draw eagerly; everything else fuses. With an env torch.compile cannot trace
     (`env.traceable` False: VMAS, PettingZoo) the collector runs eagerly: see `__init__`.
+
+    Several seeds in one batch (`marl.core.members`): `generator` is a list, one per member, `seed` the
+    members' seeds, and the episode statistics are per member.
     """
 
     def __init__(
@@ -142,8 +153,8 @@ class Collector:
         env,
         acting: Acting,
         rollout_length: int,
-        generator: torch.Generator,
-        seed: int,
+        generator: torch.Generator | list[torch.Generator],
+        seed: int | tuple[int, ...],
         compile: bool = False,
         unroll: int = 1,
     ) -> None:
@@ -155,7 +166,8 @@ class Collector:
         self.leaves = {g: {k: self.buffer[g, k] for k in self.buffer[g].keys()} for g in env.groups}
         self.state_leaves = {k: self.buffer[k] for k in ("state", "next_state") if k in self.buffer.keys()}
         self.obs = env.reset_data(seed=seed)  # nested dicts of tensors
-        self.stats = EpisodeStats(env.groups, env.num_envs, env.device)
+        members = len(generator) if isinstance(generator, list) else 1
+        self.stats = EpisodeStats(env.groups, env.num_envs, env.device, members)
         # Compiled, a call runs `unroll` steps: the fixed cost of a compiled call (guards, wrapper) then
         # comes once per `unroll` steps, which matters at small batches.
         if rollout_length % unroll:
@@ -187,14 +199,18 @@ class Collector:
         """Run `T` steps; returns the filled buffer (overwritten by the next call)."""
         env, B = self.env, self.env.num_envs
         # The whole iteration's sampling noise in one draw per group: [T, B, n, head].
-        noise = {
-            g: draw_noise(env.groups[g].action, (self.T, B, env.groups[g].n_agents), self.generator, self.device)
-            for g in self.policies
-        }
+        noise = {g: self._noise(env.groups[g].action, (self.T, B, env.groups[g].n_agents)) for g in self.policies}
         # Steps are addressed by a tensor index, so the compiled steps are one graph for every t.
         for t in torch.arange(self.T, device=self.device).view(-1, self.unroll, 1):  # [unroll, 1] each
             self.obs = self._steps(t, self.obs, noise)
         return self.buffer
+
+    def _noise(self, spec, shape: tuple[int, ...]) -> torch.Tensor:
+        if isinstance(self.generator, list):  # each member's block from its own generator
+            return draw_member_noise(
+                lambda local, gen: draw_noise(spec, local, gen, self.device), shape, self.generator
+            )
+        return draw_noise(spec, shape, self.generator, self.device)
 
     def _steps_eager(self, t: torch.Tensor, obs: dict, noise: dict[str, torch.Tensor]) -> dict:
         """`_step_eager` for each index in `t` (`[unroll, 1]`); returns the last next `obs`."""

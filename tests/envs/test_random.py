@@ -79,3 +79,18 @@ def test_sizes_given_torch_style_are_a_clear_error():
     with pytest.raises(TypeError, match=r"random sizes are separate ints, e.g\. rng\.rand\(B, n\).*got \(5, \(4,\)\)"):
         rng.randint(0, 5, (4,))  # torch.randint's (low, high, size) order
     assert rng.randint(5, 4, 2).shape == (4, 2)
+
+
+def test_member_streams_draw_as_single_streams_with_their_seeds():
+    seeds = [3, 7, 11]
+    batched, singles = CounterRandom(seeds, "cpu"), [CounterRandom(s, "cpu") for s in seeds]
+    for _ in range(2):
+        assert torch.equal(batched.rand(6, 5, 2), torch.cat([r.rand(2, 5, 2) for r in singles]))
+        assert torch.equal(batched.bits32(9, 3), torch.cat([r.bits32(3, 3) for r in singles]))  # odd count
+        assert torch.equal(batched.randn(3, 5), torch.cat([r.randn(1, 5) for r in singles]))
+        assert torch.equal(batched.randint(4, 6), torch.cat([r.randint(4, 2) for r in singles]))
+    assert batched.counter.item() == singles[0].counter.item()
+    with pytest.raises(ValueError, match=r"needs dim 0 \(the env dim\) divisible by 3"):
+        batched.rand(4, 2)
+    with pytest.raises(ValueError, match="this stream takes 3 seed"):
+        batched.seed(5)

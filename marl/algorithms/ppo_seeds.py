@@ -1,0 +1,332 @@
+"""PPO for several seeds in one process (`marl train --seeds 0 1 2 3 4`): member `k` learns exactly as a
+single run with seed `k` does (to float rounding: batched matmuls sum in another order).
+
+Each member's nets are built as a single run builds them (the global RNG seeded with the member's seed),
+then stacked (`marl.core.members.Members`): collection, values and losses run every member at once under
+`vmap`. What a single run computes over its own rows stays per member: loss means (inside the vmapped
+loss), advantage normalisation (over each member's minibatch), GAE (per env column), the critics'
+running moments (`[S]` buffers), gradient-norm clipping (`clip_members_`) and the minibatch orders (each
+member's generator). Adam over stacked parameters is elementwise, so one Adam per group is `S` single
+runs' Adams. The critic passes and each step's forward and backward go through their rows in chunks
+(`CHUNK_ROWS`, `UPDATE_CHUNK_ROWS`): on a CPU, S times a single run's activations outgrow the caches.
+
+A population (`--sweep lr=1e-4,1e-3`) gives each member its own values of `SWEEPABLE` options, as `[S]`
+tensors: the loss reads them (vmapped, one value per member), and a swept learning rate scales each
+member's Adam step (Adam then steps with lr 1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import types
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+from torch.func import vmap
+
+import kernels
+from marl.algorithms.base import Algorithm, register_seeded
+from marl.algorithms.ppo import LOSS_TERMS, NETS, PPO, UPDATE_KEYS, explained_variance
+from marl.config import TrainConfig
+from marl.core.members import MemberPolicy, Members, clip_members_, join, split
+from marl.core.rollout import Acting, observations
+from marl.optim.update_step import adam
+
+SWEEPABLE = ("lr", "entropy_coef", "clip_eps", "value_coef")
+CHUNK_ROWS = 4096  # env steps of all members per chunk of the advantages' critic passes (`_in_chunks`)
+UPDATE_CHUNK_ROWS = 2048  # minibatch frames of all members per chunk of a step's forward and backward (`step`)
+
+
+@register_seeded("mappo", "ippo")
+class SeededPPO(Algorithm):
+    """`PPO` for `len(seeds)` members; `generators[k]` is member `k`'s random stream (collection noise and
+    minibatch orders), as a single run's."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        env,
+        device: torch.device,
+        world,
+        generators: list[torch.Generator],
+        seeds: tuple[int, ...],
+        sweep: dict[str, tuple[float, ...]] | None = None,
+    ) -> None:
+        super().__init__(config, env, device, world, generators[0])
+        self.seeds, self.generators = tuple(seeds), list(generators)
+        sweep = dict(sweep or {})
+        unknown = sorted(set(sweep) - set(SWEEPABLE))
+        if unknown:
+            raise ValueError(f"--sweep takes PPO's options {', '.join(SWEEPABLE)}, not {', '.join(unknown)}")
+        overridden = sorted({n for o in config.group_overrides.values() for n in o} & set(sweep))
+        if overridden:
+            raise ValueError(f"--sweep and --group both set {', '.join(overridden)}: sweep it for every group, or none")
+        singles = []
+        for k, (seed, generator) in enumerate(zip(seeds, generators)):
+            member = dataclasses.replace(
+                config, algo=dataclasses.replace(config.algo, **{n: v[k] for n, v in sweep.items()})
+            )
+            torch.manual_seed(seed)  # as a single run with this seed seeds the init of its networks
+            singles.append(PPO(member, env, device, world, generator))
+        # Each member's values of the swept options the loss reads, [S]; a swept lr scales the Adam steps.
+        self.swept = {n: torch.tensor(v, device=device) for n, v in sweep.items() if n != "lr"} or None
+        self.member_lr = torch.tensor(sweep["lr"], device=device) if "lr" in sweep else None
+        self.template = singles[0]  # its nets run every member's tensors (`Members`)
+        self.members = Members([_nets(single) for single in singles])
+        # Per group its stacked parameters in a single run's optimiser order (every net's, in NETS' order).
+        self.group_params = {
+            g: {
+                net: [self.members.params[f"{g}.{net}.{name}"] for name, _ in getattr(lr, net).named_parameters()]
+                for net in NETS
+            }
+            for g, lr in self.template.learners.items()
+        }
+        self.base_lr = {
+            g: 1.0 if self.member_lr is not None else lr.algo.lr for g, lr in self.template.learners.items()
+        }
+        self.optimizers = {
+            g: adam([p for net in NETS for p in self.group_params[g][net]], lr=self.base_lr[g], eps=lr.algo.adam_eps)
+            for g, lr in self.template.learners.items()
+        }
+
+    @property
+    def count(self) -> int:
+        return len(self.seeds)
+
+    @property
+    def acting(self) -> Acting:
+        return Acting({g: MemberPolicy(self.members, lr.policy) for g, lr in self.template.learners.items()}, True)
+
+    def begin_iteration(self, frames: int, total_frames: int) -> None:
+        """With `lr_schedule` linear: lr * (1 - progress), as `PPO.begin_iteration`."""
+        progress = min(frames / total_frames, 1.0)
+        for g, learner in self.template.learners.items():
+            if learner.algo.lr_schedule == "linear":
+                for group in self.optimizers[g].param_groups:
+                    group["lr"] = self.base_lr[g] * (1.0 - progress)
+
+    def update(self, batch: TensorDict, timer) -> dict[str, dict[str, torch.Tensor]]:
+        """`PPO.update` for every member; each term is `[S]`, one per member."""
+        explained = self.advantages(batch)
+        timer.mark("advantages_s")
+        terms = self.epochs(batch)
+        return {g: {"explained_variance": explained[g], **terms[g]} for g in self.template.learners}
+
+    def _critic_buffer(self, g: str, name: str) -> torch.Tensor:
+        return self.members.buffers[f"{g}.critic.{name}"]  # [S]
+
+    @torch.no_grad()
+    def advantages(self, batch: TensorDict) -> dict[str, torch.Tensor]:
+        """`PPO.advantages` for every member: values, GAE (per env, so over the whole `[T, S * B]` batch),
+        each member's critic moments; returns each group's explained variance per member `[S]`."""
+        S, groups = self.count, list(self.env.groups)
+        obs, state = observations(batch, groups)
+        next_obs, next_state = observations(batch, groups, next=True)
+        # [T, S * B, ...] -> [S, T, B, ...]
+        obs, next_obs = ({g: split(x, S, 1) for g, x in o.items()} for o in (obs, next_obs))
+        state, next_state = (split(s, S, 1) if s is not None else None for s in (state, next_state))
+        explained = {}
+        for g, learner in self.template.learners.items():
+
+            def value(obs, state, learner=learner):
+                return learner.critic.value(learner.critic_input(obs, state))
+
+            values = self._in_chunks(value, obs, state)  # [S, T, B, n]
+            next_values = self._in_chunks(value, next_obs, next_state)
+            data = batch[g]
+            advantage, target = kernels.gae(
+                data["reward"],
+                join(values, 1),
+                join(next_values, 1),
+                data["done"],
+                data["terminated"],
+                gamma=learner.algo.gamma,
+                lmbda=learner.algo.lmbda,
+            )
+            data.update({"value": join(values, 1), "advantage": advantage, "value_target": target})
+            wide = split(target.double(), S, 1).flatten(1)  # [S, T * B * n]
+            moments = (wide.new_full((S,), wide.shape[1]), wide.sum(1), wide.square().sum(1))
+            self.members.broadcast(learner.critic.update_moments, *moments)
+            explained[g] = vmap(explained_variance)(values, split(target, S, 1))
+        return explained
+
+    def _in_chunks(self, fn, obs: dict, state):
+        """`self.members(fn, obs, state)` over `[S, T, B, ...]` inputs, a few steps `T` at a time: every
+        member's values at once would outgrow the CPU's caches (S times a single run's rows), and
+        every elementwise op would then run at memory speed."""
+        T, B = next(iter(obs.values())).shape[1:3]
+        steps = max(1, CHUNK_ROWS // (self.count * B))
+        parts = []
+        for t in range(0, T, steps):
+            chunk = {g: o[:, t : t + steps] for g, o in obs.items()}
+            parts.append(self.members(fn, chunk, state[:, t : t + steps] if state is not None else None))
+        return torch.cat(parts, 1)
+
+    def update_inputs(self, batch: TensorDict) -> tuple[dict[str, dict[str, torch.Tensor]], torch.Tensor | None]:
+        """`PPO.update_inputs` per member: `[S, T * B, ...]` (member `k`'s rows in a single run's order),
+        values and targets in each member's critic's normalised units."""
+        S = self.count
+
+        def per_member(x: torch.Tensor) -> torch.Tensor:
+            return split(x, S, 1).flatten(1, 2)  # [T, S * B, ...] -> [S, T * B, ...]
+
+        flat = {g: {k: per_member(v) for k, v in batch[g].items() if k in UPDATE_KEYS} for g in self.template.learners}
+        for g, data in flat.items():
+            mean, std = self._critic_buffer(g, "target_mean"), self._critic_buffer(g, "target_var").sqrt()
+            for key in ("value", "value_target"):
+                data[key] = (data[key] - mean.view(S, 1, 1)) / std.view(S, 1, 1)
+        state = per_member(batch["state"]) if "state" in batch.keys() else None
+        return flat, state
+
+    def epochs(self, batch: TensorDict) -> dict[str, dict[str, torch.Tensor]]:
+        """`PPO.epochs` for every member: each epoch, every member shuffles its own frames with its own
+        generator (a loop over the members once per epoch: one draw per generator) and every minibatch step
+        steps all members."""
+        algo, S = self.config.algo, self.count
+        frames = batch.batch_size.numel() // S
+        flat, state = self.update_inputs(batch)
+        size, count = algo.minibatch_size, frames // algo.minibatch_size
+        sums = {g: torch.zeros(S, len(LOSS_TERMS) + 2, device=self.device) for g in flat}
+        rows = torch.arange(S, device=self.device)[:, None]
+        for _ in range(algo.epochs):
+            order = torch.stack([torch.randperm(frames, generator=gen, device=self.device) for gen in self.generators])
+            data = {
+                g: {k: v[rows, order] for k, v in tensors.items()} for g, tensors in flat.items()
+            }  # [S, frames, ...]
+            data_state = state[rows, order] if state is not None else None
+            for k in range(count):
+                index = slice(k * size, (k + 1) * size)
+                minibatch = {g: {key: v[:, index] for key, v in tensors.items()} for g, tensors in data.items()}
+                out = self.step(minibatch, data_state[:, index] if data_state is not None else None)
+                for g, vector in out.items():
+                    sums[g] += vector
+        names = (*LOSS_TERMS, "policy_grad_norm", "critic_grad_norm")
+        return {g: dict(zip(names, (vector / (algo.epochs * count)).unbind(-1))) for g, vector in sums.items()}
+
+    def step(self, flat, state) -> dict[str, torch.Tensor]:
+        """One minibatch step of every member: the members' losses summed (each member's gradient is its
+        own loss's), each member's gradients clipped per net, Adam; per group `[S, terms + 2 norms]`.
+
+        The forward and backward go through the minibatch's rows in chunks of about `UPDATE_CHUNK_ROWS`
+        frames of all members, the gradients accumulating: every loss term is a mean over the rows, so
+        each chunk's, weighted by its share of the rows, sums to the minibatch's (advantages are
+        normalised over the whole minibatch first). All of a step's activations at once would outgrow the
+        CPU's caches, S times a single run's, and every elementwise op would then run at memory speed."""
+        template = self.template
+        rows = next(iter(flat.values()))["advantage"].shape[1]
+        chunks = max(1, min(rows, -(-self.count * rows // UPDATE_CHUNK_ROWS)))
+        size = -(-rows // chunks)
+        flat = self._normalized_advantages(flat)
+
+        def loss(flat, state, swept):
+            with _options(template, {**(swept or {}), "normalize_advantage": False}):
+                return template._minibatch_loss(flat, state, slice(None))
+
+        for optimizer in self.optimizers.values():
+            optimizer.zero_grad(set_to_none=True)
+        terms: dict[str, torch.Tensor] = {}
+        for start in range(0, rows, size):
+            part, weight = slice(start, start + size), (min(rows, start + size) - start) / rows
+            chunk = {g: {k: v[:, part] for k, v in data.items()} for g, data in flat.items()}
+            total, chunk_terms = self.members(loss, chunk, state[:, part] if state is not None else None, self.swept)
+            (total.sum() * weight).backward()
+            for g, t in chunk_terms.items():
+                terms[g] = terms[g] + t * weight if g in terms else t * weight
+        out = {}
+        for g, learner in template.learners.items():
+            norms = []
+            for net in NETS:
+                if learner.algo.max_grad_norm > 0:
+                    norms.append(clip_members_(self.group_params[g][net], learner.algo.max_grad_norm))
+                else:
+                    norms.append(torch.full((self.count,), math.nan, device=self.device))
+            self._adam_step(g)
+            out[g] = torch.cat([terms[g], torch.stack(norms, -1)], -1)
+        return out
+
+    def _normalized_advantages(self, flat):
+        """`flat` with each group's advantages normalised per member over the minibatch (where its config
+        says so), as `policy_terms` normalises a single run's."""
+        out = {}
+        for g, data in flat.items():
+            if self.template.learners[g].algo.normalize_advantage:
+                advantage = data["advantage"]  # [S, M, n]
+                mean, std = advantage.mean((1, 2), keepdim=True), advantage.std((1, 2), keepdim=True)
+                data = {**data, "advantage": (advantage - mean) / (std + 1e-8)}
+            out[g] = data
+        return out
+
+    @torch.no_grad()
+    def _adam_step(self, g: str) -> None:
+        """Group `g`'s Adam step; with a swept lr (Adam's own is then 1), each member's step scaled by its lr."""
+        if self.member_lr is None:
+            self.optimizers[g].step()
+            return
+        params = [p for net in NETS for p in self.group_params[g][net]]
+        before = [p.clone() for p in params]
+        self.optimizers[g].step()
+        for p, old in zip(params, before):
+            p.copy_(old + self.member_lr.view(-1, *([1] * (p.dim() - 1))) * (p - old))
+
+    def parameters(self) -> list[torch.Tensor]:
+        return list(self.members.params.values())
+
+    def state_dict(self) -> dict:
+        return {
+            "params": {k: v.detach() for k, v in self.members.params.items()},
+            "buffers": dict(self.members.buffers),
+            "optimizers": {g: opt.state_dict() for g, opt in self.optimizers.items()},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        with torch.no_grad():
+            for source, held in ((state["params"], self.members.params), (state["buffers"], self.members.buffers)):
+                for name, tensor in held.items():
+                    tensor.copy_(source[name])
+        for g, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(state["optimizers"][g])
+
+    def member_state_dict(self, k: int) -> dict:
+        """Member `k`'s state as a single run's `PPO.state_dict()`: its checkpoint is an ordinary one."""
+        state = {}
+        for g in self.template.learners:
+            optimizer = self.optimizers[g].state_dict()
+            per_param = {
+                i: {name: (value[k].clone() if name != "step" else value.clone()) for name, value in held.items()}
+                for i, held in optimizer["state"].items()
+            }
+            state[g] = {
+                "policy": self.members.member(k, f"{g}.policy"),
+                "critic": self.members.member(k, f"{g}.critic"),
+                "optimizer": {"state": per_param, "param_groups": optimizer["param_groups"]},
+            }
+        return state
+
+    @classmethod
+    def label(cls, config: TrainConfig, groups) -> str:
+        return PPO.label(config, groups)
+
+
+@contextlib.contextmanager
+def _options(ppo: PPO, values: dict):
+    """Within: every learner's config reads `values` instead of its own (swept options: one member's
+    value, under vmap)."""
+    held = {g: lr.algo for g, lr in ppo.learners.items()}
+    try:
+        for lr in ppo.learners.values():
+            fields = {f.name: getattr(lr.algo, f.name) for f in dataclasses.fields(lr.algo)}
+            lr.algo = types.SimpleNamespace(**{**fields, **values})
+        yield
+    finally:
+        for g, lr in ppo.learners.items():
+            lr.algo = held[g]
+
+
+def _nets(ppo: PPO) -> nn.Module:
+    """A PPO's nets under one module, named `GROUP.policy` and `GROUP.critic`."""
+    return nn.ModuleDict(
+        {g: nn.ModuleDict({"policy": lr.policy, "critic": lr.critic}) for g, lr in ppo.learners.items()}
+    )

@@ -1,0 +1,279 @@
+"""What a run of several seeds in one process (`marl train --seeds 0 1 2 3 4`) adds around the run loop:
+its checks and memory estimate, its logs, each member's single-seed checkpoint, its summary.
+
+A population's run folder holds:
+- `checkpoint.pt`: the whole population (`marl train --resume` continues every member);
+- `aggregate.csv`: per iteration and metric, the mean over the members, their standard deviation and a
+  95% bootstrap confidence interval of the mean (`NAME`, `NAME_std`, `NAME_ci_low`, `NAME_ci_high`);
+- `seed_<s>/` (with `--sweep`: `seed_<s>-lr_0.001-...`): each member as an ordinary run folder, its
+  `metrics.csv` and a single-seed `checkpoint.pt` that `marl eval`, `marl plot` and `marl train --resume`
+  take as any other run's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from marl import algorithms
+from marl.app.logger import RunLogger
+from marl.config import Member, RunConfig, TrainConfig
+from marl.core.replay import format_bytes, free_bytes
+from marl.core.rollout import transition_layout
+
+AGGREGATE = "aggregate.csv"
+CONFIDENCE = 0.95
+RESAMPLES = 1000
+STATS = ("std", "ci_low", "ci_high")  # the aggregate's columns beside each metric's mean: NAME_std, ...
+
+
+def seeds_text(seeds: Sequence[int], sep: str = ", ") -> str:
+    """`0-4` for consecutive seeds, else the seeds joined by `sep`."""
+    seeds = list(seeds)
+    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[0] + len(seeds))):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return sep.join(map(str, seeds))
+
+
+def members_text(members: Sequence[Member]) -> str:
+    """`seeds 0-4`, with a sweep `seeds 0-1 x lr 0.0001, 0.001`."""
+    seeds = sorted({m.seed for m in members})
+    swept = {name: sorted({v for m in members for k, v in m.values if k == name}) for name, _ in members[0].values}
+    return " x ".join(
+        [f"seeds {seeds_text(seeds)}", *(f"{k} {', '.join(f'{v:g}' for v in vs)}" for k, vs in swept.items())]
+    )
+
+
+def sweep_values(members: Sequence[Member]) -> dict[str, tuple[float, ...]]:
+    """Each swept option's value for every member, in the members' order."""
+    return {name: tuple(dict(m.values)[name] for m in members) for name, _ in members[0].values}
+
+
+def member_dir(run_dir: Path, member: Member) -> Path:
+    return Path(run_dir) / member.name
+
+
+def logs(run_dir: Path, members: Sequence[Member]) -> list[Path]:
+    """Every CSV a run of `members` writes."""
+    if len(members) == 1:
+        return [Path(run_dir) / "metrics.csv"]
+    return [Path(run_dir) / AGGREGATE, *(member_dir(run_dir, m) / "metrics.csv" for m in members)]
+
+
+def check_population(config: TrainConfig, world) -> None:
+    """Refuse what several seeds in one process do not support (yet), before anything is built."""
+    algorithms.check_seeded(config.algo.algo)
+    if world.size > 1:
+        raise ValueError("several seeds (--seeds, --num-seeds) train in one process: run them without torchrun")
+    if config.run.compile:
+        raise ValueError("several seeds (--seeds, --num-seeds) train eagerly so far: leave out --compile")
+
+
+def env_seed(config: TrainConfig, seeds: tuple[int, ...]) -> int | tuple[int, ...]:
+    """The seed of a population's `[S * B]` envs: every member's own for a native env (its counter-based
+    stream splits by member, `envs.random`), the first member's for an adapter's simulator (VMAS,
+    PettingZoo), whose one random stream cannot: its members are then independent runs, each seeded apart
+    in its nets and sampling, but their envs are not a single run's with their seed."""
+    if "/" not in config.env.env:
+        return seeds
+    print(
+        f"{config.env.env}: one random stream (seeded {seeds[0]}) serves every seed's envs: each member "
+        "trains independently, but its envs do not draw as a single run's with its seed"
+    )
+    return seeds[0]
+
+
+# ---- memory --------------------------------------------------------------------------------------
+
+
+def member_nbytes(config: TrainConfig, env, algorithm) -> dict[str, int]:
+    """What one member takes, by part: its rollout (every transition and the values, advantages and
+    targets computed on it), the update's per-member copies of the rollout (member-major, then shuffled:
+    two), and its nets with their gradients and Adam's two moments."""
+    frames = config.env.num_envs * config.run.rollout_length
+    layout = transition_layout(env.groups, env.state_spec, log_prob=True)
+    per_frame = sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size() for shape, dtype in layout.values())
+    per_frame += sum(3 * 4 * spec.n_agents for spec in env.groups.values())  # value, advantage, target
+    nets = 4 * sum(p.numel() * p.element_size() for p in algorithm.parameters()) // algorithm.count
+    return {"rollout": frames * per_frame, "update": 2 * frames * per_frame, "nets and Adam": nets}
+
+
+def check_memory(config: TrainConfig, env, device: torch.device, algorithm, free: int | None = None) -> None:
+    """Print what the members take; refuse, saying how many seeds fit, when it exceeds the memory free on
+    `device` (before the rollout is allocated)."""
+    parts = member_nbytes(config, env, algorithm)
+    each, count = sum(parts.values()), algorithm.count
+    free = free_bytes(device) if free is None else free
+    split = ", ".join(f"{name} {format_bytes(n)}" for name, n in parts.items())
+    where = "unknown" if free is None else format_bytes(free)
+    print(
+        f"{members_text(config.run.members())}: {count} runs in one process, {format_bytes(each)} each ({split}): "
+        f"{format_bytes(each * count)} of {where} free on {device}"
+    )
+    if free is not None and each * count > free:
+        fit = int(free // max(each, 1))
+        raise MemoryError(
+            f"{count} seeds need {format_bytes(each * count)} ({format_bytes(each)} each) but "
+            f"{format_bytes(free)} is free on {device}: at most {fit} seed(s) fit; pass --num-seeds {max(fit, 1)} "
+            f"(run the others in another process), or fewer --num-envs or a shorter --rollout-length"
+        )
+
+
+# ---- members as single runs ----------------------------------------------------------------------
+
+
+def member_config(config: TrainConfig, member: Member) -> TrainConfig:
+    """The config of the single run a member trains as: its seed, its swept values."""
+    run = dataclasses.replace(config.run, seed=member.seed, seeds=(), num_seeds=1, sweep=())
+    return dataclasses.replace(config, run=run, algo=dataclasses.replace(config.algo, **dict(member.values)))
+
+
+def member_state(trainer, state: dict, k: int) -> dict:
+    """Member `k`'s checkpoint, as a single run with its seed writes it, from the population's `state`
+    (`Trainer.state_dict()`): its slot of every stacked tensor, its block of the envs."""
+    count, num_envs = len(trainer.members), trainer.config.env.num_envs
+    rows = slice(k * num_envs, (k + 1) * num_envs)
+
+    def envs_rows(value):
+        if isinstance(value, dict):
+            return {name: envs_rows(v) for name, v in value.items()}
+        if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == count * num_envs:
+            return value[rows].clone()
+        return value
+
+    env = state["env"]
+    if env is not None:
+        rng = {"key": env["rng"]["key"][k].clone(), "counter": env["rng"]["counter"].clone()}
+        env = {**env, "tensors": envs_rows(env["tensors"]), "rng": rng, "seed": trainer.seeds[k]}
+    stats = state["stats"]
+    sums = {"return_sum": {g: v[k].clone() for g, v in stats["return_sum"].items()}}
+    sums.update({name: stats[name][k].clone() for name in ("length_sum", "episodes")})
+    return {
+        **state,
+        "config": member_config(trainer.config, trainer.members[k]).to_dict(),
+        "algorithm": trainer.algorithm.member_state_dict(k),
+        "generator": state["generator"][k],
+        "env": env,
+        "obs": envs_rows(state["obs"]),
+        "stats": {"running": envs_rows(stats["running"]), "length": envs_rows(stats["length"]), **sums},
+        "buffer": None,
+        "pending": None,
+    }
+
+
+# ---- logs ------------------------------------------------------------------------------------------
+
+
+def bootstrap_ci(values: Sequence[float], confidence: float = CONFIDENCE, resamples: int = RESAMPLES) -> tuple:
+    """The mean of `values` (NaNs left out), their standard deviation, and a percentile bootstrap
+    confidence interval of the mean: `(mean, std, low, high)`; NaN where no value is finite."""
+    finite = np.array([v for v in values if math.isfinite(v)], dtype=np.float64)
+    if finite.size == 0:
+        return (math.nan,) * 4
+    mean = float(finite.mean())
+    std = float(finite.std(ddof=1)) if finite.size > 1 else 0.0
+    # A fixed stream: the same members give the same interval in every run and on resume.
+    draws = np.random.default_rng(0).integers(0, finite.size, size=(resamples, finite.size))
+    means = finite[draws].mean(1)
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return mean, std, float(low), float(high)
+
+
+def aggregate_row(row: dict) -> dict[str, float]:
+    """An iteration's population row (`Trainer.train_iteration`: `members`, one metrics dict per member)
+    as the aggregate's: the shared columns, then every metric's mean, std and confidence interval."""
+    members = row["members"]
+    out = {k: v for k, v in row.items() if k != "members"}
+    for name in members[0]:
+        mean, *stats = bootstrap_ci([m[name] for m in members])
+        out[name] = mean
+        out.update({f"{name}_{stat}": value for stat, value in zip(STATS, stats)})
+    return out
+
+
+class PopulationLogger:
+    """Each member's row to its own `seed_<s>/metrics.csv`; the aggregate to `aggregate.csv` (and TensorBoard),
+    with the progress bar."""
+
+    def __init__(self, run_dir: Path, members: Sequence[Member], run: RunConfig, start_frames: int) -> None:
+        self.members = [
+            RunLogger(member_dir(run_dir, m), run.total_frames, start_frames, progress=False, tensorboard=False)
+            for m in members
+        ]
+        self.aggregate = RunLogger(
+            run_dir, run.total_frames, start_frames, run.progress, run.tensorboard, csv_name=AGGREGATE
+        )
+
+    def log(self, row: dict) -> None:
+        shared = {k: v for k, v in row.items() if k != "members"}
+        for logger, member in zip(self.members, row["members"]):
+            logger.log({**shared, **member})
+        self.aggregate.log(aggregate_row(row))
+
+    def close(self) -> None:
+        for logger in (*self.members, self.aggregate):
+            logger.close()
+
+
+# ---- summary ----------------------------------------------------------------------------------------
+
+
+def final_return(rows: list[dict], key: str) -> float:
+    """A run's final return: its mean over the last tenth of the iterations where an episode ended (as the
+    single run's summary), NaN when none did."""
+    tail = max(1, len(rows) // 10)
+    recent = [r[key] for r in rows[-tail:] if math.isfinite(r.get(key, math.nan))]
+    if not recent:
+        recent = [r[key] for r in rows if math.isfinite(r.get(key, math.nan))][-tail:]
+    return sum(recent) / len(recent) if recent else math.nan
+
+
+def print_summary(trainer, rows: list[dict]) -> None:
+    """The end of a population's run: per group the members' final returns, their mean and its 95% CI over
+    the seeds; with a sweep, per combination of values, ranked by its mean."""
+    if not rows:
+        print("nothing to train: the run already reached total_frames")
+        return
+    last, members = rows[-1], trainer.members
+    lines = [
+        "",
+        f"run            {trainer.run_dir}",
+        f"env            {trainer.config.env.env}  ({len(members)} runs x {trainer.config.env.num_envs} envs "
+        f"on {trainer.device}: {members_text(members)})",
+        f"frames         {int(last['frames']):,} per run in {last['time_s']:.1f} s "
+        f"({len(members) * last['frames'] / max(last['time_s'], 1e-9):,.0f} frames/s, all runs)",
+        f"iterations     {int(last['iteration'])}",
+    ]
+    for g in trainer.env.groups:
+        key = f"{g}/episode_return"
+        finals = [final_return([{**r, **r["members"][k]} for r in rows], key) for k in range(len(members))]
+        by_values: dict[tuple, list[tuple[int, float]]] = {}
+        for member, value in zip(members, finals):
+            by_values.setdefault(member.values, []).append((member.seed, value))
+        ranked = sorted(by_values.items(), key=lambda item: -_nan_low(bootstrap_ci([v for _, v in item[1]])[0]))
+        for rank, (values, runs) in enumerate(ranked, 1):
+            mean, std, low, high = bootstrap_ci([v for _, v in runs])
+            each = ", ".join(f"{v:.3f}" for _, v in runs)
+            swept = " ".join(f"{k}={v:g}" for k, v in values)
+            head = f"{g:<14}" if rank == 1 else " " * 14
+            lines.append(
+                f"{head} {f'#{rank} {swept}: ' if values else ''}final return {mean:.4f} (95% CI {low:.4f} to "
+                f"{high:.4f}, std {std:.4f}) over seeds {seeds_text([s for s, _ in runs])}: {each}"
+            )
+    first = member_dir(trainer.run_dir, members[0])
+    lines += [
+        f"checkpoint     {trainer.checkpoint_path} (all runs); one run's: {first / 'checkpoint.pt'}",
+        f"next           marl eval --checkpoint {first / 'checkpoint.pt'}",
+        f"               marl plot {trainer.run_dir}",
+    ]
+    print("\n".join(lines))
+
+
+def _nan_low(value: float) -> float:
+    return value if math.isfinite(value) else -math.inf

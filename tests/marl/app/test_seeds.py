@@ -1,0 +1,209 @@
+"""Several seeds in one process (`marl train --seeds`): each member is the single run with its seed."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+import envs
+from marl.algorithms import ppo_seeds
+from marl.algorithms.ppo import PPOConfig
+from marl.app import seeds as population
+from marl.app.cli import build_parser, config_from_args, main
+from marl.app.trainer import Trainer
+from marl.config import EnvSettings, ModelConfig, TrainConfig
+from tests.marl.app.test_training import small_config
+
+SEEDS = (3, 8)
+
+
+def tiny_config(tmp_path, algo="mappo", share_params=True) -> TrainConfig:
+    return dataclasses.replace(
+        small_config(tmp_path),
+        env=EnvSettings(env="navigation", num_envs=16, env_options={"max_steps": 6}),
+        algo=PPOConfig(algo=algo, minibatch_size=64, epochs=2),
+        model=ModelConfig(hidden=(16, 16), share_params=share_params),
+    )
+
+
+def with_run(config: TrainConfig, **run) -> TrainConfig:
+    run.setdefault("rollout_length", 8)
+    run.setdefault("total_frames", 16 * 8 * 2)
+    return dataclasses.replace(config, run=dataclasses.replace(config.run, **run))
+
+
+def assert_rows_match(member: dict, single: dict) -> None:
+    assert member.keys() == {k for k in single if "/" in k or k in ("episodes", "episode_length")}
+    for key, value in member.items():
+        if math.isnan(single[key]):
+            assert math.isnan(value), key
+        else:
+            assert value == pytest.approx(single[key], rel=1e-4, abs=1e-5), key
+
+
+@pytest.mark.parametrize(("algo", "share_params", "chunks"), [("mappo", True, False), ("ippo", False, True)])
+def test_each_member_trains_as_the_single_run_with_its_seed(tmp_path, monkeypatch, algo, share_params, chunks):
+    if chunks:  # the critic passes and each minibatch step in uneven chunks of rows (sizes 22, 22, 20)
+        monkeypatch.setattr(ppo_seeds, "CHUNK_ROWS", 40)
+        monkeypatch.setattr(ppo_seeds, "UPDATE_CHUNK_ROWS", 48)
+    config = tiny_config(tmp_path, algo, share_params)
+    if chunks:  # and a learning rate annealed over the run
+        config = dataclasses.replace(config, algo=dataclasses.replace(config.algo, lr_schedule="linear"))
+    batched = Trainer(with_run(config, seeds=SEEDS), run_dir=tmp_path / "seeds")
+    singles = [Trainer(with_run(config, seed=s), run_dir=tmp_path / f"seed{s}") for s in SEEDS]
+    for _ in range(2):
+        row = batched.train_iteration()
+        for member, single in zip(row["members"], singles):
+            assert_rows_match(member, single.train_iteration())
+    assert all(math.isfinite(member["agent/episode_return"]) for member in row["members"])
+    # the runs differ from each other (members are not copies of one run)
+    assert row["members"][0]["agent/loss"] != row["members"][1]["agent/loss"]
+
+
+def test_member_envs_draw_as_single_envs_with_their_seeds():
+    num_envs = 4
+    batched = envs.make("tag", num_envs=len(SEEDS) * num_envs, seed=SEEDS, max_steps=3)
+    singles = [envs.make("tag", num_envs=num_envs, seed=s, max_steps=3) for s in SEEDS]
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(7):  # two auto-resets
+        action = batched.sample_actions(generator)
+        _, obs = batched.step(action)
+        parts = [
+            e.step({g: a[k * num_envs : (k + 1) * num_envs] for g, a in action.items()})[1]
+            for k, e in enumerate(singles)
+        ]
+        for g in batched.groups:
+            assert torch.equal(obs[g, "observation"], torch.cat([p[g, "observation"] for p in parts]))
+
+
+def test_population_collects_and_learns_without_host_sync(tmp_path):
+    trainer = Trainer(with_run(tiny_config(tmp_path), seeds=SEEDS))
+    with envs.forbid_host_sync():
+        batch = trainer.collector.collect()
+        trainer.algorithm.update(batch, trainer.timer)
+
+
+def test_population_resumes_exactly_and_each_member_resumes_alone(tmp_path):
+    config = with_run(tiny_config(tmp_path), seeds=SEEDS, total_frames=16 * 8 * 3)
+    straight = Trainer(config, run_dir=tmp_path / "pop")
+    straight.train_iteration()
+    straight.save()
+    expected = straight.train_iteration()["members"]
+
+    resumed = Trainer.resume(tmp_path / "pop" / "checkpoint.pt")
+    for a, b in zip(resumed.train_iteration()["members"], expected):
+        assert a == b
+    # a member's own checkpoint is an ordinary single-seed run's, which continues that member
+    member = Trainer.resume(tmp_path / "pop" / f"seed_{SEEDS[1]}" / "checkpoint.pt")
+    assert member.seeds == (SEEDS[1],) and member.config.run.seed == SEEDS[1]
+    assert_rows_match(expected[1], member.train_iteration())
+
+
+def test_train_writes_member_logs_aggregate_and_summary(tmp_path, capsys):
+    assert main(["train", *tiny_argv(tmp_path), "--num-seeds", "3"]) == 0
+    out = capsys.readouterr().out
+    run = tmp_path / "run"
+    assert "seeds 0-2: 3 runs in one process" in out and "final return" in out and "95% CI" in out
+    aggregate = (run / population.AGGREGATE).read_text().splitlines()
+    assert len(aggregate) == 3 and "agent/episode_return_ci_low" in aggregate[0]
+    for seed in range(3):
+        assert len((run / f"seed_{seed}" / "metrics.csv").read_text().splitlines()) == 3
+    assert main(["eval", "--checkpoint", str(run / "checkpoint.pt"), "--member", "1", "--episodes", "2"]) == 0
+    assert "agent: mean episode return" in capsys.readouterr().out
+    assert main(["eval", "--checkpoint", str(run / "checkpoint.pt"), "--episodes", "2"]) == 2
+    assert "pass --member" in capsys.readouterr().err
+    assert main(["eval", "--checkpoint", str(run / "checkpoint.pt"), "--member", "all", "--episodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "seed_2: mean episode return agent" in out and "agent: mean over 3 runs" in out
+    assert main(["plot", str(run)]) == 0
+    assert (run / "learning_curve.png").stat().st_size > 1000
+
+
+def tiny_argv(tmp_path) -> list[str]:
+    return [
+        *("--num-envs", "8", "--rollout-length", "8", "--minibatch-size", "32", "--total-frames", "128"),
+        *("--env-option", "max_steps=4", "--hidden", "8", "--log-dir", str(tmp_path), "--run-name", "run"),
+        *("--no-progress", "--no-tensorboard"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--seeds", "1", "2", "1"], "seeds [1, 2, 1] repeat [1]: each seed trains one run, list it once"),
+        (["--seeds", "1", "2", "--num-seeds", "3"], "num_seeds=3 but 2 seeds were listed"),
+        (["--num-seeds", "0"], "num_seeds must be >= 1"),
+        (["--algo", "iql", "--num-seeds", "2"], "train ippo, mappo (PPO) so far, not --algo iql"),
+        (["--num-seeds", "2", "--compile"], "leave out --compile"),
+    ],
+)
+def test_bad_seed_lists_and_algorithms_are_one_clear_line(tmp_path, argv, message, capsys):
+    common = tiny_argv(tmp_path) if "--algo" not in argv else ["--log-dir", str(tmp_path), "--no-progress"]
+    assert main(["train", *common, *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_seeds_reach_the_config():
+    args = build_parser().parse_args(["train", "--seeds", "4", "2", "9"])
+    assert config_from_args(args).run.member_seeds() == (4, 2, 9)
+    args = build_parser().parse_args(["train", "--seed", "5", "--num-seeds", "3"])
+    assert config_from_args(args).run.member_seeds() == (5, 6, 7)
+
+
+def test_too_many_seeds_are_refused_saying_how_many_fit(tmp_path):
+    trainer = Trainer(with_run(tiny_config(tmp_path), seeds=SEEDS))
+    each = sum(population.member_nbytes(trainer.config, trainer.env, trainer.algorithm).values())
+    with pytest.raises(
+        MemoryError, match=r"2 seeds need .* is free on cpu: at most 1 seed\(s\) fit; pass --num-seeds 1"
+    ):
+        population.check_memory(trainer.config, trainer.env, trainer.device, trainer.algorithm, free=int(1.5 * each))
+
+
+def test_bootstrap_interval_brackets_the_mean_and_skips_nan():
+    mean, std, low, high = population.bootstrap_ci([1.0, 2.0, 3.0, 4.0, math.nan])
+    assert mean == 2.5 and std == pytest.approx(1.2909944) and 1.0 <= low < 2.5 < high <= 4.0
+    assert population.bootstrap_ci([2.0, 2.0]) == (2.0, 0.0, 2.0, 2.0)
+    assert all(math.isnan(v) for v in population.bootstrap_ci([math.nan]))
+
+
+def test_each_member_of_a_sweep_trains_as_the_single_run_with_its_seed_and_values(tmp_path):
+    config = tiny_config(tmp_path)
+    population = with_run(config, seeds=(3,), sweep=("lr=0.001,0.01", "entropy_coef=0,0.05", "clip_eps=0.1,0.3"))
+    batched = Trainer(population, run_dir=tmp_path / "sweep")
+    assert len(batched.members) == 8 and batched.members[5].name == "seed_3-lr_0.01-entropy_coef_0-clip_eps_0.3"
+    for k in (0, 5, 6):  # a few members: lr, entropy and clip each differ between them
+        values = dict(batched.members[k].values)
+        single = dataclasses.replace(with_run(config, seed=3), algo=dataclasses.replace(config.algo, **values))
+        batched_k = Trainer(population, run_dir=tmp_path / f"sweep{k}") if k else batched
+        single_trainer = Trainer(single, run_dir=tmp_path / f"single{k}")
+        for _ in range(2):
+            assert_rows_match(batched_k.train_iteration()["members"][k], single_trainer.train_iteration())
+
+
+def test_a_sweep_summary_ranks_the_values_and_bad_sweeps_are_refused(tmp_path, capsys):
+    argv = [*tiny_argv(tmp_path), "--num-seeds", "2", "--sweep", "lr=0.0001,0.03"]
+    assert main(["train", *argv]) == 0
+    out = capsys.readouterr().out
+    assert "4 runs x 8 envs (seeds 0, 1 x lr 0.0001, 0.03)" in out and "#2 lr=" in out
+    assert (tmp_path / "run" / "seed_1-lr_0.03" / "checkpoint.pt").exists()
+    checkpoint = str(tmp_path / "run" / "checkpoint.pt")
+    assert main(["eval", "--checkpoint", checkpoint, "--member", "seed_1-lr_0.03", "--episodes", "2"]) == 0
+    assert main(["train", *tiny_argv(tmp_path / "b"), "--sweep", "gamma=0.9,0.99"]) == 2
+    assert "--sweep takes PPO's options lr, entropy_coef, clip_eps, value_coef, not gamma" in capsys.readouterr().err
+    assert main(["train", *tiny_argv(tmp_path / "b"), "--sweep", "lr=1e-3,x"]) == 2
+    assert "--sweep takes OPTION=V1,V2,..." in capsys.readouterr().err
+
+
+def test_an_adapter_env_trains_its_members_on_the_first_seeds_stream(tmp_path, capsys):
+    pytest.importorskip("vmas")
+    config = dataclasses.replace(
+        tiny_config(tmp_path), env=EnvSettings(env="vmas/navigation", num_envs=4, env_options={"max_steps": 6})
+    )
+    trainer = Trainer(with_run(config, seeds=SEEDS, rollout_length=16))
+    assert (
+        trainer.env.num_envs == 8 and "one random stream (seeded 3) serves every seed's envs" in capsys.readouterr().out
+    )
+    members = trainer.train_iteration()["members"]
+    assert members[0]["agent/loss"] != members[1]["agent/loss"]
