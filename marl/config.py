@@ -54,6 +54,8 @@ class AlgorithmConfig:
 
     run_wide: ClassVar[tuple[str, ...]] = ()
     """Fields every group shares, which `--group NAME.FIELD=VALUE` cannot override."""
+    recurrent: ClassVar[bool] = False
+    """Whether the algorithm trains recurrent networks (`--model gru`)."""
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -81,6 +83,13 @@ class ModelConfig:
     std: Literal["param", "state"] = "param"
     """Continuous actions' std: a learned parameter, the same in every state ("param"), or an output of
     the policy network through a biased softplus ("state", as BenchMARL's policies)."""
+    model: Literal["mlp", "gru"] = "mlp"
+    """mlp, or gru: a recurrent layer (gru_hidden units) on the inputs, its state carried from step to step
+    of each env and zeroed when the env's episode ends, then the MLP of --hidden (PPO: mappo, ippo)."""
+    gru_hidden: int = 64
+    """With --model gru: units of the GRU's state."""
+    gru_nets: Literal["both", "policy", "critic"] = "both"
+    """With --model gru: which nets are recurrent, the policy, the critic or both (the other an MLP)."""
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -88,6 +97,12 @@ class ModelConfig:
         object.__setattr__(self, "hidden", tuple(int(h) for h in self.hidden))
         if any(h < 1 for h in self.hidden):
             raise ValueError(f"hidden sizes must be >= 1, got {self.hidden}")
+        if self.gru_hidden < 1:
+            raise ValueError(f"gru_hidden must be >= 1, got {self.gru_hidden}")
+
+    def recurrent(self, net: str) -> bool:
+        """Whether `net` ("policy" or "critic") has a GRU."""
+        return self.model == "gru" and self.gru_nets in ("both", net)
 
 
 MAX_SEED = 2**63 - 1  # torch's generators take a signed 64-bit seed; PettingZoo's envs refuse negative ones
@@ -172,7 +187,26 @@ class TrainConfig:
                     f"unknown field(s) {sorted(unknown)} in the overrides for group {group!r}; "
                     f"overridable fields: {sorted(fields)}"
                 )
+        self._check_recurrent()
         self.algo.check_train(self)
+
+    def uses_gru(self) -> bool:
+        """Whether any group's networks are recurrent (`--model gru`, or a group's override)."""
+        models = [self.model.model, *(o["model"] for o in self.group_overrides.values() if "model" in o)]
+        return "gru" in models
+
+    def _check_recurrent(self) -> None:
+        """`--model gru` only with an algorithm that trains recurrent networks."""
+        if type(self.algo).recurrent:
+            return
+        if self.uses_gru():
+            from marl import algorithms
+
+            able = [n for n in algorithms.names() if algorithms.config_class(n).recurrent]
+            raise ValueError(
+                f"--model gru: --algo {self.algo.algo} trains MLPs only; recurrent networks train with "
+                f"--algo {' or '.join(able)} (or pass --model mlp)"
+            )
 
     def for_group(self, group: str) -> tuple[AlgorithmConfig, ModelConfig]:
         """The algorithm and model configs of `group`, with its overrides applied."""
