@@ -41,6 +41,7 @@ from tensordict import TensorDict
 import kernels
 from marl.algorithms.base import Algorithm, register
 from marl.config import AlgorithmConfig, TrainConfig
+from marl.core.distributions import Distribution
 from marl.core.models import Critic, CriticInput, Policy, flat_observation
 from marl.core.networks import MultiAgentGRU
 from marl.core.rollout import Acting, observations
@@ -546,71 +547,25 @@ class PPO(Algorithm):
         index: torch.Tensor | slice,
         nets: tuple[str, ...] = NETS,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The sum of every group's PPO loss on the frames `index` of the flattened rollout, and per group
-        its `LOSS_TERMS`, detached, as one vector. With `nets` one of `NETS`, only that net's part
-        (`policy_terms` / `value_terms`; the other's terms 0), which only it runs."""
+        """The sum of every group's PPO loss on the frames `index` of the flattened rollout (with recurrent
+        nets: the chunks `index` of `sequence_inputs`), and per group its `LOSS_TERMS`, detached, as one
+        vector. With `nets` one of `NETS`, only that net's part (`policy_terms` / `value_terms`; the
+        other's terms 0), which only it runs."""
         batch = {g: {k: v[index] for k, v in data.items()} for g, data in flat.items()}
         state = state[index] if state is not None else None
-        if self.sequences:
-            return self._sequence_loss(batch, state, nets)
+        burn_in = 0
+        if self.sequences:  # windows [M, W, ...] made time-major [W, M, ...]; the loss on the last L steps
+            burn_in = self.config.algo.burn_in
+            batch = {g: {k: v if k in PER_CHUNK else v.transpose(0, 1) for k, v in d.items()} for g, d in batch.items()}
+            state = state.transpose(0, 1) if state is not None else None
         obs = {g: data["observation"] for g, data in batch.items()}
         total, terms = 0.0, {}
         for g, learner in self.learners.items():
             data, a = batch[g], learner.algo
+            main = {k: v[burn_in:] for k, v in data.items() if k not in PER_CHUNK} if burn_in else data
             parts = []
             if "policy" in nets:
-                dist = learner.policy(data["observation"], data.get("action_mask"))
-                parts.append(
-                    policy_terms(
-                        dist.log_prob(data["action"]),
-                        data["log_prob"],
-                        data["advantage"],
-                        dist.entropy(),
-                        clip_eps=a.clip_eps,
-                        entropy_coef=a.entropy_coef,
-                        normalize_advantage=a.normalize_advantage,
-                    )
-                )
-            if "critic" in nets:
-                parts.append(
-                    value_terms(
-                        learner.critic(learner.critic_input(obs, state)),  # normalised units, as the next two
-                        data["value"],
-                        data["value_target"],
-                        clip_eps=a.clip_eps,
-                        clip_value=a.clip_value,
-                        value_coef=a.value_coef,
-                    )
-                )
-            group_terms = parts[0] if len(parts) == 1 else combined_terms(*parts)
-            total = total + group_terms["loss"]
-            terms[g] = torch.stack([group_terms[name].detach() for name in LOSS_TERMS])
-        return total, terms
-
-    def _sequence_loss(
-        self, batch: dict[str, dict[str, torch.Tensor]], state: torch.Tensor | None, nets: tuple[str, ...]
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """`_minibatch_loss` on `M` gathered chunks (`sequence_inputs`): windows `[M, W, ...]` made time-major
-        `[W, M, ...]`, recurrent nets run from their chunks' stored states after the burn-in steps, the loss
-        on the last `chunk_length` steps."""
-        b = self.config.algo.burn_in
-        batch = {g: {k: v if k in PER_CHUNK else v.transpose(0, 1) for k, v in d.items()} for g, d in batch.items()}
-        state = state.transpose(0, 1) if state is not None else None
-        obs = {g: data["observation"] for g, data in batch.items()}
-        total, terms = 0.0, {}
-        for g, learner in self.learners.items():
-            data, a = batch[g], learner.algo
-            reset, valid = data["reset"], data["burn_valid"]
-            main = {k: v[b:] for k, v in data.items() if k not in PER_CHUNK}  # [L, M, ...]
-            parts = []
-            if "policy" in nets:
-                policy = learner.policy
-                if policy.gru is None:
-                    dist = policy(main["observation"], main.get("action_mask"))
-                else:
-                    x = flat_observation(data["observation"][:b], policy.spec)
-                    h0 = _burn_in(policy.gru, x, data["burn_hidden0"], reset[:b], data["hidden0"], valid)
-                    dist = policy.sequence(main["observation"], main.get("action_mask"), h0, main["reset"])
+                dist = self._policy(learner, data, burn_in)
                 parts.append(
                     policy_terms(
                         dist.log_prob(main["action"]),
@@ -623,17 +578,9 @@ class PPO(Algorithm):
                     )
                 )
             if "critic" in nets:
-                critic, x = learner.critic, learner.critic_input(obs, state)  # [W, M, m, d]
-                if critic.gru is None:
-                    value = critic(x[b:])
-                else:
-                    h0 = _burn_in(
-                        critic.gru, x[:b], data["burn_critic_hidden0"], reset[:b], data["critic_hidden0"], valid
-                    )
-                    value = critic.sequence(x[b:], h0, main["reset"])
                 parts.append(
                     value_terms(
-                        value,
+                        self._value(learner, data, obs, state, burn_in),  # normalised units, as the next two
                         main["value"],
                         main["value_target"],
                         clip_eps=a.clip_eps,
@@ -645,6 +592,28 @@ class PPO(Algorithm):
             total = total + group_terms["loss"]
             terms[g] = torch.stack([group_terms[name].detach() for name in LOSS_TERMS])
         return total, terms
+
+    def _policy(self, learner: Learner, data: dict[str, torch.Tensor], burn_in: int) -> Distribution:
+        """The policy's distributions of a minibatch's frames, or of its chunks' steps after `burn_in`
+        (a recurrent policy runs from each chunk's stored state, refreshed by the burn-in steps)."""
+        policy, observation, mask = learner.policy, data["observation"], data.get("action_mask")
+        if policy.gru is None:
+            return policy(observation[burn_in:], mask[burn_in:] if mask is not None else None)
+        x = flat_observation(observation[:burn_in], policy.spec)
+        h0 = _burn_in(policy.gru, x, data["burn_hidden0"], data["reset"][:burn_in], data["hidden0"], data["burn_valid"])
+        mask = mask[burn_in:] if mask is not None else None
+        return policy.sequence(observation[burn_in:], mask, h0, data["reset"][burn_in:])
+
+    def _value(self, learner: Learner, data: dict[str, torch.Tensor], obs, state, burn_in: int) -> torch.Tensor:
+        """The critic's values (normalised units) as `_policy`'s distributions."""
+        critic, x = learner.critic, learner.critic_input(obs, state)
+        if critic.gru is None:
+            return critic(x[burn_in:])
+        reset, valid = data["reset"], data["burn_valid"]
+        h0 = _burn_in(
+            critic.gru, x[:burn_in], data["burn_critic_hidden0"], reset[:burn_in], data["critic_hidden0"], valid
+        )
+        return critic.sequence(x[burn_in:], h0, reset[burn_in:])
 
     def parameters(self) -> list[torch.Tensor]:
         return [p for lr in self.learners.values() for p in lr.parameters()]

@@ -122,7 +122,6 @@ class MultiAgentGRU(nn.Module):
         for weight in (self.weight_ih, self.weight_hh):
             for gate in weight.split(hidden_size, -1):  # each gate's block orthogonal, as RL GRUs start
                 _orthogonal_(gate.detach(), 1.0)
-        self.tanh = Tanh()
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
         """`[*B, n, f]` -> `[k, R, f]` (a view when shared)."""
@@ -147,40 +146,130 @@ class MultiAgentGRU(nn.Module):
                 f"{list(want_h)}, got {tuple(x.shape)} and {tuple(h.shape)}"
             )
 
-    def _cell(self, gi: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """One step on rows: `gi` `[k, R, 3h]` (input product with its bias), `h` `[k, R, h]`."""
-        size = self.hidden_size
-        gh = torch.baddbmm(self.bias_hh.unsqueeze(1), h, self.weight_hh)  # [k, R, 3h]
-        rz = torch.sigmoid(gi[..., : 2 * size] + gh[..., : 2 * size])  # [k, R, 2h]
-        r, z = rz[..., :size], rz[..., size:]
-        candidate = self.tanh(torch.addcmul(gi[..., 2 * size :], r, gh[..., 2 * size :]))
-        return torch.lerp(candidate, h, z)  # (1 - z) c + z h
-
     def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """One step: `x` `[*B, n, d]`, `h` `[*B, n, h]` -> the next state `[*B, n, h]` (also the output)."""
         self._check(x, h, time=False)
-        gi = torch.baddbmm(self.bias_ih.unsqueeze(1), self._rows(x), self.weight_ih)  # [k, R, 3h]
-        return self._unrows(self._cell(gi, self._rows(h)), x.shape[:-2])
+        gi = _affine(self.bias_ih, self._rows(x), self.weight_ih)  # [k, R, 3h]
+        h_next, *_ = _gru_step(gi, self._rows(h), self.weight_hh, self.bias_hh)
+        return self._unrows(h_next, x.shape[:-2])
 
     def scan(self, x: torch.Tensor, h0: torch.Tensor, reset: torch.Tensor) -> torch.Tensor:
         """`x` `[L, *M, n, d]` from `h0` `[*M, n, h]`; `reset` `[L, *M]` bool zeroes the state before
-        step t. Returns every step's output (= its next state) `[L, *M, n, h]`.
-
-        The steps run in a Python loop: each needs the previous step's state, and torch has no fused
-        GRU that resets the state per sequence mid-way (`torch.nn.GRU` takes one `h0`, and shares its
-        weights over the batch, so per-agent weights would need a loop over agents). The per-step work is
-        one batched matmul and four fused pointwise ops; under `--compile` the loop is traced into one graph.
-        """
+        step t. Returns every step's output (= its next state) `[L, *M, n, h]`."""
         self._check(x, h0, time=True)
         L, batch = x.shape[0], x.shape[1:-2]
-        gi = torch.baddbmm(self.bias_ih.unsqueeze(1), self._rows(x), self.weight_ih)  # [k, L * R, 3h]
+        gi = _affine(self.bias_ih, self._rows(x), self.weight_ih)  # [k, L * R, 3h]
         gi = gi.view(gi.shape[0], L, -1, gi.shape[-1])  # [k, L, R, 3h]: rows keep time-major order
         flags = reset.view(*reset.shape, 1, 1).expand(*reset.shape, self.n_agents, 1)  # [L, *M, n, 1]
         keep = (~self._rows(flags)).to(x.dtype).view(gi.shape[0], L, -1, 1)  # [k, L, R, 1]
-        h = self._rows(h0)  # [k, R, h]
-        outputs = []
-        for t in range(L):
-            h = self._cell(gi[:, t], h * keep[:, t])
-            outputs.append(h)
-        y = torch.stack(outputs, 1)  # [k, L, R, h]
+        h0 = self._rows(h0)  # [k, R, h]
+        if torch.is_grad_enabled():
+            y, *_ = _GRUScan.apply(gi, keep, h0, self.weight_hh, self.bias_hh)  # [k, L, R, h]
+        else:  # nothing to save for a backward
+            y = _scan_states(gi, keep, h0, self.weight_hh, self.bias_hh)
         return self._unrows(y.view(y.shape[0], -1, self.hidden_size), (L, *batch))
+
+
+_TANH = Tanh()
+
+
+def _affine(bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`x @ weight + bias` per stack: `[k, 3h]`, `[k, R, d]`, `[k, d, 3h]` -> `[k, R, 3h]` (2-D when k = 1,
+    which is faster than a batched matmul of one)."""
+    if weight.shape[0] == 1:
+        return torch.addmm(bias[0], x[0], weight[0]).unsqueeze(0)
+    return torch.baddbmm(bias.unsqueeze(1), x, weight)
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`a @ b` per stack, `[k, p, q] @ [k, q, r]` (2-D when k = 1)."""
+    return (a[0] @ b[0]).unsqueeze(0) if a.shape[0] == 1 else torch.bmm(a, b)
+
+
+def _gru_step(
+    gi: torch.Tensor, h: torch.Tensor, weight_hh: torch.Tensor, bias_hh: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One step on rows: `gi` `[k, R, 3h]` (input product with its bias), `h` `[k, R, h]` -> the next state,
+    and what the scan's backward needs: `σ` of the r and z gates `[k, R, 2h]`, the candidate `c` and the
+    recurrent product of its gate `[k, R, h]`. Acting and training run this same arithmetic."""
+    size = h.shape[-1]
+    gh = _affine(bias_hh, h, weight_hh)  # [k, R, 3h]
+    gi_rz, gi_c = gi.split([2 * size, size], -1)
+    gh_rz, gh_c = gh.split([2 * size, size], -1)
+    rz = torch.sigmoid(gi_rz + gh_rz)  # [k, R, 2h]
+    r, z = rz.split(size, -1)
+    candidate = _TANH(torch.addcmul(gi_c, r, gh_c))
+    return torch.lerp(candidate, h, z), rz, candidate, gh_c  # (1 - z) c + z h
+
+
+def _scan_states(gi, keep, h0, weight_hh, bias_hh) -> torch.Tensor:
+    """`_GRUScan`'s forward without what its backward reads: every step's state `[k, L, R, h]`."""
+    h, states = h0, []
+    for gi_t, keep_t in zip(gi.unbind(1), keep.unbind(1)):
+        h, *_ = _gru_step(gi_t, h * keep_t, weight_hh, bias_hh)
+        states.append(h)
+    return torch.stack(states, 1)
+
+
+class _GRUScan(torch.autograd.Function):
+    """The time loop of `MultiAgentGRU.scan` as one autograd node, with its backward through time written
+    out: per step the gates' gradients and one matmul for the state's, and the recurrent weights' gradient
+    as one matmul over all steps at the end (autograd would take one per step, and record every op).
+
+    The steps run in a Python loop: each needs the previous step's state, and torch has no fused GRU that
+    resets the state per sequence mid-way (`torch.nn.GRU` takes one `h0`, and shares its weights over the
+    batch, so per-agent weights would need a loop over agents). Under `--compile` the loop is traced
+    into the update step's graph.
+
+    Inputs: `gi` `[k, L, R, 3h]`, `keep` `[k, L, R, 1]` (0 where the state is zeroed before the step), `h0`
+    `[k, R, h]`, `weight_hh` `[k, h, 3h]`, `bias_hh` `[k, 3h]`. Outputs: every step's state `[k, L, R, h]`,
+    then what the backward reads (no gradient)."""
+
+    @staticmethod
+    def forward(gi, keep, h0, weight_hh, bias_hh):
+        h, states, starts, gates, candidates, products = h0, [], [], [], [], []
+        for gi_t, keep_t in zip(gi.unbind(1), keep.unbind(1)):
+            h = h * keep_t
+            starts.append(h)
+            h, rz, candidate, gh_c = _gru_step(gi_t, h, weight_hh, bias_hh)
+            for saved, value in zip((states, gates, candidates, products), (h, rz, candidate, gh_c)):
+                saved.append(value)
+        return tuple(torch.stack(saved, 1) for saved in (states, starts, gates, candidates, products))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # apart from forward, as torch.func's grad needs
+        _, keep, _, weight_hh, _ = inputs
+        _, starts, gates, candidates, products = output
+        ctx.save_for_backward(keep, weight_hh, starts, gates, candidates, products)
+        ctx.mark_non_differentiable(starts, gates, candidates, products)
+        ctx.set_materialize_grads(False)  # the saved outputs get no gradient: no zero tensors for them
+
+    @staticmethod
+    def backward(ctx, d_states, *_):
+        keep, weight_hh, starts, gates, candidates, products = ctx.saved_tensors
+        k, L, R, size = starts.shape
+        weight_rz, weight_c = weight_hh.transpose(1, 2).split([2 * size, size], 1)  # [k, 2h, h], [k, h, h]
+        # The gradients w.r.t. the gates' pre-activations, written in place step by step: the input's `d_gi`
+        # [k, L, R, 3h] (r, z, c); the recurrent product's is the same but for c's block, `d_gh_c`.
+        d_gi = starts.new_empty(k, L, R, 3 * size)
+        d_gh_c = starts.new_empty(k, L, R, size)
+        dh = torch.zeros_like(starts[:, 0])  # [k, R, h]: the loss's gradient w.r.t. the state after step t
+        for t in reversed(range(L)):
+            dh = dh + d_states[:, t]
+            rz, candidate = gates[:, t], candidates[:, t]
+            r, z = rz.split(size, -1)
+            d_r, d_z, d_c = d_gi[:, t].split(size, -1)
+            # h' = (1 - z) c + z h, c = tanh(i_c + r * p_c), (r, z) = sigmoid(i_rz + p_rz)
+            torch.mul(dh * (1 - z), 1 - candidate.square(), out=d_c)
+            torch.mul(d_c, products[:, t], out=d_r)
+            torch.mul(dh, starts[:, t] - candidate, out=d_z)
+            d_rz = d_gi[:, t, :, : 2 * size]
+            d_rz.mul_(rz * (1 - rz))
+            torch.mul(d_c, r, out=d_gh_c[:, t])
+            dh = dh * z + _matmul(d_rz, weight_rz) + _matmul(d_gh_c[:, t], weight_c)
+            dh = dh * keep[:, t]  # to the state before the reset
+        starts_t = starts.reshape(k, L * R, size).transpose(1, 2)  # [k, h, L * R]
+        d_rz_all, d_c_all = d_gi.view(k, L * R, 3 * size)[..., : 2 * size], d_gh_c.view(k, L * R, size)
+        d_weight = torch.cat([_matmul(starts_t, d_rz_all), _matmul(starts_t, d_c_all)], -1)
+        d_bias = torch.cat([d_rz_all.sum(1), d_c_all.sum(1)], -1)
+        return d_gi, None, dh, d_weight, d_bias
