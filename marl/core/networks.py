@@ -249,27 +249,24 @@ class _GRUScan(torch.autograd.Function):
         keep, weight_hh, starts, gates, candidates, products = ctx.saved_tensors
         k, L, R, size = starts.shape
         weight_rz, weight_c = weight_hh.transpose(1, 2).split([2 * size, size], 1)  # [k, 2h, h], [k, h, h]
-        # The gradients w.r.t. the gates' pre-activations, written in place step by step: the input's `d_gi`
-        # [k, L, R, 3h] (r, z, c); the recurrent product's is the same but for c's block, `d_gh_c`.
-        d_gi = starts.new_empty(k, L, R, 3 * size)
-        d_gh_c = starts.new_empty(k, L, R, size)
+        # Per step, the gradients w.r.t. the gates' pre-activations: r and z's (the same for the input and
+        # the recurrent product), c's input part and c's recurrent part (times r). No `out=` writes:
+        # torch.func's grad (the compiled update step) runs this backward on tensors that track gradients.
+        d_rz, d_c, d_gh_c = [], [], []
         dh = torch.zeros_like(starts[:, 0])  # [k, R, h]: the loss's gradient w.r.t. the state after step t
         for t in reversed(range(L)):
             dh = dh + d_states[:, t]
             rz, candidate = gates[:, t], candidates[:, t]
             r, z = rz.split(size, -1)
-            d_r, d_z, d_c = d_gi[:, t].split(size, -1)
             # h' = (1 - z) c + z h, c = tanh(i_c + r * p_c), (r, z) = sigmoid(i_rz + p_rz)
-            torch.mul(dh * (1 - z), 1 - candidate.square(), out=d_c)
-            torch.mul(d_c, products[:, t], out=d_r)
-            torch.mul(dh, starts[:, t] - candidate, out=d_z)
-            d_rz = d_gi[:, t, :, : 2 * size]
-            d_rz.mul_(rz * (1 - rz))
-            torch.mul(d_c, r, out=d_gh_c[:, t])
-            dh = dh * z + _matmul(d_rz, weight_rz) + _matmul(d_gh_c[:, t], weight_c)
+            d_c.append(dh * (1 - z) * (1 - candidate.square()))
+            d_rz.append(torch.cat([d_c[-1] * products[:, t], dh * (starts[:, t] - candidate)], -1) * (rz * (1 - rz)))
+            d_gh_c.append(d_c[-1] * r)
+            dh = dh * z + _matmul(d_rz[-1], weight_rz) + _matmul(d_gh_c[-1], weight_c)
             dh = dh * keep[:, t]  # to the state before the reset
+        d_rz, d_c, d_gh_c = (torch.stack(d[::-1], 1) for d in (d_rz, d_c, d_gh_c))  # [k, L, R, 2h | h | h]
         starts_t = starts.reshape(k, L * R, size).transpose(1, 2)  # [k, h, L * R]
-        d_rz_all, d_c_all = d_gi.view(k, L * R, 3 * size)[..., : 2 * size], d_gh_c.view(k, L * R, size)
-        d_weight = torch.cat([_matmul(starts_t, d_rz_all), _matmul(starts_t, d_c_all)], -1)
-        d_bias = torch.cat([d_rz_all.sum(1), d_c_all.sum(1)], -1)
-        return d_gi, None, dh, d_weight, d_bias
+        d_rz_rows, d_gh_c_rows = d_rz.view(k, L * R, 2 * size), d_gh_c.view(k, L * R, size)
+        d_weight = torch.cat([_matmul(starts_t, d_rz_rows), _matmul(starts_t, d_gh_c_rows)], -1)
+        d_bias = torch.cat([d_rz_rows.sum(1), d_gh_c_rows.sum(1)], -1)
+        return torch.cat([d_rz, d_c], -1), None, dh, d_weight, d_bias
