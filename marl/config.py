@@ -88,8 +88,9 @@ class ModelConfig:
     of each env and zeroed when the env's episode ends, then the MLP of --hidden (PPO: mappo, ippo)."""
     gru_hidden: int = 64
     """With --model gru: units of the GRU's state."""
-    gru_nets: Literal["both", "policy", "critic"] = "both"
-    """With --model gru: which nets are recurrent, the policy, the critic or both (the other an MLP)."""
+    gru_nets: Literal["policy", "critic", "both"] = "policy"
+    """With --model gru: which nets are recurrent: the policy (the critic, which only sets the baseline, an
+    MLP: half the time pass of both), the critic, or both."""
 
     def __post_init__(self) -> None:
         _check_choices(self)

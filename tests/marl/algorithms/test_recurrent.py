@@ -15,11 +15,11 @@ from marl.app.trainer import Trainer
 from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
 
 
-def gru_config(tmp_path, share_params: bool = True, burn_in: int = 0, **model) -> TrainConfig:
+def gru_config(tmp_path, share_params: bool = True, burn_in: int = 0, gru_nets: str = "both") -> TrainConfig:
     return TrainConfig(
         env=EnvSettings(env="navigation", num_envs=16, env_options={"max_steps": 10}),
         algo=PPOConfig(minibatch_size=64, epochs=2, chunk_length=8, burn_in=burn_in),
-        model=ModelConfig(hidden=(32,), model="gru", gru_hidden=16, share_params=share_params, **model),
+        model=ModelConfig(hidden=(32,), model="gru", gru_hidden=16, share_params=share_params, gru_nets=gru_nets),
         run=RunConfig(
             total_frames=16 * 24 * 3,
             rollout_length=24,
