@@ -8,9 +8,8 @@ Two tables.
 1. **time pass**: forward and backward of one minibatch's chunks through the policy's GRU at `marl train`
    defaults (`minibatch_size // chunk_length` chunks of `chunk_length` steps, 3 agents, navigation's 18
    inputs, `gru_hidden` 64), median seconds of `--repeats`, for the ways to run it:
-   - `scan` (what vecmarl uses): `MultiAgentGRU.scan`, one autograd node with the backward through time
-     written out, the masked reset inside;
-   - `scan, autograd per op`: the same steps recorded op by op by autograd;
+   - `scan` (what vecmarl uses): `MultiAgentGRU.scan`, the masked reset inside, the input products of
+     all steps as one matmul, a step's recurrent product and gates per step, autograd's backward;
    - `torch.nn.GRU`: torch's fused GRU (cuDNN on a GPU, its C++ loop on the CPU) over the same chunks.
      It cannot reset the state mid-chunk, nor hold per-agent weights, so it is only a yardstick: what a
      fused op would gain on chunks without resets.
@@ -33,7 +32,7 @@ from torch import nn
 from kernels.bench.gae import median_seconds
 from marl.app.trainer import Trainer
 from marl.config import ModelConfig, RunConfig, TrainConfig
-from marl.core.networks import MultiAgentGRU, _affine, _gru_step
+from marl.core.networks import MultiAgentGRU
 
 
 def time_pass(repeats: int, chunks: int, chunk_length: int, n_agents: int, inputs: int, hidden: int) -> list[dict]:
@@ -48,20 +47,11 @@ def time_pass(repeats: int, chunks: int, chunk_length: int, n_agents: int, input
     def scan() -> None:
         gru.scan(x, h0, reset).sum().backward()
 
-    def per_op() -> None:
-        gi = _affine(gru.bias_ih, gru._rows(x), gru.weight_ih).view(1, chunk_length, -1, 3 * hidden)
-        keep = (~reset).float().repeat_interleave(n_agents, 1).view(1, chunk_length, -1, 1)
-        h, outputs = gru._rows(h0), []
-        for gi_t, keep_t in zip(gi.unbind(1), keep.unbind(1)):
-            h, *_ = _gru_step(gi_t, h * keep_t, gru.weight_hh, gru.bias_hh)
-            outputs.append(h)
-        torch.stack(outputs).sum().backward()
-
     def fused() -> None:
         out, _ = reference(x.reshape(chunk_length, -1, inputs), h0.reshape(1, -1, hidden))
         out.sum().backward()
 
-    calls = {"scan": scan, "scan, autograd per op": per_op, "torch.nn.GRU (no resets)": fused}
+    calls = {"scan": scan, "torch.nn.GRU (no resets)": fused}
     seconds = median_seconds(calls, repeats, torch.device("cpu"))
     return [{"way": name, "seconds": s, "ratio": s / seconds["scan"]} for name, s in seconds.items()]
 

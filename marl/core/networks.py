@@ -150,8 +150,7 @@ class MultiAgentGRU(nn.Module):
         """One step: `x` `[*B, n, d]`, `h` `[*B, n, h]` -> the next state `[*B, n, h]` (also the output)."""
         self._check(x, h, time=False)
         gi = _affine(self.bias_ih, self._rows(x), self.weight_ih)  # [k, R, 3h]
-        h_next, *_ = _gru_step(gi, self._rows(h), self.weight_hh, self.bias_hh)
-        return self._unrows(h_next, x.shape[:-2])
+        return self._unrows(_gru_step(gi, self._rows(h), self.weight_hh, self.bias_hh), x.shape[:-2])
 
     def scan(self, x: torch.Tensor, h0: torch.Tensor, reset: torch.Tensor) -> torch.Tensor:
         """`x` `[L, *M, n, d]` from `h0` `[*M, n, h]`; `reset` `[L, *M]` bool zeroes the state before
@@ -162,11 +161,16 @@ class MultiAgentGRU(nn.Module):
         gi = gi.view(gi.shape[0], L, -1, gi.shape[-1])  # [k, L, R, 3h]: rows keep time-major order
         flags = reset.view(*reset.shape, 1, 1).expand(*reset.shape, self.n_agents, 1)  # [L, *M, n, 1]
         keep = (~self._rows(flags)).to(x.dtype).view(gi.shape[0], L, -1, 1)  # [k, L, R, 1]
-        h0 = self._rows(h0)  # [k, R, h]
-        if torch.is_grad_enabled():
-            y, *_ = _GRUScan.apply(gi, keep, h0, self.weight_hh, self.bias_hh)  # [k, L, R, h]
-        else:  # nothing to save for a backward
-            y = _scan_states(gi, keep, h0, self.weight_hh, self.bias_hh)
+        h, states = self._rows(h0), []  # [k, R, h]
+        # The steps run in a Python loop: each needs the previous step's state, and torch has no fused GRU
+        # that resets the state per sequence mid-way (`torch.nn.GRU` takes one `h0`, and shares its weights
+        # over the batch, so per-agent weights would need a loop over agents). Unbound, not indexed per
+        # step: an index's backward fills a zero tensor of all L steps, at every step. Under `--compile`
+        # the loop is traced into the update step's graph.
+        for gi_t, keep_t in zip(gi.unbind(1), keep.unbind(1)):
+            h = _gru_step(gi_t, h * keep_t, self.weight_hh, self.bias_hh)
+            states.append(h)
+        y = torch.stack(states, 1)  # [k, L, R, h]
         return self._unrows(y.view(y.shape[0], -1, self.hidden_size), (L, *batch))
 
 
@@ -181,92 +185,14 @@ def _affine(bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.
     return torch.baddbmm(bias.unsqueeze(1), x, weight)
 
 
-def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """`a @ b` per stack, `[k, p, q] @ [k, q, r]` (2-D when k = 1)."""
-    return (a[0] @ b[0]).unsqueeze(0) if a.shape[0] == 1 else torch.bmm(a, b)
-
-
-def _gru_step(
-    gi: torch.Tensor, h: torch.Tensor, weight_hh: torch.Tensor, bias_hh: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One step on rows: `gi` `[k, R, 3h]` (input product with its bias), `h` `[k, R, h]` -> the next state,
-    and what the scan's backward needs: `σ` of the r and z gates `[k, R, 2h]`, the candidate `c` and the
-    recurrent product of its gate `[k, R, h]`. Acting and training run this same arithmetic."""
+def _gru_step(gi: torch.Tensor, h: torch.Tensor, weight_hh: torch.Tensor, bias_hh: torch.Tensor) -> torch.Tensor:
+    """One step on rows: `gi` `[k, R, 3h]` (input product with its bias), `h` `[k, R, h]` -> the next state.
+    Acting and training run this same arithmetic, so training recomputes exactly what acting computed."""
     size = h.shape[-1]
     gh = _affine(bias_hh, h, weight_hh)  # [k, R, 3h]
+    # Split, not sliced: a slice's backward fills a zero tensor of the whole input, a split's is one cat.
     gi_rz, gi_c = gi.split([2 * size, size], -1)
     gh_rz, gh_c = gh.split([2 * size, size], -1)
-    rz = torch.sigmoid(gi_rz + gh_rz)  # [k, R, 2h]
-    r, z = rz.split(size, -1)
+    r, z = torch.sigmoid(gi_rz + gh_rz).split(size, -1)  # [k, R, h] each
     candidate = _TANH(torch.addcmul(gi_c, r, gh_c))
-    return torch.lerp(candidate, h, z), rz, candidate, gh_c  # (1 - z) c + z h
-
-
-def _scan_states(gi, keep, h0, weight_hh, bias_hh) -> torch.Tensor:
-    """`_GRUScan`'s forward without what its backward reads: every step's state `[k, L, R, h]`."""
-    h, states = h0, []
-    for gi_t, keep_t in zip(gi.unbind(1), keep.unbind(1)):
-        h, *_ = _gru_step(gi_t, h * keep_t, weight_hh, bias_hh)
-        states.append(h)
-    return torch.stack(states, 1)
-
-
-class _GRUScan(torch.autograd.Function):
-    """The time loop of `MultiAgentGRU.scan` as one autograd node, with its backward through time written
-    out: per step the gates' gradients and one matmul for the state's, and the recurrent weights' gradient
-    as one matmul over all steps at the end (autograd would take one per step, and record every op).
-
-    The steps run in a Python loop: each needs the previous step's state, and torch has no fused GRU that
-    resets the state per sequence mid-way (`torch.nn.GRU` takes one `h0`, and shares its weights over the
-    batch, so per-agent weights would need a loop over agents). Under `--compile` the loop is traced
-    into the update step's graph.
-
-    Inputs: `gi` `[k, L, R, 3h]`, `keep` `[k, L, R, 1]` (0 where the state is zeroed before the step), `h0`
-    `[k, R, h]`, `weight_hh` `[k, h, 3h]`, `bias_hh` `[k, 3h]`. Outputs: every step's state `[k, L, R, h]`,
-    then what the backward reads (no gradient)."""
-
-    @staticmethod
-    def forward(gi, keep, h0, weight_hh, bias_hh):
-        h, states, starts, gates, candidates, products = h0, [], [], [], [], []
-        for gi_t, keep_t in zip(gi.unbind(1), keep.unbind(1)):
-            h = h * keep_t
-            starts.append(h)
-            h, rz, candidate, gh_c = _gru_step(gi_t, h, weight_hh, bias_hh)
-            for saved, value in zip((states, gates, candidates, products), (h, rz, candidate, gh_c)):
-                saved.append(value)
-        return tuple(torch.stack(saved, 1) for saved in (states, starts, gates, candidates, products))
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:  # apart from forward, as torch.func's grad needs
-        _, keep, _, weight_hh, _ = inputs
-        _, starts, gates, candidates, products = output
-        ctx.save_for_backward(keep, weight_hh, starts, gates, candidates, products)
-        ctx.mark_non_differentiable(starts, gates, candidates, products)
-        ctx.set_materialize_grads(False)  # the saved outputs get no gradient: no zero tensors for them
-
-    @staticmethod
-    def backward(ctx, d_states, *_):
-        keep, weight_hh, starts, gates, candidates, products = ctx.saved_tensors
-        k, L, R, size = starts.shape
-        weight_rz, weight_c = weight_hh.transpose(1, 2).split([2 * size, size], 1)  # [k, 2h, h], [k, h, h]
-        # Per step, the gradients w.r.t. the gates' pre-activations: r and z's (the same for the input and
-        # the recurrent product), c's input part and c's recurrent part (times r). No `out=` writes:
-        # torch.func's grad (the compiled update step) runs this backward on tensors that track gradients.
-        d_rz, d_c, d_gh_c = [], [], []
-        dh = torch.zeros_like(starts[:, 0])  # [k, R, h]: the loss's gradient w.r.t. the state after step t
-        for t in reversed(range(L)):
-            dh = dh + d_states[:, t]
-            rz, candidate = gates[:, t], candidates[:, t]
-            r, z = rz.split(size, -1)
-            # h' = (1 - z) c + z h, c = tanh(i_c + r * p_c), (r, z) = sigmoid(i_rz + p_rz)
-            d_c.append(dh * (1 - z) * (1 - candidate.square()))
-            d_rz.append(torch.cat([d_c[-1] * products[:, t], dh * (starts[:, t] - candidate)], -1) * (rz * (1 - rz)))
-            d_gh_c.append(d_c[-1] * r)
-            dh = dh * z + _matmul(d_rz[-1], weight_rz) + _matmul(d_gh_c[-1], weight_c)
-            dh = dh * keep[:, t]  # to the state before the reset
-        d_rz, d_c, d_gh_c = (torch.stack(d[::-1], 1) for d in (d_rz, d_c, d_gh_c))  # [k, L, R, 2h | h | h]
-        starts_t = starts.reshape(k, L * R, size).transpose(1, 2)  # [k, h, L * R]
-        d_rz_rows, d_gh_c_rows = d_rz.view(k, L * R, 2 * size), d_gh_c.view(k, L * R, size)
-        d_weight = torch.cat([_matmul(starts_t, d_rz_rows), _matmul(starts_t, d_gh_c_rows)], -1)
-        d_bias = torch.cat([d_rz_rows.sum(1), d_gh_c_rows.sum(1)], -1)
-        return torch.cat([d_rz, d_c], -1), None, dh, d_weight, d_bias
+    return torch.lerp(candidate, h, z)  # (1 - z) c + z h
