@@ -604,7 +604,14 @@ class PPO(Algorithm):
         mask = mask[burn_in:] if mask is not None else None
         return policy.sequence(observation[burn_in:], mask, h0, data["reset"][burn_in:])
 
-    def _value(self, learner: Learner, data: dict[str, torch.Tensor], obs, state, burn_in: int) -> torch.Tensor:
+    def _value(
+        self,
+        learner: Learner,
+        data: dict[str, torch.Tensor],
+        obs: dict[str, torch.Tensor],
+        state: torch.Tensor | None,
+        burn_in: int,
+    ) -> torch.Tensor:
         """The critic's values (normalised units) as `_policy`'s distributions."""
         critic, x = learner.critic, learner.critic_input(obs, state)
         if critic.gru is None:

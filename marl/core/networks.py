@@ -1,4 +1,5 @@
-"""Multi-agent networks: one batched MLP per group, mapping `[*B, n, d_in] -> [*B, n, d_out]`.
+"""Multi-agent networks: one batched MLP per group, mapping `[*B, n, d_in] -> [*B, n, d_out]`, and a GRU
+(`MultiAgentGRU`) with its state `[*B, n, h]`.
 
 Parameters are shared by the group's agents (one MLP applied to every agent), or held per agent:
 then every layer's weights are stacked on a leading agent dim `[n, d_in, d_out]` and applied as one
