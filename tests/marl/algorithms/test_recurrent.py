@@ -165,3 +165,45 @@ def test_gru_options_are_checked_at_the_config(tmp_path):
     # A group's override to gru is refused by an MLP-only algorithm too.
     with pytest.raises(ValueError, match="trains MLPs only"):
         TrainConfig(algo=algorithms.default_config("iql"), group_overrides={"agent": {"model": "gru"}})
+
+
+def scripted_return(options: dict, episodes: int = 512) -> float:
+    """The scripted go-to-goal controller's mean episode return with the goal always visible."""
+    from envs import make
+    from envs.native.navigation import scripted_action
+
+    env = make("navigation", num_envs=episodes, seed=1, **{**options, "goal_visible_steps": 0})
+    obs, total = env.reset(), torch.zeros(episodes)
+    for _ in range(options["max_steps"]):  # one whole episode per env
+        next_td, obs = env.step({"agent": scripted_action(obs["agent", "observation"])})
+        total += next_td["agent", "reward"][..., 0].mean(-1)
+    return total.mean().item()
+
+
+def test_memory_task_a_recurrent_policy_learns_what_an_mlp_cannot(tmp_path):
+    """navigation with the goal seen only in the first observation, a small budget (the README has the full
+    run, where the MLP stays under half the scripted return): MAPPO with a GRU policy gets well past the
+    MLP. Here, seeded, about 0.49 against 0.30, of the scripted controller's 0.63."""
+    options = {"n_agents": 1, "max_steps": 20, "goal_visible_steps": 1}
+    returns = {}
+    for model in ("gru", "mlp"):
+        config = TrainConfig(
+            env=EnvSettings(num_envs=128, env_options=options),
+            algo=PPOConfig(minibatch_size=1280, epochs=4, chunk_length=10, lr=3e-3, lr_schedule="linear"),
+            model=ModelConfig(hidden=(32, 32), model=model, gru_hidden=32),
+            run=RunConfig(
+                total_frames=200_000,
+                rollout_length=20,
+                log_dir=str(tmp_path),
+                run_name=model,
+                progress=False,
+                tensorboard=False,
+                checkpoint_every=10**6,
+                device="cpu",
+            ),
+        )
+        rows = Trainer(config).train()
+        returns[model] = sum(row["agent/episode_return"] for row in rows[-3:]) / 3
+    scripted = scripted_return(options)
+    assert returns["gru"] > returns["mlp"] + 0.1, (returns, scripted)
+    assert returns["gru"] > 0.65 * scripted and returns["mlp"] < 0.6 * scripted, (returns, scripted)
