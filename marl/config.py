@@ -89,8 +89,8 @@ class ModelConfig:
     gru_hidden: int = 64
     """With --model gru: units of the GRU's state."""
     gru_nets: Literal["policy", "critic", "both"] = "policy"
-    """With --model gru: which nets are recurrent: the policy (the critic, which only sets the baseline, an
-    MLP: half the time pass of both), the critic, or both."""
+    """With --model gru: which nets are recurrent: the policy (the critic, which only sets the baseline,
+    stays an MLP; half the GRU work of both), the critic, or both."""
 
     def __post_init__(self) -> None:
         _check_choices(self)
