@@ -207,3 +207,20 @@ def test_memory_task_a_recurrent_policy_learns_what_an_mlp_cannot(tmp_path):
     scripted = scripted_return(options)
     assert returns["gru"] > returns["mlp"] + 0.1, (returns, scripted)
     assert returns["gru"] > 0.65 * scripted and returns["mlp"] < 0.6 * scripted, (returns, scripted)
+
+
+def test_one_group_recurrent_beside_an_mlp_group_with_discrete_actions(tmp_path):
+    """speaker_listener: the speaker's discrete messages from an MLP, the listener recurrent (`--group
+    listener.model=gru`); both groups train on the same chunks."""
+    config = dataclasses.replace(
+        gru_config(tmp_path, burn_in=2),
+        env=EnvSettings(env="speaker_listener", num_envs=16),
+        model=ModelConfig(hidden=(32,)),
+        group_overrides={"listener": {"model": "gru", "gru_hidden": 16}},
+    )
+    trainer = Trainer(config)
+    learners = trainer.algorithm.learners
+    assert learners["speaker"].policy.gru is None and learners["listener"].policy.gru is not None
+    row = trainer.train_iteration()
+    assert all(math.isfinite(row[f"{g}/loss"]) and row[f"{g}/approx_kl"] > 0 for g in learners)
+    assert trainer.collector.buffer["listener", "hidden"].shape == (24, 16, 1, 16)
