@@ -180,8 +180,8 @@ class TrainConfig:
             raise TypeError(
                 f"algo must be an algorithm's config (e.g. marl.algorithms.ppo.PPOConfig), got {self.algo!r}"
             )
-        fields = group_fields(self.algo)
         for group, overrides in self.group_overrides.items():
+            fields = group_fields(self.group_algorithm(group))
             unknown = set(overrides) - fields
             if unknown:
                 raise ValueError(
@@ -197,25 +197,57 @@ class TrainConfig:
         return "gru" in models
 
     def _check_recurrent(self) -> None:
-        """`--model gru` only with an algorithm that trains recurrent networks."""
-        if type(self.algo).recurrent:
-            return
-        if self.uses_gru():
+        """`--model gru` only for groups on an algorithm that trains recurrent networks."""
+        refused = {}  # group (None: the run's) -> its algorithm's name
+        if self.model.model == "gru" and not type(self.algo).recurrent:
+            refused[None] = self.algo.algo
+        for group, overrides in self.group_overrides.items():
+            cls = self.group_algorithm(group)
+            if overrides.get("model", self.model.model) == "gru" and not cls.recurrent:
+                refused[group] = overrides.get("algo", self.algo.algo)
+        if refused:
             from marl import algorithms
 
             able = [n for n in algorithms.names() if algorithms.config_class(n).recurrent]
+            group, name = next(iter(refused.items()))
+            where = "" if group is None else f" (group {group!r})"
             raise ValueError(
-                f"--model gru: --algo {self.algo.algo} trains MLPs only; recurrent networks train with "
+                f"--model gru{where}: --algo {name} trains MLPs only; recurrent networks train with "
                 f"--algo {' or '.join(able)} (or pass --model mlp)"
             )
 
+    def group_algorithm(self, group: str) -> type[AlgorithmConfig]:
+        """The config class of `group`'s algorithm: the run's, unless `--group NAME.algo=OTHER` names an
+        algorithm of another module (e.g. `iql` for one group of a `masac` run); the algorithms of one run
+        must collect alike (all on-policy, or all from the one replay buffer)."""
+        name = self.group_overrides.get(group, {}).get("algo", self.algo.algo)
+        if name == self.algo.algo or name in _algo_choices(type(self.algo)):
+            return type(self.algo)
+        from marl import algorithms
+
+        try:
+            other = algorithms.get(name)
+        except KeyError as error:
+            raise ValueError(f"--group {group}.algo={name}: {error.args[0]}") from None
+        run = algorithms.get(self.algo.algo)
+        if other.collects != run.collects:
+            raise ValueError(
+                f"--group {group}.algo={name}: {name} learns from {other.collects} and the run's {self.algo.algo} "
+                f"from {run.collects}; the groups of one run all learn on-policy or all off-policy (one replay "
+                "buffer): pick algorithms of one kind"
+            )
+        return other.Config
+
     def for_group(self, group: str) -> tuple[AlgorithmConfig, ModelConfig]:
-        """The algorithm and model configs of `group`, with its overrides applied."""
+        """The algorithm and model configs of `group`, with its overrides applied. A group on another
+        algorithm's config class takes the run's values of the fields both classes have (lr, gamma, ...)."""
         overrides = self.group_overrides.get(group, {})
-        algo = {k: v for k, v in overrides.items() if k in field_names(type(self.algo))}
+        cls = self.group_algorithm(group)
+        shared = {k: v for k, v in _as_dict(self.algo).items() if k in field_names(cls)}
+        algo = {k: v for k, v in overrides.items() if k in field_names(cls)}
         model = {k: v for k, v in overrides.items() if k in field_names(ModelConfig)}
         return (
-            _options.build(type(self.algo), {**_as_dict(self.algo), **algo}, f"group {group!r}"),
+            _options.build(cls, {**shared, **algo}, f"group {group!r}"),
             _options.build(ModelConfig, {**_as_dict(self.model), **model}, f"group {group!r}"),
         )
 
@@ -259,9 +291,14 @@ def import_modules(modules: tuple[str, ...]) -> None:
             raise ImportError(f"--imports {module}: importing {module!r} failed: {error}") from error
 
 
-def group_fields(algo: AlgorithmConfig) -> set[str]:
-    """The fields `--group NAME.FIELD=VALUE` may override under `algo`'s algorithm."""
-    return (field_names(type(algo)) - set(type(algo).run_wide)) | field_names(ModelConfig)
+def group_fields(cls: type[AlgorithmConfig]) -> set[str]:
+    """The fields `--group NAME.FIELD=VALUE` may override for a group on the algorithm config `cls`."""
+    return (field_names(cls) - set(cls.run_wide)) | field_names(ModelConfig)
+
+
+def _algo_choices(cls: type[AlgorithmConfig]) -> tuple:
+    """The algorithm names a config class serves (its `algo` field's Literal choices)."""
+    return typing.get_args(_options.field_types(cls)["algo"])
 
 
 def _check_choices(config) -> None:

@@ -2,12 +2,23 @@
 
 - `ppo`: MAPPO and IPPO (one PPO loss; what each group's critic sees is its scope);
 - `ddpg`: MADDPG and IDDPG, `sac`: MASAC and ISAC (off-policy, from a replay buffer: `offpolicy`);
-- `qlearning`: IQL, VDN and QMIX (value-based, discrete actions; on the same off-policy base).
+- `qlearning`: IQL, VDN and QMIX (value-based, discrete actions; on the same off-policy base);
+- `mixed`: groups of one run on off-policy algorithms of different modules (`--group NAME.algo=...`).
 
 `marl.algorithms.base` holds the interface (`Algorithm`) and the registry.
 """
 
 from marl.algorithms import ddpg, ppo, qlearning, sac  # noqa: E402, F401  (register their algorithms)
-from marl.algorithms.base import DEFAULT, Algorithm, build, config_class, default_config, get, names, register
+from marl.algorithms.base import (
+    DEFAULT,
+    Algorithm,
+    build,
+    config_class,
+    default_config,
+    get,
+    label,
+    names,
+    register,
+)
 
-__all__ = ["DEFAULT", "Algorithm", "build", "config_class", "default_config", "get", "names", "register"]
+__all__ = ["DEFAULT", "Algorithm", "build", "config_class", "default_config", "get", "label", "names", "register"]

@@ -182,5 +182,38 @@ def default_config(name: str) -> AlgorithmConfig:
 
 
 def build(config: TrainConfig, env, device: torch.device, world, generator: torch.Generator) -> Algorithm:
-    """The algorithm `config.algo` names, built for `env`."""
-    return get(config.algo.algo)(config, env, device, world, generator)
+    """The algorithm `config.algo` names, built for `env`; when groups take algorithms of other modules
+    (`--group NAME.algo=...`), the off-policy ones together (`marl.algorithms.mixed`)."""
+    classes = group_classes(config, env.groups)
+    if len(set(classes.values())) == 1:
+        return get(config.algo.algo)(config, env, device, world, generator)
+    from marl.algorithms.mixed import Mixed
+
+    return Mixed(config, env, device, world, generator, classes)
+
+
+def group_classes(config: TrainConfig, groups) -> dict[str, type[Algorithm]]:
+    """Each group's algorithm class; several only among the off-policy algorithms, which share one buffer
+    and one optimiser step."""
+    from marl.algorithms.offpolicy import OffPolicy
+
+    classes = {g: get(config.for_group(g)[0].algo) for g in groups}
+    if len(set(classes.values())) > 1:
+        for g, cls in classes.items():
+            if not issubclass(cls, OffPolicy):
+                raise ValueError(
+                    f"group {g!r} takes {config.for_group(g)[0].algo} ({cls.__qualname__}), but the groups of one run "
+                    "may take algorithms of different modules only among the off-policy ones (maddpg, iddpg, masac, "
+                    "isac, iql, vdn, qmix)"
+                )
+    return classes
+
+
+def label(config: TrainConfig, groups: Mapping) -> str:
+    """What trains `groups` under `config`, as `marl train` prints it."""
+    classes = group_classes(config, groups)
+    if len(set(classes.values())) == 1:
+        return get(config.algo.algo).label(config, groups)
+    from marl.algorithms.mixed import Mixed
+
+    return Mixed.label(config, groups)

@@ -38,7 +38,6 @@ from marl.algorithms.offpolicy import (
 )
 from marl.config import TrainConfig
 from marl.core.models import CriticInput, DeterministicPolicy, QCritic, action_features, action_size
-from marl.core.replay import gather
 from marl.optim.update_step import Trainable, adam
 
 TERMS = ("loss", "critic_loss", "policy_loss", "q_value", "td_error", "sigma")
@@ -108,15 +107,19 @@ class DDPG(OffPolicy):
     def check_group(self, group: str, spec) -> None:
         if not isinstance(spec.action, Box):
             raise ValueError(
-                f"{self.config.algo.algo} needs continuous (Box) actions, but group {group!r} has "
-                f"{spec.action}: train it with masac or isac (discrete SAC)"
+                f"{self.config.for_group(group)[0].algo} needs continuous (Box) actions, but group {group!r} has "
+                f"{spec.action}: train it with masac or isac (discrete SAC), or with a value-based algorithm "
+                f"(--group {group}.algo=iql, vdn or qmix)"
             )
 
-    def __init__(self, config: TrainConfig, env, device: torch.device, world, generator: torch.Generator) -> None:
-        super().__init__(config, env, device, world, generator)
+    def __init__(
+        self, config: TrainConfig, env, device: torch.device, world, generator: torch.Generator, groups=None
+    ) -> None:
+        super().__init__(config, env, device, world, generator, groups)
+        # The critics see the actions of every group of the env (other algorithms' groups too).
         action_sizes = {g: action_size(spec) for g, spec in env.groups.items()}
         self.learners: dict[str, DDPGLearner] = {}
-        for g, spec in env.groups.items():
+        for g, spec in self.groups.items():
             algo, model = config.for_group(g)
             policy = DeterministicPolicy(spec, model.hidden, model.activation, model.share_params).to(device)
             seen = critic_input(config, env, g, action_sizes)
@@ -140,11 +143,11 @@ class DDPG(OffPolicy):
             )
             for g, lr in self.learners.items()
         }
-        trainables = {
+        self.trainables = {
             g: Trainable({"policy": lr.policy, "critic": lr.critic}, lr.optimizer, lr.algo.max_grad_norm)
             for g, lr in self.learners.items()
         }
-        self._build_step(trainables)
+        self._build_step()
 
     def begin_iteration(self, frames: int, total_frames: int) -> None:
         super().begin_iteration(frames, total_frames)
@@ -155,16 +158,19 @@ class DDPG(OffPolicy):
             )
             lr.policy.sigma.fill_(sigma)
 
-    def loss(self, storage, index, weight, noise, t):
-        batch = gather(storage, index)
+    def next_actions(self, batch, noise, t):
+        """The target policies' actions at the next observations."""
+        with torch.no_grad():
+            return {
+                g: (action_features(lr.target_policy(batch[g]["next_observation"]).mode(), self.groups[g], False), None)
+                for g, lr in self.learners.items()
+            }
+
+    def losses(self, batch, weight, noise, t, next_actions, storage, index):
         groups = self.env.groups
         obs, next_obs, state, next_state = split(batch, groups)
         stored = {g: action_features(batch[g]["action"], spec, squashed=False) for g, spec in groups.items()}
-        with torch.no_grad():
-            next_actions = {
-                g: action_features(lr.target_policy(next_obs[g]).mode(), groups[g], squashed=False)
-                for g, lr in self.learners.items()
-            }
+        next_actions = {g: features for g, (features, _) in next_actions.items()}
         total, terms, priority = 0.0, {}, {}
         for g, lr in self.learners.items():
             with torch.no_grad():

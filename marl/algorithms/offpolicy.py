@@ -35,7 +35,7 @@ from marl.algorithms.base import Algorithm
 from marl.config import AlgorithmConfig, TrainConfig
 from marl.core.distributions import RandomWhile
 from marl.core.models import CriticInput
-from marl.core.replay import Prioritized, ReplayBuffer
+from marl.core.replay import Prioritized, ReplayBuffer, gather
 from marl.core.rollout import Acting
 from marl.optim.update_step import UpdateStep
 
@@ -165,20 +165,28 @@ def polyak_(targets: list[torch.Tensor], online: list[torch.Tensor], tau: float)
 
 class OffPolicy(Algorithm):
     """The update loop of an off-policy algorithm (actor-critic, or value-based: `qlearning`); a subclass
-    builds each group's nets in `__init__` (then calls `_build_step` with them) and writes `loss`.
+    builds the nets of its groups, `self.groups`, in `__init__` and writes `next_actions` and `losses`.
 
     Subclass attributes: `learners` (per group an object with `algo`, the group's config, `modules()`,
-    every module it saves by name, targets included, and `optimizer`), `targets` (per group `(target
-    tensors, online tensors)` for the Polyak update) and `term_names` (the loss terms the loss returns per
-    group, in order). Each group logs its terms and a gradient norm per net of its `Trainable`.
+    every module it saves by name, targets included, and `optimizer`), `trainables` (per group the
+    `Trainable` its optimiser steps), `targets` (per group `(target tensors, online tensors)` for the
+    Polyak update) and `term_names` (the loss terms `losses` returns per group, in order). Each group logs
+    its terms and a gradient norm per net of its `Trainable`.
+
+    `groups` (a subset of the env's, all by default) is what this algorithm trains: groups of one run may
+    take algorithms of different modules (`marl.algorithms.mixed`), which then see each other's actions.
     """
 
     collects = "transitions"
     term_names: tuple[str, ...] = ()
 
-    def __init__(self, config: TrainConfig, env, device: torch.device, world, generator: torch.Generator) -> None:
+    def __init__(
+        self, config: TrainConfig, env, device: torch.device, world, generator: torch.Generator, groups=None
+    ) -> None:
         super().__init__(config, env, device, world, generator)
-        for group, spec in env.groups.items():
+        self.groups = {g: env.groups[g] for g in (env.groups if groups is None else groups)}
+        self.member = groups is not None
+        for group, spec in self.groups.items():
             self.check_group(group, spec)
         self.warm = torch.zeros((), dtype=torch.bool, device=device)  # acting at random (warm-up)
         self.beta = config.algo.priority_beta
@@ -187,9 +195,18 @@ class OffPolicy(Algorithm):
     def check_group(self, group: str, spec) -> None:
         """Raise a ValueError naming the group and the algorithms that fit when this one cannot train it."""
 
-    def _build_step(self, trainables) -> None:
+    def term_names_of(self, group: str) -> tuple[str, ...]:
+        """The names of the loss terms `losses` returns for `group`."""
+        return self.term_names
+
+    def _build_step(self) -> None:
+        """The subclass's `__init__` ends with this: `self.step`, one optimiser step of every group of
+        `trainables` (compiled with --compile), unless this algorithm trains some groups of a `Mixed` run,
+        which steps them with its own."""
+        if self.member:
+            return
         self.step = UpdateStep(
-            trainables,
+            self.trainables,
             self.loss,
             self.device,
             self.world,
@@ -231,8 +248,12 @@ class OffPolicy(Algorithm):
         `[steps, batch_size, ...]` (none by default)."""
         return {}
 
+    def see_buffer(self, buffer: ReplayBuffer) -> None:
+        """Called at the start of each `update` with the buffer it draws from."""
+
     def update(self, buffer: ReplayBuffer, timer) -> dict[str, dict[str, torch.Tensor]]:
         algo = self.config.algo
+        self.see_buffer(buffer)
         noise = self.draw_noise(algo.updates_per_iteration, algo.batch_size)
         sums = None
         for t in self.step_indices:  # [1]: step t's noise is selected on the device
@@ -245,13 +266,26 @@ class OffPolicy(Algorithm):
         fill = buffer.size.float() / buffer.capacity
         out = {}
         for g, v in sums.items():
-            names = (*self.term_names, *(f"{net}_grad_norm" for net in self.step.trainables[g].nets))
+            names = (*self.term_names_of(g), *(f"{net}_grad_norm" for net in self.step.trainables[g].nets))
             out[g] = {**dict(zip(names, (v / algo.updates_per_iteration).unbind(), strict=True)), "buffer_fill": fill}
         return out
 
     def loss(self, storage, index, weight, noise, t):
         """`(total, {group: terms [len(term_names)]}, {group: |TD error| [k, n]})` of the env steps `index`
         of the buffer's `storage` (`weight`: their importance weights or None), with step `t`'s noise."""
+        batch = gather(storage, index)
+        return self.losses(batch, weight, noise, t, self.next_actions(batch, noise, t), storage, index)
+
+    def next_actions(self, batch: dict, noise: dict, t: torch.Tensor) -> dict[str, tuple]:
+        """Per group of this algorithm `(features, extra)`: the features (`action_features`) of the
+        actions its agents would take at the next observations of the gathered `batch`, as the critics of
+        every group see them in their TD targets, and what else `losses` reuses of that pass (or None)."""
+        raise NotImplementedError
+
+    def losses(self, batch: dict, weight, noise: dict, t: torch.Tensor, next_actions: dict[str, tuple], storage, index):
+        """`loss`'s result for this algorithm's groups from the gathered `batch` and the `next_actions` of
+        every group of the env; `storage` and `index` (the buffer, the drawn slots) serve losses that read
+        beyond the gathered steps (n-step returns)."""
         raise NotImplementedError
 
     def parameters(self) -> list[torch.Tensor]:

@@ -58,7 +58,7 @@ from marl.algorithms.offpolicy import (
 )
 from marl.config import TrainConfig
 from marl.core.distributions import EpsilonGreedy, head_size
-from marl.core.models import flat_observation, observation_size
+from marl.core.models import action_features, flat_observation, observation_size
 from marl.core.networks import MultiAgentMLP
 from marl.core.replay import ReplayBuffer, gather
 from marl.optim.update_step import Trainable, adam
@@ -230,14 +230,17 @@ class QLearning(OffPolicy):
     def check_group(self, group: str, spec) -> None:
         if not isinstance(spec.action, (Discrete, MultiDiscrete)):
             raise ValueError(
-                f"{self.config.algo.algo} is value-based and needs discrete actions (Discrete or MultiDiscrete), "
-                f"but group {group!r} has {spec.action}: train it with maddpg, iddpg, masac or isac"
+                f"{self.config.for_group(group)[0].algo} is value-based and needs discrete actions (Discrete or "
+                f"MultiDiscrete), but group {group!r} has {spec.action}: train it with maddpg, iddpg, masac or isac "
+                f"(e.g. --group {group}.algo=masac)"
             )
 
-    def __init__(self, config: TrainConfig, env, device: torch.device, world, generator: torch.Generator) -> None:
-        super().__init__(config, env, device, world, generator)
+    def __init__(
+        self, config: TrainConfig, env, device: torch.device, world, generator: torch.Generator, groups=None
+    ) -> None:
+        super().__init__(config, env, device, world, generator, groups)
         self.learners: dict[str, QLearner] = {}
-        for g, spec in env.groups.items():
+        for g, spec in self.groups.items():
             algo, model = config.for_group(g)  # each group's algo may differ (--group NAME.algo=iql)
             policy = QPolicy(spec, model.hidden, model.activation, model.share_params).to(device)
             mixer = None
@@ -264,9 +267,10 @@ class QLearning(OffPolicy):
         self.updates = torch.zeros((), dtype=torch.int64, device=device)
         cudagraphs.mark_static((self.updates,), device)
         self.position = torch.zeros((), dtype=torch.int64, device=device)  # the buffer's, from `update` on
-        self._build_step(
-            {g: Trainable(self.nets(lr), lr.optimizer, lr.algo.max_grad_norm) for g, lr in self.learners.items()}
-        )
+        self.trainables = {
+            g: Trainable(self.nets(lr), lr.optimizer, lr.algo.max_grad_norm) for g, lr in self.learners.items()
+        }
+        self._build_step()
 
     @staticmethod
     def nets(learner: QLearner) -> dict[str, nn.Module]:
@@ -294,7 +298,30 @@ class QLearning(OffPolicy):
             lr.policy.epsilon.fill_(epsilon)
 
     def loss(self, storage, index, weight, noise, t):
-        batch = gather(storage, index)
+        return self.losses(gather(storage, index), weight, noise, t, {}, storage, index)  # no next actions read
+
+    def next_actions(self, batch, noise, t):
+        """The greedy allowed actions of the online Q-networks at the next observations (what the
+        agents' policy, ε aside, does there), for the critics of other algorithms' groups."""
+        with torch.no_grad():
+            return {
+                g: (
+                    action_features(
+                        best_actions(
+                            lr.policy.values(batch[g]["next_observation"]),
+                            batch[g].get("next_action_mask"),
+                            lr.policy.nvec,
+                        ).view_as(batch[g]["action"]),
+                        self.groups[g],
+                        False,
+                    ),
+                    None,
+                )
+                for g, lr in self.learners.items()
+            }
+
+    def losses(self, batch, weight, noise, t, next_actions, storage, index):
+        """The next actions of other groups do not enter Q-learning's targets."""
         total, terms, priority = 0.0, {}, {}
         for g, lr in self.learners.items():
             data, nvec, gamma = batch[g], lr.policy.nvec, lr.algo.gamma
@@ -327,9 +354,8 @@ class QLearning(OffPolicy):
             priority[g] = error.expand_as(q)  # a mixer's one error per env step, for each agent
         return total, terms, priority
 
-    def update(self, buffer: ReplayBuffer, timer) -> dict[str, dict[str, torch.Tensor]]:
+    def see_buffer(self, buffer: ReplayBuffer) -> None:
         self.position = buffer.position  # where the buffer writes next: n-step returns stop before it
-        return super().update(buffer, timer)
 
     def _n_step(self, storage, index: torch.Tensor, group: str, algo: QConfig):
         """Group `group`'s n-step rewards `[k, n]`, the last counted step's terminated flags `[k, n]`, that

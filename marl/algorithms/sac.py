@@ -47,7 +47,6 @@ from marl.algorithms.offpolicy import (
 from marl.config import TrainConfig
 from marl.core.distributions import draw_noise
 from marl.core.models import CriticInput, Policy, QCritic, action_features, action_size
-from marl.core.replay import gather
 from marl.optim.update_step import Trainable, adam
 
 TERMS = ("loss", "critic_loss", "policy_loss", "alpha_loss", "alpha", "q_value", "td_error", "entropy")
@@ -173,17 +172,20 @@ class SAC(OffPolicy):
     def check_group(self, group: str, spec) -> None:
         if not isinstance(spec.action, (Box, Discrete)):
             raise ValueError(
-                f"{self.config.algo.algo} trains groups with Box or Discrete actions, but group {group!r} has "
-                f"{spec.action}: use mappo or ippo for it"
+                f"{self.config.for_group(group)[0].algo} trains groups with Box or Discrete actions, but group "
+                f"{group!r} has {spec.action}: use mappo or ippo for it, or a value-based algorithm "
+                f"(--group {group}.algo=iql, vdn or qmix)"
             )
 
-    def __init__(self, config: TrainConfig, env, device: torch.device, world, generator: torch.Generator) -> None:
-        super().__init__(config, env, device, world, generator)
-        # A continuous group's critics see every group's actions in their scope; a discrete group's see
-        # observations only and value every action.
+    def __init__(
+        self, config: TrainConfig, env, device: torch.device, world, generator: torch.Generator, groups=None
+    ) -> None:
+        super().__init__(config, env, device, world, generator, groups)
+        # A continuous group's critics see every group's actions in their scope (other algorithms' groups
+        # too); a discrete group's see observations only and value every action.
         action_sizes = {g: action_size(spec) for g, spec in env.groups.items()}
         self.learners: dict[str, SACLearner] = {}
-        for g, spec in env.groups.items():
+        for g, spec in self.groups.items():
             algo, model = config.for_group(g)
             policy = Policy(spec, model.hidden, model.activation, model.share_params, model.log_std_init, model.std)
             continuous = isinstance(spec.action, Box)
@@ -212,43 +214,51 @@ class SAC(OffPolicy):
         self.targets = {
             g: (list(lr.target_critic.parameters()), list(lr.critic.parameters())) for g, lr in self.learners.items()
         }
-        trainables = {
+        self.trainables = {
             g: Trainable(
                 {"policy": lr.policy, "critic": lr.critic, "alpha": lr.temperature}, lr.optimizer, lr.algo.max_grad_norm
             )
             for g, lr in self.learners.items()
         }
-        self._build_step(trainables)
+        self._build_step()
 
     def draw_noise(self, steps: int, batch_size: int) -> dict[str, torch.Tensor]:
         """Per continuous group `[steps, 2, batch_size, n, A]`: each step's actions at `s` and at `s'`."""
         return {
             g: draw_noise(spec.action, (steps, 2, batch_size, spec.n_agents), self.generator, self.device)
-            for g, spec in self.env.groups.items()
+            for g, spec in self.groups.items()
             if isinstance(spec.action, Box)
         }
 
-    def loss(self, storage, index, weight, noise, t):
-        batch = gather(storage, index)
+    def next_actions(self, batch, noise, t):
+        """Each group's policy at s' (without gradients): the sampled actions' features and
+        log-probabilities (continuous), or the probabilities and log-probabilities (discrete)."""
+        after = {}
+        with torch.no_grad():
+            for g, lr in self.learners.items():
+                data = batch[g]
+                next_dist = lr.policy(data["next_observation"], data.get("next_action_mask"))
+                if g in noise:
+                    next_raw = next_dist.sample(_step_noise(noise[g], t)[1])
+                    after[g] = (torch.tanh(next_raw), next_dist.log_prob(next_raw))
+                else:
+                    after[g] = (next_dist.log_probs.exp(), next_dist.log_probs)
+        return after
+
+    def losses(self, batch, weight, noise, t, after, storage, index):
         groups = self.env.groups
         obs, next_obs, state, next_state = split(batch, groups)
         stored = {g: action_features(batch[g]["action"], spec, squashed=True) for g, spec in groups.items()}
-        # Each group's policy at s (with gradients) and at s' (without): the actions' features and
-        # log-probabilities (continuous), or the probabilities and log-probabilities (discrete).
-        now, after = {}, {}
+        # Each group's policy at s (with gradients): the actions' features and log-probabilities
+        # (continuous), or the log-probabilities (discrete).
+        now = {}
         for g, lr in self.learners.items():
-            data = batch[g]
-            dist = lr.policy(obs[g], data.get("action_mask"))
-            with torch.no_grad():
-                next_dist = lr.policy(next_obs[g], data.get("next_action_mask"))
+            dist = lr.policy(obs[g], batch[g].get("action_mask"))
             if g in noise:
-                current_noise, next_noise = noise[g].index_select(0, t).squeeze(0).unbind(0)  # [k, n, A] each
-                raw, next_raw = dist.sample(current_noise), next_dist.sample(next_noise)
+                raw = dist.sample(_step_noise(noise[g], t)[0])
                 now[g] = (torch.tanh(raw), dist.log_prob(raw))
-                after[g] = (torch.tanh(next_raw), next_dist.log_prob(next_raw))
             else:
                 now[g] = (None, dist.log_probs)
-                after[g] = (next_dist.log_probs.exp(), next_dist.log_probs)
         next_actions = {g: features for g, (features, _) in after.items()}
         total, terms, priority = 0.0, {}, {}
         for g, lr in self.learners.items():
@@ -282,3 +292,9 @@ class SAC(OffPolicy):
             terms[g] = torch.stack([group_terms[name].detach() for name in TERMS])
             priority[g] = (q.detach().mean(1) - target).abs()
         return total, terms, priority
+
+
+def _step_noise(noise: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step `t`'s noise of a group `[steps, 2, k, n, A]`: for the actions at s and at s', `[k, n, A]` each."""
+    current, after = noise.index_select(0, t).squeeze(0).unbind(0)
+    return current, after

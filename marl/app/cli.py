@@ -255,7 +255,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def algorithms_text(config, groups) -> str:
     """What trains `groups`, as the algorithm names it (PPO: MAPPO or IPPO per group's critic scope)."""
-    return algorithms.get(config.algo.algo).label(config, groups)
+    return algorithms.label(config, groups)
 
 
 def _make_trainer(args: argparse.Namespace):

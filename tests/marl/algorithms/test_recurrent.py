@@ -162,9 +162,12 @@ def test_gru_options_are_checked_at_the_config(tmp_path):
         ModelConfig(model="gru", gru_hidden=0)
     with pytest.raises(ValueError, match="burn_in >= 0"):
         PPOConfig(burn_in=-1)
-    # A group's override to gru is refused by an MLP-only algorithm too.
-    with pytest.raises(ValueError, match="trains MLPs only"):
+    # A group's override to gru is refused by an MLP-only algorithm too, its own where it has one.
+    with pytest.raises(ValueError, match=r"--model gru \(group 'agent'\): --algo iql trains MLPs only"):
         TrainConfig(algo=algorithms.default_config("iql"), group_overrides={"agent": {"model": "gru"}})
+    with pytest.raises(ValueError, match=r"--model gru \(group 'speaker'\): --algo iql trains MLPs only"):
+        overrides = {"speaker": {"algo": "iql", "model": "gru"}}
+        TrainConfig(algo=algorithms.default_config("masac"), group_overrides=overrides)
 
 
 def scripted_return(options: dict, episodes: int = 512) -> float:

@@ -383,15 +383,20 @@ def test_compiled_steps_match_eager(tmp_path):
             assert compiled[key] == pytest.approx(eager[key], rel=1e-4, abs=1e-5), key
 
 
-def test_short_vdn_training_covers_a_stated_fraction_from_random_to_scripted(tmp_path):
-    """spread (3 agents, 25-step episodes), 24,576 frames: the greedy team at least 25% of the way from a
-    random team's return to the scripted controller's (both measured here on the same episodes)."""
+@pytest.mark.parametrize(
+    ("env", "frames", "eval_envs"), [("spread", 24_576, 256), ("pettingzoo/mpe2.simple_spread_v3", 12_288, 32)]
+)
+def test_short_vdn_training_covers_a_stated_fraction_from_random_to_scripted(tmp_path, env, frames, eval_envs):
+    """spread (3 agents, 25-step episodes), native and MPE's own through the PettingZoo adapter (the same
+    observations and moves; fewer frames, as its envs step on the host), 12,288-24,576 frames: the greedy
+    team at least 25% of the way from a random team's return to the scripted controller's (both measured
+    here on the same episodes)."""
     config = TrainConfig(
-        env=EnvSettings(env="spread", num_envs=32),
+        env=EnvSettings(env=env, num_envs=32),
         algo=QConfig(algo="vdn", batch_size=128, updates_per_iteration=64, lr=1e-3, gamma=0.9, exploration_anneal=0.5),
         model=ModelConfig(hidden=(64, 64), activation="relu"),
         run=RunConfig(
-            total_frames=24_576,
+            total_frames=frames,
             rollout_length=16,
             device="cpu",
             progress=False,
@@ -402,7 +407,7 @@ def test_short_vdn_training_covers_a_stated_fraction_from_random_to_scripted(tmp
     )
     trainer = Trainer(config, run_dir=tmp_path / "run")
     trainer.train()
-    env = envs.make("spread", num_envs=256, seed=7)
+    env = envs.make(env, num_envs=eval_envs, seed=7)
     policy = trainer.algorithm.learners["agent"].policy
     trained = mean_return(lambda o: policy(o).mode(), env)
     generator = torch.Generator().manual_seed(0)
