@@ -55,6 +55,8 @@ class AlgorithmConfig:
 
     run_wide: ClassVar[tuple[str, ...]] = ()
     """Fields every group shares, which `--group NAME.FIELD=VALUE` cannot override."""
+    recurrent: ClassVar[bool] = False
+    """Whether the algorithm trains recurrent networks (`--model gru`)."""
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -82,6 +84,14 @@ class ModelConfig:
     std: Literal["param", "state"] = "param"
     """Continuous actions' std: a learned parameter, the same in every state ("param"), or an output of
     the policy network through a biased softplus ("state", as BenchMARL's policies)."""
+    model: Literal["mlp", "gru"] = "mlp"
+    """mlp, or gru: a recurrent layer (gru_hidden units) on the inputs, its state carried from step to step
+    of each env and zeroed when the env's episode ends, then the MLP of --hidden (PPO: mappo, ippo)."""
+    gru_hidden: int = 64
+    """With --model gru: units of the GRU's state."""
+    gru_nets: Literal["policy", "critic", "both"] = "policy"
+    """With --model gru: which nets are recurrent: the policy (the critic, which only sets the baseline,
+    stays an MLP; half the GRU work of both), the critic, or both."""
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -89,6 +99,12 @@ class ModelConfig:
         object.__setattr__(self, "hidden", tuple(int(h) for h in self.hidden))
         if any(h < 1 for h in self.hidden):
             raise ValueError(f"hidden sizes must be >= 1, got {self.hidden}")
+        if self.gru_hidden < 1:
+            raise ValueError(f"gru_hidden must be >= 1, got {self.gru_hidden}")
+
+    def recurrent(self, net: str) -> bool:
+        """Whether `net` ("policy" or "critic") has a GRU."""
+        return self.model == "gru" and self.gru_nets in ("both", net)
 
 
 MAX_SEED = 2**63 - 1  # torch's generators take a signed 64-bit seed; PettingZoo's envs refuse negative ones
@@ -239,7 +255,33 @@ class TrainConfig:
                     f"unknown field(s) {sorted(unknown)} in the overrides for group {group!r}; "
                     f"overridable fields: {sorted(fields)}"
                 )
+        self._check_recurrent()
         self.algo.check_train(self)
+
+    def uses_gru(self) -> bool:
+        """Whether any group's networks are recurrent (`--model gru`, or a group's override)."""
+        models = [self.model.model, *(o["model"] for o in self.group_overrides.values() if "model" in o)]
+        return "gru" in models
+
+    def _check_recurrent(self) -> None:
+        """`--model gru` only for groups on an algorithm that trains recurrent networks."""
+        refused = {}  # group (None: the run's) -> its algorithm's name
+        if self.model.model == "gru" and not type(self.algo).recurrent:
+            refused[None] = self.algo.algo
+        for group, overrides in self.group_overrides.items():
+            cls = self.group_algorithm(group)
+            if overrides.get("model", self.model.model) == "gru" and not cls.recurrent:
+                refused[group] = overrides.get("algo", self.algo.algo)
+        if refused:
+            from marl import algorithms
+
+            able = [n for n in algorithms.names() if algorithms.config_class(n).recurrent]
+            group, name = next(iter(refused.items()))
+            where = "" if group is None else f" (group {group!r})"
+            raise ValueError(
+                f"--model gru{where}: --algo {name} trains MLPs only; recurrent networks train with "
+                f"--algo {' or '.join(able)} (or pass --model mlp)"
+            )
 
     def group_algorithm(self, group: str) -> type[AlgorithmConfig]:
         """The config class of `group`'s algorithm: the run's, unless `--group NAME.algo=OTHER` names an

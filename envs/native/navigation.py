@@ -7,6 +7,10 @@ a 12-ray LIDAR that senses other agents. Reward: the decrease in distance to goa
 team when `shared_reward`), a penalty for each collision, and a bonus when every agent is on its goal,
 which also ends the episode.
 
+`goal_visible_steps=k` makes it a task that needs memory: an agent sees its goal only in the first k
+observations of an episode, after which the goal part of its observation reads 0. It must remember where
+the goal was (its own position is in the observation): a recurrent policy can, an MLP cannot.
+
 Run `python -m envs.native.navigation --gif nav.gif` to watch the scripted go-to-goal controller.
 """
 
@@ -47,6 +51,9 @@ class NavigationConfig(EnvConfig):
     """Reward for every agent when all agents are on their goals."""
     distance_reward_scale: float = 1.0
     """Scale of the reward for getting closer to the goal."""
+    goal_visible_steps: int = 0
+    """An agent sees its goal only in an episode's first this many observations (then 0s): a task that
+    needs memory. 0: always."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -59,6 +66,8 @@ class NavigationConfig(EnvConfig):
             raise ValueError(f"spawn_half_width must be >= 0, got {self.spawn_half_width}")
         if self.n_lidar_rays < 1:
             raise ValueError(f"n_lidar_rays must be >= 1, got {self.n_lidar_rays}")
+        if self.goal_visible_steps < 0:
+            raise ValueError(f"goal_visible_steps must be >= 0 (0: always visible), got {self.goal_visible_steps}")
 
     @property
     def arena(self) -> float:
@@ -121,8 +130,11 @@ class Navigation(MultiAgentEnv):
     def _observe(self):
         c = self.config
         lidar = physics.lidar(self.pos, c.agent_radius, c.n_lidar_rays, c.lidar_range)  # [B, n, K]
+        to_goal = self.goal - self.pos  # [B, n, 2]
+        if c.goal_visible_steps:
+            to_goal = to_goal * (self.step_count < c.goal_visible_steps)[:, None, None]
         # Like VMAS, the LIDAR reads range minus distance: 0 means nothing in sight.
-        return {"agent": torch.cat([self.pos, self.vel, self.goal - self.pos, c.lidar_range - lidar], -1)}
+        return {"agent": torch.cat([self.pos, self.vel, to_goal, c.lidar_range - lidar], -1)}
 
     def _render(self, index: int) -> np.ndarray:
         c = self.config
@@ -158,8 +170,10 @@ def _main() -> None:
 
     parser = demo_parser("Run the scripted go-to-goal controller (or random actions) on navigation.")
     parser.add_argument("--n-agents", type=int, default=3, help="agents per env")
+    parser.add_argument("--max-steps", type=int, default=100, help="steps per episode")
     args = parser.parse_args()
-    env = Navigation(NavigationConfig(n_agents=args.n_agents), num_envs=args.num_envs, seed=0)
+    config = NavigationConfig(n_agents=args.n_agents, max_steps=args.max_steps)
+    env = Navigation(config, num_envs=args.num_envs, seed=0)
     policy = demo_policy(env, args.policy, lambda obs: {"agent": scripted_action(obs["agent", "observation"])})
     start = time.perf_counter()
     returns = play(env, policy, args.steps, gif=args.gif)

@@ -19,6 +19,13 @@ be checked by hand. It returns the named terms and diagnostics:
 Its two parts, `policy_terms` and `value_terms` (`combined_terms` joins them), let the policies and the
 critics be stepped apart: with `overlap_critic` the critics' steps run on a second thread while the next
 batch is collected (`PPO._update_apart`).
+
+Recurrent nets (`--model gru`): minibatches are whole chunks of `chunk_length` steps of one env (the
+rollout cut in `T / chunk_length` per env, shuffled), each run from the hidden state stored when it was
+collected (the policy's by the collector, the critic's by `advantages`, which runs the critic over the
+rollout), zeroed where an episode starts (`is_init`); optionally after `burn_in` steps before the chunk,
+run without a loss from the state stored there. So on the first epoch the policy recomputes exactly the
+log-probabilities it acted with.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from tensordict import TensorDict
@@ -34,7 +41,9 @@ from tensordict import TensorDict
 import kernels
 from marl.algorithms.base import Algorithm, register
 from marl.config import AlgorithmConfig, TrainConfig
-from marl.core.models import Critic, CriticInput, Policy
+from marl.core.distributions import Distribution
+from marl.core.models import Critic, CriticInput, Policy, flat_observation
+from marl.core.networks import MultiAgentGRU
 from marl.core.rollout import Acting, observations
 from marl.optim.background import Background
 from marl.optim.update_step import Trainable, UpdateStep, adam
@@ -44,6 +53,9 @@ LOSS_TERMS = ("loss", "policy_loss", "value_loss", "entropy_loss", "approx_kl", 
 UPDATE_KEYS = ("observation", "action_mask", "action", "log_prob", "advantage", "value", "value_target")
 CRITIC_KEYS = ("observation", "value", "value_target")  # what a critic's step reads of a group's batch
 NETS = ("policy", "critic")  # a group's nets, in its optimiser's order
+# With recurrent nets, what a chunk holds once (not per step): its starting states, and whether its burn-in
+# steps lie in the rollout.
+PER_CHUNK = ("hidden0", "burn_hidden0", "critic_hidden0", "burn_critic_hidden0", "burn_valid")
 
 
 @dataclass(frozen=True)
@@ -100,8 +112,18 @@ class PPOConfig(AlgorithmConfig):
     settings; MAPPO there, with its one small critic, runs slower). collect_s then holds the collection
     beside the critics' steps."""
 
+    chunk_length: int = 16
+    """With --model gru: the rollout is cut into chunks of this many steps of one env, each trained from
+    the hidden state it was collected with, minibatch_size // chunk_length chunks per minibatch (gradients
+    flow back through a chunk's steps). Must divide rollout_length."""
+    burn_in: int = 0
+    """With --model gru: steps before each chunk run through the GRU, without a loss, from the state stored
+    there, to refresh the chunk's starting state for the current weights (a chunk fewer steps into the
+    rollout starts from its stored state)."""
+
     # Every group is updated in the same minibatch steps (overlapped or not).
-    run_wide = ("epochs", "minibatch_size", "overlap_critic")
+    run_wide = ("epochs", "minibatch_size", "overlap_critic", "chunk_length", "burn_in")
+    recurrent: ClassVar[bool] = True
 
     def check(self) -> None:
         for name in ("gamma", "lmbda"):
@@ -117,6 +139,8 @@ class PPOConfig(AlgorithmConfig):
             raise ValueError("shared_value needs a centralised critic: algo mappo, or critic_scope group or global")
         if self.epochs < 1 or self.minibatch_size < 1:
             raise ValueError(f"epochs and minibatch_size must be >= 1, got {self.epochs}, {self.minibatch_size}")
+        if self.chunk_length < 1 or self.burn_in < 0:
+            raise ValueError(f"chunk_length must be >= 1 and burn_in >= 0, got {self.chunk_length}, {self.burn_in}")
 
     def check_train(self, config: TrainConfig) -> None:
         if self.overlap_critic and not config.run.compile:
@@ -131,6 +155,25 @@ class PPOConfig(AlgorithmConfig):
                 f"num_envs * rollout_length = {frames_per_iteration} frames: pass --minibatch-size "
                 f"{frames_per_iteration // 4} (4 minibatches per epoch), or more envs or a longer rollout"
             )
+        if config.uses_gru():
+            self._check_sequences(config)
+
+    def _check_sequences(self, config: TrainConfig) -> None:
+        T = config.run.rollout_length
+        if T % self.chunk_length:
+            raise ValueError(
+                f"--model gru: chunk_length ({self.chunk_length}) must divide rollout_length ({T}): pass a "
+                f"--chunk-length that does, e.g. {math.gcd(T, self.chunk_length)}"
+            )
+        if self.minibatch_size < self.chunk_length:
+            raise ValueError(
+                f"--model gru: a minibatch holds whole chunks; minibatch_size ({self.minibatch_size}) is less than "
+                f"one chunk (chunk_length {self.chunk_length})"
+            )
+        if self.burn_in >= T:
+            raise ValueError(f"--model gru: burn_in ({self.burn_in}) must be less than rollout_length ({T})")
+        if self.overlap_critic:
+            raise ValueError("--model gru: overlap_critic is not supported with recurrent nets; drop --overlap-critic")
 
     def scope(self) -> str:
         if self.critic_scope != "auto":
@@ -259,8 +302,9 @@ def build_policies(config: TrainConfig, env, device: torch.device) -> dict[str, 
     policies = {}
     for group, spec in env.groups.items():
         _, model = config.for_group(group)
+        gru = model.gru_hidden if model.recurrent("policy") else None
         policies[group] = Policy(
-            spec, model.hidden, model.activation, model.share_params, model.log_std_init, model.std
+            spec, model.hidden, model.activation, model.share_params, model.log_std_init, model.std, gru
         )
     return {g: p.to(device) for g, p in policies.items()}
 
@@ -289,10 +333,19 @@ class PPO(Algorithm):
                 model.share_params,
                 algo.normalize_value,
                 shared_value=critic_input.shared_value,
+                gru_hidden=model.gru_hidden if model.recurrent("critic") else None,
             ).to(device)
             policy = policies[group]
             optimizer = adam([*policy.parameters(), *critic.parameters()], lr=algo.lr, eps=algo.adam_eps)
             self.learners[group] = Learner(algo, policy, critic, critic_input, optimizer)
+        # Recurrent nets train on chunks of time; a recurrent critic's state is carried from one rollout to
+        # the next per env (`advantages`), as the collector carries the policies'.
+        self.sequences = any(lr.policy.gru or lr.critic.gru for lr in self.learners.values())
+        self.critic_hidden = {
+            g: torch.zeros(env.num_envs, lr.critic.gru.n_agents, lr.critic.gru.hidden_size, device=device)
+            for g, lr in self.learners.items()
+            if lr.critic.gru is not None
+        }
         trainables = {
             g: Trainable({"policy": lr.policy, "critic": lr.critic}, lr.optimizer, lr.algo.max_grad_norm)
             for g, lr in self.learners.items()
@@ -313,7 +366,13 @@ class PPO(Algorithm):
 
     @property
     def acting(self) -> Acting:
-        return Acting({g: lr.policy for g, lr in self.learners.items()}, log_prob=True)
+        hidden = {
+            g: (lr.policy.gru.n_agents, lr.policy.gru.hidden_size)
+            for g, lr in self.learners.items()
+            if lr.policy.gru is not None
+        }
+        policies = {g: lr.policy for g, lr in self.learners.items()}
+        return Acting(policies, log_prob=True, hidden=hidden, episode_starts=self.sequences)
 
     @property
     def overlaps(self) -> bool:
@@ -344,9 +403,17 @@ class PPO(Algorithm):
         next_obs, next_state = observations(batch, groups, next=True)
         explained = {}
         for g, learner in self.learners.items():
-            value = learner.critic.value(learner.critic_input(obs, state))  # [T, B, n]
-            next_value = learner.critic.value(learner.critic_input(next_obs, next_state))
-            data = batch[g]
+            critic, data = learner.critic, batch[g]
+            x, next_x = learner.critic_input(obs, state), learner.critic_input(next_obs, next_state)
+            if critic.gru is None:
+                value, next_value = critic.value(x), critic.value(next_x)  # [T, B, n]
+            else:
+                value, next_value, started, last = critic.rollout_values(
+                    x, next_x, self.critic_hidden[g], batch["is_init"]
+                )
+                value, next_value = critic.denormalize(value), critic.denormalize(next_value)
+                data["critic_hidden"] = started  # [T, B, m, h]
+                self.critic_hidden[g].copy_(last)  # the next rollout's first step zeroes it where is_init
             advantage, target = kernels.gae(
                 data["reward"],
                 value,
@@ -363,25 +430,67 @@ class PPO(Algorithm):
             explained[g] = explained_variance(value, target)
         return explained
 
-    def update_inputs(self, batch: TensorDict) -> tuple[dict[str, dict[str, torch.Tensor]], torch.Tensor | None]:
+    def update_inputs(
+        self, batch: TensorDict, flatten: bool = True
+    ) -> tuple[dict[str, dict[str, torch.Tensor]], torch.Tensor | None]:
         """What the update reads of `batch`: per group its `UPDATE_KEYS` as plain tensors `[T * B, ...]`
         (a minibatch gather and the loss then compile into one graph), values and targets in the critic's
-        normalised units (its moments are fixed for the update); and the state `[T * B, ...]` or None."""
-        flat = {g: {k: v.flatten(0, 1) for k, v in batch[g].items() if k in UPDATE_KEYS} for g in self.learners}
+        normalised units (its moments are fixed for the update); and the state `[T * B, ...]` or None.
+        Without `flatten`: `[T, B, ...]`, with the stored hidden states of recurrent nets too."""
+        keys = UPDATE_KEYS if flatten else (*UPDATE_KEYS, "hidden", "critic_hidden")
+        flat = {g: {k: v for k, v in batch[g].items() if k in keys} for g in self.learners}
         for g, data in flat.items():
             critic = self.learners[g].critic
             data["value"], data["value_target"] = map(critic.normalize_values, (data["value"], data["value_target"]))
-        state = batch["state"].flatten(0, 1) if "state" in batch.keys() else None
-        return flat, state
+            if flatten:
+                flat[g] = {k: v.flatten(0, 1) for k, v in data.items()}
+        state = batch["state"] if "state" in batch.keys() else None
+        return flat, state.flatten(0, 1) if flatten and state is not None else state
+
+    def sequence_inputs(self, batch: TensorDict) -> tuple[dict[str, dict[str, torch.Tensor]], torch.Tensor | None]:
+        """`update_inputs` for recurrent nets: per group its time-indexed keys as windows `[C, W, ...]`
+        (chunk c = k * B + e is env e's steps from k * chunk_length - burn_in, W = burn_in + chunk_length;
+        steps before the rollout's first are its first, and not used) with `reset` (`is_init`), and
+        `PER_CHUNK`'s `[C, ...]`: the stored states at the chunk's and at its burn-in's start, and whether
+        its burn-in lies in the rollout. The state `[C, W, ...]` or None."""
+        algo = self.config.algo
+        flat, state = self.update_inputs(batch, flatten=False)
+        L, b = algo.chunk_length, algo.burn_in
+        T, B = batch.batch_size
+        starts = torch.arange(0, T, L, device=self.device)  # [K]
+        times = (starts[:, None] + torch.arange(-b, L, device=self.device)).clamp_min(0)  # [K, W]
+        burn_starts = (starts - b).clamp_min(0)
+
+        def windows(v: torch.Tensor) -> torch.Tensor:  # [T, B, ...] -> [K * B, W, ...]
+            return v[times].transpose(1, 2).flatten(0, 1)
+
+        def at(v: torch.Tensor, t: torch.Tensor) -> torch.Tensor:  # [T, B, ...] at t [K] -> [K * B, ...]
+            return v[t].flatten(0, 1)
+
+        reset = windows(batch["is_init"])
+        valid = (starts >= b)[:, None].expand(len(starts), B).flatten()  # [K * B]
+        for g, data in flat.items():
+            hidden = {"hidden": data.pop("hidden", None), "critic_hidden": data.pop("critic_hidden", None)}
+            flat[g] = {k: windows(v) for k, v in data.items()}
+            flat[g].update(reset=reset, burn_valid=valid)
+            for key, stored in hidden.items():
+                if stored is not None:
+                    flat[g][f"{key}0"] = at(stored, starts)
+                    flat[g][f"burn_{key}0"] = at(stored, burn_starts)
+        return flat, windows(state) if state is not None else None
 
     def epochs(self, batch: TensorDict, timer=None) -> dict[str, dict[str, torch.Tensor]]:
         """`epochs` passes of minibatch steps; each group's loss terms and gradient norms, averaged."""
         algo = self.config.algo
-        frames = batch.batch_size.numel()
-        flat, state = self.update_inputs(batch)
-        size, count = algo.minibatch_size, frames // algo.minibatch_size
+        if self.sequences:  # the samples shuffled are whole chunks
+            flat, state = self.sequence_inputs(batch)
+            samples, size = batch.batch_size.numel() // algo.chunk_length, algo.minibatch_size // algo.chunk_length
+        else:  # frames
+            flat, state = self.update_inputs(batch)
+            samples, size = batch.batch_size.numel(), algo.minibatch_size
+        count = samples // size
         sums = {g: torch.zeros(len(LOSS_TERMS) + 2, device=self.device) for g in flat}
-        orders = [torch.randperm(frames, generator=self.generator, device=self.device) for _ in range(algo.epochs)]
+        orders = [torch.randperm(samples, generator=self.generator, device=self.device) for _ in range(algo.epochs)]
         if self.overlaps:
             minibatches = [order[k * size : (k + 1) * size] for order in orders for k in range(count)]
             self._update_apart(flat, state, minibatches, sums, timer)
@@ -438,23 +547,30 @@ class PPO(Algorithm):
         index: torch.Tensor | slice,
         nets: tuple[str, ...] = NETS,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The sum of every group's PPO loss on the frames `index` of the flattened rollout, and per group
-        its `LOSS_TERMS`, detached, as one vector. With `nets` one of `NETS`, only that net's part
-        (`policy_terms` / `value_terms`; the other's terms 0), which only it runs."""
+        """The sum of every group's PPO loss on the frames `index` of the flattened rollout (with recurrent
+        nets: the chunks `index` of `sequence_inputs`), and per group its `LOSS_TERMS`, detached, as one
+        vector. With `nets` one of `NETS`, only that net's part (`policy_terms` / `value_terms`; the
+        other's terms 0), which only it runs."""
         batch = {g: {k: v[index] for k, v in data.items()} for g, data in flat.items()}
-        obs = {g: data["observation"] for g, data in batch.items()}
         state = state[index] if state is not None else None
+        burn_in = 0
+        if self.sequences:  # windows [M, W, ...] made time-major [W, M, ...]; the loss on the last L steps
+            burn_in = self.config.algo.burn_in
+            batch = {g: {k: v if k in PER_CHUNK else v.transpose(0, 1) for k, v in d.items()} for g, d in batch.items()}
+            state = state.transpose(0, 1) if state is not None else None
+        obs = {g: data["observation"] for g, data in batch.items()}
         total, terms = 0.0, {}
         for g, learner in self.learners.items():
             data, a = batch[g], learner.algo
+            main = {k: v[burn_in:] for k, v in data.items() if k not in PER_CHUNK} if burn_in else data
             parts = []
             if "policy" in nets:
-                dist = learner.policy(data["observation"], data.get("action_mask"))
+                dist = self._policy(learner, data, burn_in)
                 parts.append(
                     policy_terms(
-                        dist.log_prob(data["action"]),
-                        data["log_prob"],
-                        data["advantage"],
+                        dist.log_prob(main["action"]),
+                        main["log_prob"],
+                        main["advantage"],
                         dist.entropy(),
                         clip_eps=a.clip_eps,
                         entropy_coef=a.entropy_coef,
@@ -464,9 +580,9 @@ class PPO(Algorithm):
             if "critic" in nets:
                 parts.append(
                     value_terms(
-                        learner.critic(learner.critic_input(obs, state)),  # normalised units, as the next two
-                        data["value"],
-                        data["value_target"],
+                        self._value(learner, data, obs, state, burn_in),  # normalised units, as the next two
+                        main["value"],
+                        main["value_target"],
                         clip_eps=a.clip_eps,
                         clip_value=a.clip_value,
                         value_coef=a.value_coef,
@@ -477,6 +593,35 @@ class PPO(Algorithm):
             terms[g] = torch.stack([group_terms[name].detach() for name in LOSS_TERMS])
         return total, terms
 
+    def _policy(self, learner: Learner, data: dict[str, torch.Tensor], burn_in: int) -> Distribution:
+        """The policy's distributions of a minibatch's frames, or of its chunks' steps after `burn_in`
+        (a recurrent policy runs from each chunk's stored state, refreshed by the burn-in steps)."""
+        policy, observation, mask = learner.policy, data["observation"], data.get("action_mask")
+        if policy.gru is None:
+            return policy(observation[burn_in:], mask[burn_in:] if mask is not None else None)
+        x = flat_observation(observation[:burn_in], policy.spec)
+        h0 = _burn_in(policy.gru, x, data["burn_hidden0"], data["reset"][:burn_in], data["hidden0"], data["burn_valid"])
+        mask = mask[burn_in:] if mask is not None else None
+        return policy.sequence(observation[burn_in:], mask, h0, data["reset"][burn_in:])
+
+    def _value(
+        self,
+        learner: Learner,
+        data: dict[str, torch.Tensor],
+        obs: dict[str, torch.Tensor],
+        state: torch.Tensor | None,
+        burn_in: int,
+    ) -> torch.Tensor:
+        """The critic's values (normalised units) as `_policy`'s distributions."""
+        critic, x = learner.critic, learner.critic_input(obs, state)
+        if critic.gru is None:
+            return critic(x[burn_in:])
+        reset, valid = data["reset"], data["burn_valid"]
+        h0 = _burn_in(
+            critic.gru, x[:burn_in], data["burn_critic_hidden0"], reset[:burn_in], data["critic_hidden0"], valid
+        )
+        return critic.sequence(x[burn_in:], h0, reset[burn_in:])
+
     def parameters(self) -> list[torch.Tensor]:
         return [p for lr in self.learners.values() for p in lr.parameters()]
 
@@ -486,6 +631,7 @@ class PPO(Algorithm):
                 "policy": lr.policy.state_dict(),
                 "critic": lr.critic.state_dict(),
                 "optimizer": lr.optimizer.state_dict(),
+                **({"critic_hidden": self.critic_hidden[g]} if g in self.critic_hidden else {}),
             }
             for g, lr in self.learners.items()
         }
@@ -495,6 +641,10 @@ class PPO(Algorithm):
             lr.policy.load_state_dict(state[g]["policy"])
             lr.critic.load_state_dict(state[g]["critic"])
             lr.optimizer.load_state_dict(state[g]["optimizer"])
+            if g in self.critic_hidden and "critic_hidden" in state[g]:
+                # A recurrent critic's state per env; `marl eval` runs other envs and leaves it.
+                if state[g]["critic_hidden"].shape == self.critic_hidden[g].shape:
+                    self.critic_hidden[g].copy_(state[g]["critic_hidden"])
 
     @classmethod
     def label(cls, config: TrainConfig, groups) -> str:
@@ -503,6 +653,23 @@ class PPO(Algorithm):
         if len(set(names.values())) == 1:
             return next(iter(names.values()))
         return ", ".join(f"{name} ({g})" for g, name in names.items())
+
+
+def _burn_in(
+    gru: MultiAgentGRU,
+    x: torch.Tensor,
+    h_burn: torch.Tensor,
+    reset: torch.Tensor,
+    h0: torch.Tensor,
+    valid: torch.Tensor,
+) -> torch.Tensor:
+    """A chunk's starting state `[M, m, h]`: with burn-in steps `x` `[b, M, m, d]`, the state after running
+    them from `h_burn` (no gradient through them) where `valid`, else the stored `h0`."""
+    if x.shape[0] == 0:
+        return h0
+    with torch.no_grad():
+        h = gru.scan(x, h_burn, reset)[-1]
+    return torch.where(valid[:, None, None], h, h0)
 
 
 def _add(sums: dict[str, torch.Tensor], out: dict[str, torch.Tensor]) -> None:

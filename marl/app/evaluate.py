@@ -74,8 +74,10 @@ def evaluate(
         if policies is None:
             algorithm = build_algorithm(config, env, device, World(), generator)
             algorithm.load_state_dict(state["algorithm"])
-            policies = algorithm.acting.policies
+            policies, hidden_shapes = algorithm.acting.policies, algorithm.acting.hidden
         obs = env.reset()
+        # Recurrent policies act from their state, zero at each episode's start.
+        hidden = {g: torch.zeros(k, *shape, device=device) for g, shape in hidden_shapes.items()}
         running = {g: torch.zeros(k, s.n_agents, device=device) for g, s in env.groups.items()}
         finished = torch.zeros(k, dtype=torch.bool, device=device)
         final = {g: torch.zeros(k, device=device) for g in env.groups}
@@ -85,13 +87,18 @@ def evaluate(
                 frames.append(env.render(0))
             actions = {}
             for g, policy in policies.items():
-                dist = policy(obs[g, "observation"], obs.get((g, "action_mask"), None))
+                if g in hidden:
+                    dist, hidden[g] = policy(obs[g, "observation"], obs.get((g, "action_mask"), None), hidden[g])
+                else:
+                    dist = policy(obs[g, "observation"], obs.get((g, "action_mask"), None))
                 if deterministic:
                     raw = dist.mode()
                 else:
                     raw = dist.sample(draw_noise(env.groups[g].action, (k, env.groups[g].n_agents), generator, device))
                 actions[g] = dist.env_action(raw)
             next_td, obs = env.step(actions)
+            for g, h in hidden.items():
+                hidden[g] = h.masked_fill(next_td["done"][:, 0, None, None], 0.0)
             done = next_td["done"][:, 0] & ~finished
             for g in env.groups:
                 running[g] += next_td[g, "reward"][..., 0]

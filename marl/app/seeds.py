@@ -72,6 +72,8 @@ def check_population(config: TrainConfig, world) -> None:
         raise ValueError("several seeds (--seeds, --num-seeds) train in one process: run them without torchrun")
     if config.run.compile:
         raise ValueError("several seeds (--seeds, --num-seeds) train eagerly so far: leave out --compile")
+    if config.uses_gru():
+        raise ValueError("several seeds (--seeds, --num-seeds) train MLP networks so far: leave out --model gru")
 
 
 def env_seed(config: TrainConfig, seeds: tuple[int, ...]) -> int | tuple[int, ...]:
@@ -160,6 +162,7 @@ def member_state(trainer, state: dict, k: int) -> dict:
         "generator": state["generator"][k],
         "env": env,
         "obs": envs_rows(state["obs"]),
+        "hidden": envs_rows(state["hidden"]),
         "stats": {"running": envs_rows(stats["running"]), "length": envs_rows(stats["length"]), **sums},
         "buffer": None,
         "pending": None,

@@ -245,6 +245,7 @@ class Trainer:
             "env": env_state,
             "obs": self.collector.obs,
             "stats": self.collector.stats.state_dict(),
+            "hidden": self.collector.hidden_state(),  # recurrent policies' states, per env
             # The replay buffer, with --save-buffer (it can be large).
             "buffer": self.buffer.state_dict() if self.buffer is not None and self.config.run.save_buffer else None,
             # The next batch, when the update collected it ahead (its episodes are in `stats`).
@@ -276,6 +277,8 @@ class Trainer:
             self.env.load_state_dict(state["env"])
             self.collector.obs = _to_device(state["obs"], self.device)
             self.collector.stats.load_state_dict(state["stats"])
+            if "hidden" in state:
+                self.collector.load_hidden_state(state["hidden"])
         else:
             print("this env cannot save its state: resumed training starts new episodes")
         if state.get("pending") is not None:

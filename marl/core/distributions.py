@@ -61,8 +61,11 @@ class TanhNormal:
     def log_prob(self, raw: torch.Tensor) -> torch.Tensor:
         z = (raw - self.mean) / self.log_std.exp()
         normal = -0.5 * z.square() - self.log_std - LOG_SQRT_2PI
-        # log |d tanh(u)/du| = log(1 - tanh(u)^2) = 2 * (log 2 - u - softplus(-2u)), stable for large |u|.
-        log_jacobian = 2 * (math.log(2) - raw - F.softplus(-2 * raw)) + self.half_range.log()
+        # log |d tanh(u)/du| = log(1 - tanh(u)^2) = 2 * (log 2 - u - softplus(-2u)), stable for large |u|;
+        # softplus(-2u) as -logsigmoid(2u): torch's CPU softplus rounds a tensor's tail elements apart, so a
+        # step's log-probs would change in the last bit with the batch they are computed in (PPO's first
+        # epoch recomputes exactly what was collected: tests/marl/algorithms/test_recurrent.py).
+        log_jacobian = 2 * (math.log(2) - raw + F.logsigmoid(2 * raw)) + self.half_range.log()
         return (normal - log_jacobian).sum(-1)
 
     def entropy(self) -> torch.Tensor:

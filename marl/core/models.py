@@ -28,7 +28,7 @@ from marl.core.distributions import (
     TanhNormal,
     head_size,
 )
-from marl.core.networks import MultiAgentMLP
+from marl.core.networks import MultiAgentGRU, MultiAgentMLP
 
 CRITIC_SCOPES = ("agent", "group", "global")
 
@@ -60,6 +60,10 @@ class Policy(nn.Module):
       parameters), starting at `log_std_init`;
     - `"state"`: an output of the network, `softplus(x + bias) + MIN_STD`, the bias set so that it
       starts at `exp(log_std_init)` (as BenchMARL's and TorchRL's `biased_softplus` scale mapping).
+
+    With `gru_hidden`, a GRU (`MultiAgentGRU`) reads the observation before the MLP: a call then takes the
+    hidden state `[*B, n, gru_hidden]` and returns `(distribution, next hidden state)`, and `sequence`
+    runs a time-major sequence from a state.
     """
 
     def __init__(
@@ -70,6 +74,7 @@ class Policy(nn.Module):
         share_params: bool,
         log_std_init: float = 0.0,
         std: str = "param",
+        gru_hidden: int | None = None,
     ) -> None:
         super().__init__()
         if std not in STD_SOURCES:
@@ -79,7 +84,9 @@ class Policy(nn.Module):
         out = head_size(spec.action)
         self.state_std = isinstance(spec.action, Box) and std == "state"
         outputs = 2 * out if self.state_std else out  # [mean, std input] per action dim
-        self.net = MultiAgentMLP(obs_size, outputs, spec.n_agents, hidden, activation, share_params, output_gain=0.01)
+        self.gru = MultiAgentGRU(obs_size, gru_hidden, spec.n_agents, share_params) if gru_hidden else None
+        features = gru_hidden or obs_size
+        self.net = MultiAgentMLP(features, outputs, spec.n_agents, hidden, activation, share_params, output_gain=0.01)
         if isinstance(spec.action, Box):
             low, high = spec.action.bounds("cpu")
             self.register_buffer("low", low.flatten())
@@ -93,8 +100,28 @@ class Policy(nn.Module):
                 rows = 1 if share_params else spec.n_agents
                 self.log_std = nn.Parameter(torch.full((rows, out), float(log_std_init)))  # [1 or n, A]
 
-    def forward(self, observation: torch.Tensor, action_mask: torch.Tensor | None = None) -> Distribution:
-        out = self.net(flat_observation(observation, self.spec))  # [*B, n, head] (x2 for a state-dependent std)
+    def forward(
+        self, observation: torch.Tensor, action_mask: torch.Tensor | None = None, hidden: torch.Tensor | None = None
+    ) -> Distribution | tuple[Distribution, torch.Tensor]:
+        x = flat_observation(observation, self.spec)
+        if self.gru is None:
+            return self.distribution(self.net(x), action_mask)
+        if hidden is None:
+            raise ValueError("a recurrent policy (model gru) acts from its hidden state: pass hidden=[*B, n, h]")
+        hidden = self.gru(x, hidden)  # [*B, n, h]
+        return self.distribution(self.net(hidden), action_mask), hidden
+
+    def sequence(
+        self, observation: torch.Tensor, action_mask: torch.Tensor | None, h0: torch.Tensor, reset: torch.Tensor
+    ) -> Distribution:
+        """The distributions of a sequence `[L, *M, n, ...]` acted on from hidden state `h0` `[*M, n, h]`,
+        the state zeroed before step t where `reset[t]` (`[L, *M]`)."""
+        return self.distribution(
+            self.net(self.gru.scan(flat_observation(observation, self.spec), h0, reset)), action_mask
+        )
+
+    def distribution(self, out: torch.Tensor, action_mask: torch.Tensor | None) -> Distribution:
+        """The distribution of the network's output `out` `[*B, n, head]` (x2 for a state-dependent std)."""
         action = self.spec.action
         if isinstance(action, Box):
             if self.state_std:
@@ -253,20 +280,41 @@ class Critic(nn.Module):
         share_params: bool,
         normalize: bool = True,
         shared_value: bool = False,
+        gru_hidden: int | None = None,
     ) -> None:
         super().__init__()
         # A shared value is one network output per env, broadcast to the group's n agents.
         self.n_agents = n_agents
         outputs = 1 if shared_value else n_agents
-        self.net = MultiAgentMLP(in_features, 1, outputs, hidden, activation, share_params, output_gain=1.0)
+        self.gru = MultiAgentGRU(in_features, gru_hidden, outputs, share_params) if gru_hidden else None
+        features = gru_hidden or in_features
+        self.net = MultiAgentMLP(features, 1, outputs, hidden, activation, share_params, output_gain=1.0)
         self.normalize = normalize
         self.register_buffer("target_mean", torch.zeros(()))
         self.register_buffer("target_var", torch.ones(()))
         self.register_buffer("target_count", torch.zeros((), dtype=torch.float64))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Values of inputs `x` (an MLP critic), or of GRU outputs (`sequence`, `rollout_values`)."""
         value = self.net(x).squeeze(-1)  # [*B, n], or [*B, 1] for a shared value
         return value.expand(*value.shape[:-1], self.n_agents)
+
+    def sequence(self, x: torch.Tensor, h0: torch.Tensor, reset: torch.Tensor) -> torch.Tensor:
+        """A recurrent critic's values `[L, *M, n]` of inputs `[L, *M, m, d]` from state `h0` `[*M, m, h]`,
+        the state zeroed before step t where `reset[t]` (`[L, *M]`)."""
+        return self(self.gru.scan(x, h0, reset))
+
+    def rollout_values(
+        self, x: torch.Tensor, next_x: torch.Tensor, h0: torch.Tensor, reset: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A recurrent critic over a rollout `[T, B, m, d]` from `h0` `[B, m, h]`: the values of `x` and of
+        `next_x` (each step's true next input, seen after that step's state: it bootstraps truncated
+        episodes), `[T, B, n]` each in normalised units; the state each step started from `[T, B, m, h]`
+        (zero where `reset`) and the state after the last step `[B, m, h]`."""
+        y = self.gru.scan(x, h0, reset)  # [T, B, m, h]: the state after each step
+        next_state = self.gru(next_x, y)  # one more step from every state at once
+        started = torch.cat([h0.unsqueeze(0), y[:-1]]).masked_fill(reset[..., None, None], 0.0)
+        return self(y), self(next_state), started, y[-1]
 
     def value(self, x: torch.Tensor) -> torch.Tensor:
         """Values in reward units."""

@@ -1,4 +1,5 @@
-"""Multi-agent networks: one batched MLP per group, mapping `[*B, n, d_in] -> [*B, n, d_out]`.
+"""Multi-agent networks: one batched MLP per group, mapping `[*B, n, d_in] -> [*B, n, d_out]`, and a GRU
+(`MultiAgentGRU`) with its state `[*B, n, h]`.
 
 Parameters are shared by the group's agents (one MLP applied to every agent), or held per agent:
 then every layer's weights are stacked on a leading agent dim `[n, d_in, d_out]` and applied as one
@@ -94,3 +95,105 @@ class MultiAgentMLP(nn.Module):
         # Shared: one 2-D pass over all rows [prod(B) * n, d]; a linear layer on more dims would
         # reshape to 2-D and back (and autograd record both) at every layer.
         return self.layers(x.reshape(-1, self.in_features)).view(*x.shape[:-1], self.out_features)
+
+
+class MultiAgentGRU(nn.Module):
+    """A GRU for a group of `n_agents`: inputs `[*B, n, in_features]`, hidden state `[*B, n, hidden_size]`.
+
+    The gates are `torch.nn.GRU`'s (reset r, update z, candidate c):
+    `r = σ(x W_ir + h W_hr + b_r)`, `z = σ(x W_iz + h W_hz + b_z)`, `c = tanh(x W_ic + b_ic + r (h W_hc + b_hc))`,
+    `h' = (1 - z) c + z h`. Weights are stacked `[k, d, 3h]` (`k` = 1 shared, or `n` per agent), so every
+    product is one batched matmul over the agents. Inside, tensors are "rows": `[k, R, features]` with `R`
+    the rows each weight sees (`prod(B) * n` shared, `prod(B)` per agent).
+
+    `forward(x, h)` takes one step (acting); `scan(x, h0, reset)` runs a sequence `[L, *M, n, d]` from
+    `h0`, zeroing the state before step t where `reset[t]` (an episode started there): the input
+    products of all L steps are one matmul, and only the recurrent product and the gates run per step.
+    """
+
+    def __init__(self, in_features: int, hidden_size: int, n_agents: int, share_params: bool = True) -> None:
+        super().__init__()
+        self.n_agents, self.in_features, self.hidden_size = n_agents, in_features, hidden_size
+        self.share_params = share_params
+        k = 1 if share_params else n_agents
+        self.weight_ih = nn.Parameter(torch.empty(k, in_features, 3 * hidden_size))  # [k, d, 3h]: r, z, c
+        self.weight_hh = nn.Parameter(torch.empty(k, hidden_size, 3 * hidden_size))  # [k, h, 3h]
+        self.bias_ih = nn.Parameter(torch.zeros(k, 3 * hidden_size))  # [k, 3h]
+        self.bias_hh = nn.Parameter(torch.zeros(k, 3 * hidden_size))  # [k, 3h]
+        for weight in (self.weight_ih, self.weight_hh):
+            for gate in weight.split(hidden_size, -1):  # each gate's block orthogonal, as RL GRUs start
+                _orthogonal_(gate.detach(), 1.0)
+
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+        """`[*B, n, f]` -> `[k, R, f]` (a view when shared)."""
+        if self.share_params:
+            return x.reshape(1, -1, x.shape[-1])
+        return x.reshape(-1, self.n_agents, x.shape[-1]).transpose(0, 1)  # [n, prod(B), f]
+
+    def _unrows(self, y: torch.Tensor, batch: tuple[int, ...]) -> torch.Tensor:
+        """`[k, R, f]` -> `[*batch, n, f]`."""
+        if self.share_params:
+            return y.reshape(*batch, self.n_agents, y.shape[-1])
+        return y.transpose(0, 1).reshape(*batch, self.n_agents, y.shape[-1])
+
+    def _check(self, x: torch.Tensor, h: torch.Tensor, time: bool) -> None:
+        batch = x.shape[1:-2] if time else x.shape[:-2]
+        want_x = (self.n_agents, self.in_features)
+        want_h = (*batch, self.n_agents, self.hidden_size)
+        if x.shape[-2:] != want_x or tuple(h.shape) != want_h:
+            lead = "[L, *M" if time else "[*B"
+            raise ValueError(
+                f"MultiAgentGRU expects inputs {lead}, {self.n_agents}, {self.in_features}] and a hidden state "
+                f"{list(want_h)}, got {tuple(x.shape)} and {tuple(h.shape)}"
+            )
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """One step: `x` `[*B, n, d]`, `h` `[*B, n, h]` -> the next state `[*B, n, h]` (also the output)."""
+        self._check(x, h, time=False)
+        gi = _affine(self.bias_ih, self._rows(x), self.weight_ih)  # [k, R, 3h]
+        return self._unrows(_gru_step(gi, self._rows(h), self.weight_hh, self.bias_hh), x.shape[:-2])
+
+    def scan(self, x: torch.Tensor, h0: torch.Tensor, reset: torch.Tensor) -> torch.Tensor:
+        """`x` `[L, *M, n, d]` from `h0` `[*M, n, h]`; `reset` `[L, *M]` bool zeroes the state before
+        step t. Returns every step's output (= its next state) `[L, *M, n, h]`."""
+        self._check(x, h0, time=True)
+        L, batch = x.shape[0], x.shape[1:-2]
+        gi = _affine(self.bias_ih, self._rows(x), self.weight_ih)  # [k, L * R, 3h]
+        gi = gi.view(gi.shape[0], L, -1, gi.shape[-1])  # [k, L, R, 3h]: rows keep time-major order
+        flags = reset.view(*reset.shape, 1, 1).expand(*reset.shape, self.n_agents, 1)  # [L, *M, n, 1]
+        keep = (~self._rows(flags)).to(x.dtype).view(gi.shape[0], L, -1, 1)  # [k, L, R, 1]
+        h, states = self._rows(h0), []  # [k, R, h]
+        # The steps run in a Python loop: each needs the previous step's state, and torch has no fused GRU
+        # that resets the state per sequence mid-way (`torch.nn.GRU` takes one `h0`, and shares its weights
+        # over the batch, so per-agent weights would need a loop over agents). Unbound, not indexed per
+        # step: an index's backward fills a zero tensor of all L steps, at every step. Under `--compile`
+        # the loop is traced into the update step's graph.
+        for gi_t, keep_t in zip(gi.unbind(1), keep.unbind(1)):
+            h = _gru_step(gi_t, h * keep_t, self.weight_hh, self.bias_hh)
+            states.append(h)
+        y = torch.stack(states, 1)  # [k, L, R, h]
+        return self._unrows(y.view(y.shape[0], -1, self.hidden_size), (L, *batch))
+
+
+_TANH = Tanh()
+
+
+def _affine(bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`x @ weight + bias` per stack: `[k, 3h]`, `[k, R, d]`, `[k, d, 3h]` -> `[k, R, 3h]` (2-D when k = 1,
+    which is faster than a batched matmul of one)."""
+    if weight.shape[0] == 1:
+        return torch.addmm(bias[0], x[0], weight[0]).unsqueeze(0)
+    return torch.baddbmm(bias.unsqueeze(1), x, weight)
+
+
+def _gru_step(gi: torch.Tensor, h: torch.Tensor, weight_hh: torch.Tensor, bias_hh: torch.Tensor) -> torch.Tensor:
+    """One step on rows: `gi` `[k, R, 3h]` (input product with its bias), `h` `[k, R, h]` -> the next state.
+    Acting and training run this same arithmetic, so training recomputes exactly what acting computed."""
+    size = h.shape[-1]
+    gh = _affine(bias_hh, h, weight_hh)  # [k, R, 3h]
+    # Split, not sliced: a slice's backward fills a zero tensor of the whole input, a split's is one cat.
+    gi_rz, gi_c = gi.split([2 * size, size], -1)
+    gh_rz, gh_c = gh.split([2 * size, size], -1)
+    r, z = torch.sigmoid(gi_rz + gh_rz).split(size, -1)  # [k, R, h] each
+    candidate = _TANH(torch.addcmul(gi_c, r, gh_c))
+    return torch.lerp(candidate, h, z)  # (1 - z) c + z h

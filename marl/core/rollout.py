@@ -6,6 +6,10 @@ best allowed next action), `action` (the policy's raw action),
 `log_prob` (when the algorithm asks for it), `reward`, `terminated`, `done` and `next_observation` (the
 true next observation, which bootstraps truncated episodes). At the root: `state` and `next_state` when the env has a global state.
 Rewards and flags are stored per agent without the trailing 1: `[T, B, n]`.
+With recurrent policies (`Acting.hidden`): per recurrent group `hidden` `[T, B, n, h]`, the state the policy
+acted from at each step, and at the root `is_init` `[T, B]` bool, true where the step is an episode's first
+(its state zeroed): a training sequence that starts from a stored state and zeroes it where `is_init` sees
+what the policy saw when acting.
 
 Nothing in `collect` reads a device value on the host; episode statistics accumulate on the device
 and are read once per iteration by the trainer.
@@ -14,7 +18,7 @@ and are read once per iteration by the trainer.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -29,10 +33,17 @@ from marl.core.members import draw_member_noise
 class Acting:
     """What an algorithm collects with: per group a policy, `(observation [B, n, ...], action mask or None)
     -> a distribution` of `marl.core.distributions` (sampled from pre-drawn noise), and whether each step
-    stores the log-probability of the action taken (`log_prob`: on-policy ratios need it)."""
+    stores the log-probability of the action taken (`log_prob`: on-policy ratios need it).
+
+    `hidden` names the groups whose policies are recurrent, with the shape `(n, h)` of one env's state:
+    such a policy is called `(observation, action mask or None, hidden [B, n, h])` and returns
+    `(distribution, next hidden)`; the state starts at zero and is zeroed where an env's episode ends.
+    `episode_starts`: store `is_init` (implied by `hidden`; a recurrent critic alone needs it too)."""
 
     policies: Mapping[str, Callable[..., Distribution]]
     log_prob: bool = False
+    hidden: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    episode_starts: bool = False
 
 
 def transition_layout(
@@ -165,9 +176,14 @@ class Collector:
         # Leaf tensors looked up once: the step writes them in place, with no TensorDict in the loop.
         self.leaves = {g: {k: self.buffer[g, k] for k in self.buffer[g].keys()} for g in env.groups}
         self.state_leaves = {k: self.buffer[k] for k in ("state", "next_state") if k in self.buffer.keys()}
+        self.is_init_leaf = self.buffer.get("is_init", None)  # [T, B] with recurrent policies
         self.obs = env.reset_data(seed=seed)  # nested dicts of tensors
         members = len(generator) if isinstance(generator, list) else 1
         self.stats = EpisodeStats(env.groups, env.num_envs, env.device, members)
+        # Recurrent policies' states between steps, and whether each env's next step starts an episode.
+        B = env.num_envs
+        self.hidden = {g: torch.zeros(B, *shape, device=self.device) for g, shape in acting.hidden.items()}
+        self.is_init = torch.ones(B, dtype=torch.bool, device=self.device)  # [B]
         # Compiled, a call runs `unroll` steps: the fixed cost of a compiled call (guards, wrapper) then
         # comes once per `unroll` steps, which matters at small batches.
         if rollout_length % unroll:
@@ -181,6 +197,7 @@ class Collector:
             # The step writes the buffer, the episode statistics and the env's counters in place: on CUDA
             # torch records no graph that mutates an input not marked static.
             written = (*self.buffer.values(include_nested=True, leaves_only=True), *self.stats.tensors())
+            written = (*written, *self.hidden.values(), self.is_init)
             cudagraphs.mark_static((*written, *env.static_tensors()), self.device)
         self._steps = maybe_compile(self._steps_eager, compile and env.traceable, self.device, name="rollout step")
 
@@ -192,7 +209,20 @@ class Collector:
         ).items():
             where = data.setdefault(key[0], {}) if len(key) == 2 else data
             where[key[-1]] = torch.zeros(T, B, *shape, dtype=dtype)
+        for g, shape in self.acting.hidden.items():
+            data[g]["hidden"] = torch.zeros(T, B, *shape)
+        if self.acting.hidden or self.acting.episode_starts:
+            data["is_init"] = torch.zeros(T, B, dtype=torch.bool)
         return TensorDict(data, batch_size=[T, B]).to(self.device)
+
+    def hidden_state(self) -> dict:
+        """The recurrent policies' states and `is_init` (for checkpoints)."""
+        return {"hidden": self.hidden, "is_init": self.is_init}
+
+    def load_hidden_state(self, state: dict) -> None:
+        for g, value in state["hidden"].items():
+            self.hidden[g].copy_(value)
+        self.is_init.copy_(state["is_init"])
 
     @torch.no_grad()
     def collect(self) -> TensorDict:
@@ -221,11 +251,15 @@ class Collector:
     def _step_eager(self, t: torch.Tensor, obs: dict, noise: dict[str, torch.Tensor]) -> dict:
         """Act on `obs` with step `t`'s noise (`noise[g]` is `[T, B, n, head]`), write step `t` of the
         buffer, step the env; returns the next `obs`."""
-        actions = {}
+        actions, next_hidden = {}, {}
         for g, policy in self.policies.items():
             leaf, observation = self.leaves[g], obs[g]["observation"]
             mask = obs[g].get("action_mask")
-            dist = policy(observation, mask)
+            if g in self.hidden:
+                _write(leaf["hidden"], t, self.hidden[g])
+                dist, next_hidden[g] = policy(observation, mask, self.hidden[g])
+            else:
+                dist = policy(observation, mask)
             raw = dist.sample(noise[g].index_select(0, t).squeeze(0))
             _write(leaf["observation"], t, observation)
             _write(leaf["action"], t, raw)
@@ -249,7 +283,13 @@ class Collector:
                 _write(leaf["next_action_mask"], t, transition["action_mask"])
         if self.state_leaves:
             _write(self.state_leaves["next_state"], t, next_data["state"])
-        self.stats.update(rewards, next_data["done"][:, 0])
+        done = next_data["done"][:, 0]  # [B]
+        self.stats.update(rewards, done)
+        if self.is_init_leaf is not None:
+            _write(self.is_init_leaf, t, self.is_init)
+            self.is_init.copy_(done)
+            for g, hidden in next_hidden.items():  # a finished episode's state is not the next one's
+                self.hidden[g].copy_(hidden.masked_fill(done[:, None, None], 0.0))
         return obs
 
 

@@ -140,3 +140,24 @@ def test_render_draws_agents():
     assert (55, 126, 184) in colours and (255, 127, 0) in colours
     with pytest.raises(IndexError, match=r"render index must be in \[0, 2\)"):
         env.render(2)
+
+
+def test_goal_visible_steps_hides_the_goal_after_an_episodes_first_steps():
+    """With `goal_visible_steps=2` each env shows the goal in its episode's first 2 observations only,
+    counted per env (here episodes of different ages), and nothing else of the observation changes."""
+    options = {"n_agents": 2, "max_steps": 6}
+    hidden = envs.make("navigation", num_envs=6, seed=0, **options, goal_visible_steps=2)
+    shown = envs.make("navigation", num_envs=6, seed=0, **options)
+    for env in (hidden, shown):  # episodes of ages 0..5
+        env.reset()
+        env.step_count.copy_(torch.arange(6))
+    action = {"agent": torch.full((6, 2, 2), 0.3)}
+    for _ in range(8):
+        (_, obs_hidden), (_, obs_shown) = hidden.step(action), shown.step(action)
+        visible = hidden.step_count < 2  # steps taken in the episode the observation is of
+        a, b = obs_hidden["agent", "observation"], obs_shown["agent", "observation"]
+        assert torch.equal(a[visible], b[visible])
+        assert (a[~visible][..., 4:6] == 0).all() and (b[~visible][..., 4:6] != 0).all()
+        assert torch.equal(a[..., [0, 1, 2, 3, *range(6, 18)]], b[..., [0, 1, 2, 3, *range(6, 18)]])
+    with pytest.raises(ValueError, match="goal_visible_steps must be >= 0"):
+        envs.make("navigation", num_envs=1, goal_visible_steps=-1)

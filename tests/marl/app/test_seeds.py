@@ -136,6 +136,7 @@ def tiny_argv(tmp_path) -> list[str]:
         (["--num-seeds", "0"], "num_seeds must be >= 1"),
         (["--algo", "iql", "--num-seeds", "2"], "train ippo, mappo (PPO) so far, not --algo iql"),
         (["--num-seeds", "2", "--compile"], "leave out --compile"),
+        (["--num-seeds", "2", "--model", "gru", "--chunk-length", "8"], "leave out --model gru"),
     ],
 )
 def test_bad_seed_lists_and_algorithms_are_one_clear_line(tmp_path, argv, message, capsys):

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from marl.core.networks import MultiAgentMLP
+from marl.core.networks import MultiAgentGRU, MultiAgentMLP
 
 
 def per_agent_reference(mlp: MultiAgentMLP, x: torch.Tensor) -> torch.Tensor:
@@ -56,3 +56,100 @@ def test_wrong_input_shape_is_a_clear_error():
         mlp(torch.randn(10, 3, 3))
     with pytest.raises(ValueError, match="unknown activation"):
         MultiAgentMLP(3, 1, n_agents=2, activation="gelu2")
+
+
+# ---- MultiAgentGRU ---------------------------------------------------------------------------------
+
+
+def random_gru(share_params: bool, n_agents: int = 3, inputs: int = 5, hidden: int = 8) -> MultiAgentGRU:
+    torch.manual_seed(0)
+    gru = MultiAgentGRU(inputs, hidden, n_agents, share_params)
+    with torch.no_grad():  # biases start at 0: give them values, so a mixed-up bias would show
+        gru.bias_ih.normal_()
+        gru.bias_hh.normal_()
+    return gru
+
+
+def torch_gru(gru: MultiAgentGRU, agent: int) -> nn.GRU:
+    """`torch.nn.GRU` holding agent `agent`'s weights of `gru`."""
+    k = 0 if gru.share_params else agent
+    reference = nn.GRU(gru.in_features, gru.hidden_size)
+    with torch.no_grad():
+        reference.weight_ih_l0.copy_(gru.weight_ih[k].T)
+        reference.weight_hh_l0.copy_(gru.weight_hh[k].T)
+        reference.bias_ih_l0.copy_(gru.bias_ih[k])
+        reference.bias_hh_l0.copy_(gru.bias_hh[k])
+    return reference
+
+
+@pytest.mark.parametrize("share_params", [True, False], ids=["shared", "per_agent"])
+def test_gru_scan_equals_torch_gru_per_agent_restarted_at_resets(share_params):
+    gru = random_gru(share_params)
+    L, M, n = 9, 4, 3
+    x, h0 = torch.randn(L, M, n, 5), torch.randn(M, n, 8)
+    reset = torch.zeros(L, M, dtype=torch.bool)
+    reset[3, 1] = reset[7, 1] = reset[0, 2] = reset[5, 3] = True  # env 0 never resets
+    with torch.no_grad():
+        y = gru.scan(x, h0, reset)
+        for i in range(n):
+            reference = torch_gru(gru, i)
+            for m in range(M):
+                # torch.nn.GRU over each stretch between resets: from h0, then from zeros.
+                starts = [0, *(t for t in range(1, L) if reset[t, m]), L]
+                h = torch.zeros(1, 8) if reset[0, m] else h0[m, i][None]
+                for a, b in zip(starts[:-1], starts[1:]):
+                    out, h = reference(x[a:b, m, i], h)
+                    torch.testing.assert_close(y[a:b, m, i], out)
+                    h = torch.zeros(1, 8)
+        # One step (acting) is the scan's first step, from the state zeroed where env 2 resets.
+        torch.testing.assert_close(gru(x[0], h0.masked_fill(reset[0, :, None, None], 0.0)), y[0])
+    assert not torch.allclose(y[3, 1], y[3, 0])
+
+
+@pytest.mark.parametrize("share_params", [True, False], ids=["shared", "per_agent"])
+def test_gru_scan_gradients_equal_autograd_through_torch_gru_cells(share_params):
+    gru = random_gru(share_params)
+    L, M, n = 6, 2, 3
+    x = torch.randn(L, M, n, 5, requires_grad=True)
+    h0 = torch.randn(M, n, 8, requires_grad=True)
+    reset = torch.zeros(L, M, dtype=torch.bool)
+    reset[2, 0] = reset[4, 1] = True
+    weights = torch.randn(L, M, n, 8)
+    (gru.scan(x, h0, reset) * weights).sum().backward()
+    ours = [x.grad, h0.grad, *(p.grad for p in gru.parameters())]
+
+    # Reference: torch.gru_cell per step and agent, autograd through it, from the same parameters.
+    for t in (x, h0, *gru.parameters()):
+        t.grad = None
+    states = []
+    h = h0
+    for step in range(L):
+        h = h * (~reset[step]).float()[:, None, None]
+        k = [0 if share_params else i for i in range(n)]
+        h = torch.stack(
+            [
+                torch.gru_cell(
+                    x[step, :, i],
+                    h[:, i],
+                    gru.weight_ih[k[i]].T,
+                    gru.weight_hh[k[i]].T,
+                    gru.bias_ih[k[i]],
+                    gru.bias_hh[k[i]],
+                )
+                for i in range(n)
+            ],
+            1,
+        )
+        states.append(h)
+    (torch.stack(states) * weights).sum().backward()
+    reference = [x.grad, h0.grad, *(p.grad for p in gru.parameters())]
+    for a, b in zip(ours, reference):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_gru_shapes_are_checked():
+    gru = MultiAgentGRU(3, 4, n_agents=2)
+    with pytest.raises(ValueError, match=r"expects inputs \[\*B, 2, 3\] and a hidden state \[5, 2, 4\]"):
+        gru(torch.randn(5, 2, 3), torch.randn(5, 2, 3))
+    with pytest.raises(ValueError, match=r"expects inputs \[L, \*M, 2, 3\]"):
+        gru.scan(torch.randn(7, 5, 3, 3), torch.randn(5, 3, 4), torch.zeros(7, 5, dtype=torch.bool))
