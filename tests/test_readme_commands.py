@@ -1,6 +1,7 @@
-"""Every command in the README's bash blocks is one a user can type: each `marl ...`, `torchrun ... -m marl
-...` and `python -m MODULE ...` line parses with that program's own argument parser; the cheap ones
-(`marl envs`, `--help`, the env demos) run for real; tutorials and extras named exist."""
+"""Every command in the bash blocks of the README and of the benchmark page (`marl/bench/README.md`) is one
+a user can type: each `marl ...`, `torchrun ... -m marl ...` and `python -m MODULE ...` line parses with
+that program's own argument parser; the cheap ones (`marl envs`, `--help`, the env demos) run for real;
+tutorials and extras named exist."""
 
 import dataclasses
 import os
@@ -18,7 +19,7 @@ from marl.app.trainer import Trainer
 from tests.commands import run_module_main
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+README = (ROOT / "README.md").read_text() + (ROOT / "marl" / "bench" / "README.md").read_text()
 CHEAP_MODULES = {"envs.native.navigation", "envs.native.spread", "envs.native.tag", "envs.native.speaker_listener"}
 
 
