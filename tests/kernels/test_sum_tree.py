@@ -14,7 +14,7 @@ import torch
 import triton
 
 from kernels import sum_tree_find, sum_tree_update_, sum_tree_zeros
-from kernels.sum_tree import sum_tree_nbytes
+from kernels.sum_tree import sum_tree_layout, sum_tree_leaves, sum_tree_nbytes, sum_tree_write_
 
 REPO = Path(__file__).resolve().parents[2]
 BACKENDS = ("triton", "torch", "reference")
@@ -45,33 +45,47 @@ def trees_after(capacity, updates):
 
 
 def test_layout_and_size():
-    assert sum_tree_zeros(1).shape == (4,) and sum_tree_zeros(3).shape == (8,) and sum_tree_zeros(4).shape == (8,)
-    assert sum_tree_zeros(1000).dtype == torch.float64 and sum_tree_zeros(1000).shape == (2048,)
-    assert sum_tree_nbytes(1000) == 2048 * 8 and sum_tree_nbytes(1_000_000) == 2**21 * 8
+    # Leaves: the capacity rounded up to a multiple of 32; each level above: one node per 32, rounded up to
+    # a multiple of 32, up to the root; the tensor holds every level's values, then the running sums of
+    # every level but the root's.
+    assert sum_tree_layout(1).sizes == (32, 1) and sum_tree_layout(32).sizes == (32, 1)
+    assert sum_tree_layout(33).sizes == (64, 32, 1)
+    assert sum_tree_layout(1_000_000).sizes == (1_000_000, 31264, 992, 32, 1)
+    for capacity in (1, 3, 32, 33, 1000, 1024, 1025, 32768, 32769, 1_000_000):
+        layout = sum_tree_layout(capacity)
+        numel = 2 * sum(layout.sizes[:-1]) + 1
+        assert sum_tree_zeros(capacity).shape == (numel,) and sum_tree_nbytes(capacity) == numel * 8
+        assert sum_tree_leaves(sum_tree_zeros(capacity)).shape == (layout.sizes[0],)
+    assert sum_tree_zeros(1000).dtype == torch.float64
+    with pytest.raises(ValueError, match=r"laid out as a sum tree"):
+        sum_tree_leaves(torch.zeros(2 * (32 + 1) + 2, dtype=torch.float64))  # one entry too many
 
 
 @pytest.mark.needs_interpreter
 def test_update_by_hand_repeated_index_keeps_the_largest():
-    tree = sum_tree_zeros(4)  # leaves are nodes 4..7
+    layout = sum_tree_layout(4)  # 32 leaves, one row under the root
+    root, row = layout.values[-1], slice(layout.before[0], layout.before[0] + 32)
     index, value = torch.tensor([2, 2, 0, 2]), torch.tensor([1.0, 5.0, 3.0, 2.0], dtype=torch.float64)
-    expected = torch.tensor([0, 8, 3, 5, 3, 0, 5, 0], dtype=torch.float64)  # root 8 = (3 + 0) + (5 + 0)
     for backend in BACKENDS:
-        assert torch.equal(sum_tree_update_(sum_tree_zeros(4), index, value, backend=backend), expected), backend
+        tree = sum_tree_update_(sum_tree_zeros(4), index, value, backend=backend)
+        assert torch.equal(sum_tree_leaves(tree)[:4], torch.tensor([3.0, 0.0, 5.0, 0.0], dtype=torch.float64))
+        assert tree[root] == 8.0, backend
+        # The running sums before each child: 0, 3, 3, then 8 = the total from child 3 on: inf.
+        assert tree[row].tolist() == [0.0, 3.0, 3.0] + [math.inf] * 29, backend
     # A later update replaces the leaf (no max with the old value); untouched leaves keep theirs.
-    sum_tree_update_(tree, index, value)
     sum_tree_update_(tree, torch.tensor([2]), torch.tensor([0.5], dtype=torch.float64))
-    assert torch.equal(tree, torch.tensor([0, 3.5, 3, 0.5, 3, 0, 0.5, 0], dtype=torch.float64))
+    assert tree[root] == 3.5 and tree[row].tolist()[:4] == [0.0, 3.0, 3.0, math.inf]
 
 
 @pytest.mark.needs_interpreter
 @pytest.mark.parametrize("k", [1, 7, 40], ids=lambda k: f"k{k}")
-@pytest.mark.parametrize("capacity", [1, 3, 63, 500, 3000], ids=lambda c: f"cap{c}")
+@pytest.mark.parametrize("capacity", [1, 3, 63, 500, 1025, 3000], ids=lambda c: f"cap{c}")
 def test_update_matches_reference(capacity, k):
     generator = torch.Generator().manual_seed(capacity * 1000 + k)
     for integer in (True, False):
         trees = trees_after(capacity, [random_updates(capacity, k, generator, integer) for _ in range(2)])
         for backend in ("triton", "torch"):
-            # Every inner node is left + right of the same leaves, so the trees agree bit for bit.
+            # Every node is its children added in order, everywhere, so the trees agree bit for bit.
             assert torch.equal(trees[backend], trees["reference"]), (backend, integer)
 
 
@@ -83,24 +97,43 @@ def test_update_of_every_leaf_and_int32_indices():
     int32 = sum_tree_update_(sum_tree_zeros(capacity), torch.arange(capacity, dtype=torch.int32), value)
     for tree in (trees["triton"], trees["torch"], int32):
         assert torch.equal(tree, trees["reference"])
-    assert math.isclose(trees["reference"][1], value.sum(), rel_tol=1e-12)
+    assert math.isclose(trees["reference"][sum_tree_layout(capacity).values[-1]], value.sum(), rel_tol=1e-12)
 
 
 @pytest.mark.needs_interpreter
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_update_writes_only_the_updated_part(backend):
-    # 4096 leaves: the Triton path recomputes the 256-leaf subtrees of the updated leaves and the 15 nodes
-    # above depth 4; the torch path only the ancestors (whole levels no larger than the update).
+    # 4096 leaves: 128 rows of leaves, 4 rows of their parents, one row under the root. Updating leaves
+    # 5, 700 and 9 rewrites leaf rows 0 and 21, parent row 0 and the root's row, nothing else.
     capacity = 4096
     tree = sum_tree_zeros(capacity)
     sum_tree_update_(tree, torch.arange(capacity), torch.ones(capacity, dtype=torch.float64), backend="torch")
-    untouched = (1 << 6) + 60  # a depth-6 node over leaves 3840..3903, far from the updated ones
-    tree[untouched] = -1.0  # a sentinel that no rebuild of its own subtree would keep
+    layout = sum_tree_layout(capacity)
+    untouched_value = layout.values[1] + 120  # the node over leaves 3840..3871, under parent row 3
+    untouched_sum = layout.before[0] + 120 * 32 + 5  # a running sum in that node's row of leaves
+    tree[untouched_value] = tree[untouched_sum] = -1.0  # sentinels that no rebuild of their rows would keep
     sum_tree_update_(
         tree, torch.tensor([5, 700, 9]), torch.tensor([2.0, 3.0, 4.0], dtype=torch.float64), backend=backend
     )
-    assert tree[untouched] == -1.0
-    assert tree[1] == capacity - 3 + 2 + 3 + 4  # three of the ones replaced; the sentinel is not under them
+    assert tree[untouched_value] == -1.0 and tree[untouched_sum] == -1.0
+    assert tree[layout.values[-1]] == capacity - 3 + 2 + 3 + 4  # three of the ones replaced
+
+
+@pytest.mark.needs_interpreter
+@pytest.mark.parametrize("capacity", [1, 40, 1025, 3000], ids=lambda c: f"cap{c}")
+def test_write_of_a_run_matches_reference(capacity):
+    # Runs at the start, the end, across row boundaries, of one leaf and of every leaf; after updates.
+    generator = torch.Generator().manual_seed(capacity)
+    trees = trees_after(capacity, [random_updates(capacity, 20, generator)])
+    runs = [(0, capacity), (capacity - 1, 1), (capacity // 3, capacity // 2), (0, 1), (capacity // 2, 0)]
+    for start, count in runs:
+        value = torch.rand(count, dtype=torch.float64, generator=generator)
+        value[torch.rand(count, generator=generator) < 0.3] = 0.0
+        for backend, tree in trees.items():
+            assert sum_tree_write_(tree, start, value, backend=backend) is tree
+        for backend in ("triton", "torch"):
+            assert torch.equal(trees[backend], trees["reference"]), (backend, start, count)
+    assert torch.equal(sum_tree_leaves(trees["torch"])[start : start + count], value)
 
 
 @pytest.mark.needs_interpreter
@@ -166,7 +199,7 @@ def test_zero_priority_is_never_found():
     value[torch.rand(capacity, generator=generator) < 0.6] = 0.0
     value[-20:] = 0.0
     tree = sum_tree_update_(sum_tree_zeros(capacity), torch.arange(capacity), value)
-    boundary = value.cumsum(0) / tree[1]
+    boundary = value.cumsum(0) / tree[sum_tree_layout(capacity).values[-1]]
     fraction = torch.cat([boundary, boundary.nextafter(torch.zeros(())), boundary.nextafter(torch.ones(()))])
     fraction = torch.cat([fraction.clamp(0, 1), torch.tensor([0.0, 1.0], dtype=torch.float64)])
     for backend in BACKENDS:
@@ -202,9 +235,9 @@ def test_empty_inputs():
 def test_bad_inputs_are_clear_errors():
     tree = sum_tree_zeros(8)
     index, value = torch.tensor([1, 2]), torch.tensor([1.0, 2.0])
-    with pytest.raises(ValueError, match=r"tree has shape \(16,\), dtype torch.float32; expected a contiguous float64"):
+    with pytest.raises(ValueError, match=r"tree has shape \(65,\), dtype torch.float32; expected a contiguous float64"):
         sum_tree_update_(tree.float(), index, value)
-    with pytest.raises(ValueError, match=r"expected a contiguous float64 tensor \[2 \* L\]"):
+    with pytest.raises(ValueError, match=r"expected a contiguous float64 tensor laid out as a sum tree"):
         sum_tree_find(torch.zeros(12, dtype=torch.float64), value)
     with pytest.raises(TypeError, match=r"index has dtype torch.float32; expected int64"):
         sum_tree_update_(tree, value, value)
@@ -214,6 +247,8 @@ def test_bad_inputs_are_clear_errors():
         sum_tree_find(tree, index)
     with pytest.raises(ValueError, match=r"index is on meta, expected cpu like tree"):
         sum_tree_update_(tree, index.to("meta"), value)
+    with pytest.raises(ValueError, match=r"leaves 31 \.\. 31 \+ 2 do not fit in the tree's 32 leaves"):
+        sum_tree_write_(tree, 31, value)
     with pytest.raises(ValueError, match=r"capacity must be a positive int, got 0"):
         sum_tree_zeros(0)
     with pytest.raises(ValueError, match=r"backend='cuda' is not one of"):
@@ -240,11 +275,17 @@ report = {
                                 "num_leaves": "i32"}, {"BLOCK": st.BLOCK}),
     "max_leaves": compile_sm90(st._max_leaves_kernel, {"tree_bits_ptr": i64, "index_ptr": i64, "value_ptr": f64,
                                "k": "i32", "num_leaves": "i32"}, {"BLOCK": st.BLOCK}),
-    "rebuild_subtrees": compile_sm90(st._rebuild_subtrees_kernel, {"tree_ptr": f64, "index_ptr": i64,
-                                     "num_leaves": "i32"}, {"SUBTREE_LEVELS": 8}),
-    "rebuild_top": compile_sm90(st._rebuild_top_kernel, {"tree_ptr": f64}, {"TOP_LEVELS": 12}, num_warps=8),
+    "rebuild_rows": compile_sm90(st._rebuild_rows_kernel, {"tree_ptr": f64, "rows_ptr": i64, "num_rows": "i32",
+                                 "first_row": "i64", "last_row": "i64", "children_start": "i64",
+                                 "parents_start": "i64", "before_start": "i64"},
+                                 {"FANOUT": st.FANOUT, "RUN": False, "BLOCK": st.ROW_BLOCK}),
+    "rebuild_run": compile_sm90(st._rebuild_rows_kernel, {"tree_ptr": f64, "rows_ptr": f64, "num_rows": "i32",
+                                "first_row": "i64", "last_row": "i64", "children_start": "i64",
+                                "parents_start": "i64", "before_start": "i64"},
+                                {"FANOUT": st.FANOUT, "RUN": True, "BLOCK": st.ROW_BLOCK}),
     "find": compile_sm90(st._find_kernel, {"tree_ptr": f64, "fraction_ptr": f64, "index_ptr": i64, "leaf_ptr": f64,
-                         "k": "i32", "num_leaves": "i32", "depth": "i32"}, {"BLOCK": st.BLOCK}),
+                         "before_starts_ptr": i64, "k": "i32", "root": "i64", "depth": "i32"},
+                         {"FANOUT": st.FANOUT, "BLOCK": st.BLOCK}),
 }
 print(json.dumps(report))
 """
