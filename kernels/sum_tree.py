@@ -1,42 +1,42 @@
 """A sum tree for prioritized replay: set leaf priorities and draw leaves in proportion to them.
 
-Layout: a wide tree, every inner node with `FANOUT` (32) children, stored in one float64 tensor:
-- the values of each level, leaves first, the root last: level 0 holds the `L` leaves (`L` the capacity
-  rounded up to a multiple of `FANOUT`), level `l + 1` one node per `FANOUT` nodes of level `l` (rounded up
-  to a multiple of `FANOUT` too, the padding nodes staying 0), up to the root, alone on its level. Node `i`
-  of level `l + 1` is the parent of nodes `i F .. i F + F - 1` of level `l` (their "row"), so a million
-  leaves take 4 levels of rows;
-- then, for every level but the root's, each row's running sums `before`: `before[i F + j]` is the sum of
-  children `0 .. j - 1` of node `i`, added in order, or +inf where that sum already equals the row's
-  total (children `j ..` add nothing: there is nothing to find there); `before[i F] = 0`.
-A node's value is the sum of its children added in order (the same rounding everywhere, so every
-implementation builds the very same tree bit for bit), recomputed from the children, never by adding a
-difference to an old sum: an inner node is zero exactly when all its leaves are.
+Layout: a wide tree, every inner node with `FANOUT` (32) children, in one float64 tensor:
+- the `L` leaves (the capacity rounded up to a multiple of `FANOUT`), then
+- for each level of inner nodes, bottom up, one row `[F + 1]` per node: `0` and the running sums of its
+  `F` children, added in order: `row[j]` is the sum of children `0 .. j - 1`, and `row[F]`, the sum of all
+  of them, is the node's value. Node `i` of a level is the parent of nodes `i F .. i F + F - 1` of the
+  level below; each level has one node per `F` nodes below, rounded up to a multiple of `F` (the padding
+  nodes stay 0), up to the root, alone on its level: `tree[-1]` is the total. A million leaves take 4
+  levels of rows.
+Sums are added in order everywhere, so every implementation builds the very same tree bit for bit, and a
+node is recomputed from its children, never by adding a difference to an old sum: an inner node is zero
+exactly when all its leaves are.
 
 Semantics:
 - `sum_tree_update_(tree, index, value)`: leaf `index[i]` becomes `value[i]`; where an index repeats in one
   call the leaf takes the largest of its values (max, not last-write-wins: the result then does not depend
-  on the order of the writes, which parallel hardware does not keep). Only the rows holding an updated
-  leaf or one of its ancestors are rewritten, O(k F log_F L); leaves not in `index` keep their values.
+  on the order of the writes, which parallel hardware does not keep). Only the rows of the updated
+  leaves' ancestors are rewritten, O(k F log_F L); leaves not in `index` keep their values.
 - `sum_tree_write_(tree, start, value)`: leaves `start .. start + m - 1` become `value` (a contiguous run,
   as a replay buffer's `extend` writes); only the rows above that run are rewritten, by slices.
 - `sum_tree_find(tree, fraction)`: for each `fraction[i]` in `[0, 1]`, the leaf where the running sum of
   the leaves passes `fraction[i] * total`: the walk starts at the root with `mass = fraction * total`; at
-  each node it takes the last child `j` with `before[j] <= mass` and goes on with `mass - before[j]`. So
-  leaf `j` is found with probability `leaves[j] / total` for a uniform fraction (up to float64 rounding),
-  and a zero leaf never: a child with nothing after it is +inf, a zero child with a later non-empty one
-  has the same `before` as that one, and where rounding leaves the mass past a row's total, the walk takes
-  the row's last non-empty child. (Float32 trees that subtract their way down are known to land on zero
-  leaves.)
+  each node it first keeps the mass below the node's value (at most the float just below it), then takes
+  the last child `j < F` with `row[j] <= mass` and goes on with `mass - row[j]`. So leaf `j` is found with
+  probability `leaves[j] / total` for a uniform fraction (up to float64 rounding), and a zero leaf never:
+  a zero child shares its running sum with the next child, and zero children at the end of a row start
+  at the node's value, above the mass. (Float32 trees that subtract their way down are known to land on
+  zero leaves, when rounding leaves the mass past a node's value.)
 
 Implementations, held to each other bit for bit by the tests:
 - Triton: `_zero_leaves_kernel` then `_max_leaves_kernel` write the leaves (an atomic max on the float64
   bits, which order like the values for non-negative floats), then `_rebuild_rows_kernel` once per level,
-  bottom up, recomputes the updated rows (parent and running sums, one row per lane); `_find_kernel`
-  walks down with one `[BLOCK, FANOUT]` load per level. An update is `2 + depth` launches, a find one.
-- torch (CPU): per level a gather of the updated rows `[k, F]`, a `cumsum` (it adds in order on the CPU)
-  and two `index_copy_`; a find per level a gather, a `searchsorted` and a subtraction: a few ops per
-  level for all draws at once. Levels with fewer rows than the update has indices are rebuilt whole.
+  bottom up, rewrites the updated rows (one row per lane); `_find_kernel` walks down with one
+  `[BLOCK, FANOUT]` load per level. An update is `2 + depth` launches, a find one.
+- torch (CPU): an update is, per level, a gather of the updated rows' children `[k, F]`, a `cumsum` (it
+  adds in order on the CPU) and an `index_copy_` (levels with no more rows than updates are rebuilt
+  whole, by slices); a find is, per level, a gather of the rows `[k, F + 1]`, a `searchsorted` and a few
+  ops on `[k]`: a few ops per level for all draws at once.
 - `sum_tree_update_reference`, `sum_tree_write_reference`, `sum_tree_find_reference`: plain loops.
 """
 
@@ -52,27 +52,27 @@ import torch
 
 from ._common import Backend, resolve_backend, tl, triton, triton_jit
 
-FANOUT = 32  # children per inner node: a power of two (a child's parent is `index >> SHIFT`)
+FANOUT = 32  # children per inner node: a power of two (a node's parent is `index >> SHIFT`)
 SHIFT = FANOUT.bit_length() - 1
+ROW = FANOUT + 1  # entries of a row: 0, then the running sums of the children
 BLOCK = 128  # leaves or draws per program
 ROW_BLOCK = 64  # rows per program of `_rebuild_rows_kernel`
 
 
 class Layout(NamedTuple):
-    """Where each level lies in a tree tensor (see the module docstring); level 0 is the leaves."""
+    """Where each level lies in a tree tensor (see the module docstring)."""
 
-    sizes: tuple[int, ...]  # nodes per level, leaves first, the root (1) last
-    values: tuple[int, ...]  # offset of each level's values
-    before: tuple[int, ...]  # offset of each row level's running sums (every level but the root's)
+    sizes: tuple[int, ...]  # nodes per level: the leaves first, the root (1) last
+    rows: tuple[int, ...]  # offset of the rows of each level but the leaves' (rows[l]: level l + 1's nodes)
 
     @property
     def depth(self) -> int:
         """Levels of rows: a find reads `depth` rows, an update rewrites up to `depth` rows per leaf."""
-        return len(self.sizes) - 1
+        return len(self.rows)
 
     @property
     def numel(self) -> int:
-        return self.before[-1] + self.sizes[-2]
+        return self.rows[-1] + ROW
 
 
 def _layout_for_leaves(num_leaves: int) -> Layout:
@@ -80,9 +80,10 @@ def _layout_for_leaves(num_leaves: int) -> Layout:
     while sizes[-1] > 1:
         parents = -(-sizes[-1] // FANOUT)
         sizes.append(1 if parents == 1 else -(-parents // FANOUT) * FANOUT)
-    values = [sum(sizes[:level]) for level in range(len(sizes))]
-    before = [sum(sizes) + sum(sizes[:level]) for level in range(len(sizes) - 1)]
-    return Layout(tuple(sizes), tuple(values), tuple(before))
+    rows = [num_leaves]
+    for size in sizes[1:-1]:
+        rows.append(rows[-1] + size * ROW)
+    return Layout(tuple(sizes), tuple(rows))
 
 
 def sum_tree_layout(capacity: int) -> Layout:
@@ -95,8 +96,9 @@ def sum_tree_layout(capacity: int) -> Layout:
 @functools.cache
 def _layout_of_size(numel: int) -> Layout | None:
     """The layout of a tree tensor of `numel` entries, or None where no tree has that size. The size grows
-    with the leaves (about `2 L (1 + 1 / F)`), so a few steps up from a lower bound find it."""
-    num_leaves = max(FANOUT, (numel // 2 - 8 * FANOUT) * (FANOUT - 1) // FANOUT // FANOUT * FANOUT)
+    with the leaves (`L + (L / (F - 1) + padding) (F + 1)` at most), so a few steps up from that bound."""
+    bound = (numel - 8 * FANOUT * ROW) * (FANOUT - 1) // (2 * FANOUT)
+    num_leaves = max(FANOUT, bound // FANOUT * FANOUT)
     while (layout := _layout_for_leaves(num_leaves)).numel < numel:
         num_leaves += FANOUT
     return layout if layout.numel == numel else None
@@ -104,11 +106,7 @@ def _layout_of_size(numel: int) -> Layout | None:
 
 def sum_tree_zeros(capacity: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """An empty tree (all priorities zero) with room for `capacity` leaves: float64, `sum_tree_nbytes` bytes."""
-    layout = sum_tree_layout(capacity)
-    tree = torch.full((layout.numel,), math.inf, dtype=torch.float64, device=device)
-    tree[: layout.before[0]] = 0.0  # the values
-    tree[layout.before[0] :].view(-1, FANOUT)[:, 0] = 0.0  # each row's first running sum
-    return tree
+    return torch.zeros(sum_tree_layout(capacity).numel, dtype=torch.float64, device=device)
 
 
 def sum_tree_nbytes(capacity: int) -> int:
@@ -120,15 +118,6 @@ def sum_tree_leaves(tree: torch.Tensor) -> torch.Tensor:
     """The leaves of `tree`, a view `[L]` (L >= the capacity it was made for; the rest stay 0)."""
     _check_tree("sum_tree_leaves", tree)
     return tree[: _layout_of_size(tree.numel()).sizes[0]]
-
-
-def _values(tree: torch.Tensor, layout: Layout, level: int) -> torch.Tensor:
-    return tree[layout.values[level] : layout.values[level] + layout.sizes[level]]
-
-
-def _before(tree: torch.Tensor, layout: Layout, level: int) -> torch.Tensor:
-    """Level `level`'s running sums as rows `[rows, F]`: row `i` belongs to node `i` of level `level + 1`."""
-    return tree[layout.before[level] : layout.before[level] + layout.sizes[level]].view(-1, FANOUT)
 
 
 # ---- Triton ---------------------------------------------------------------------------------------
@@ -164,16 +153,16 @@ def _rebuild_rows_kernel(
     first_row,
     last_row,
     children_start,
-    parents_start,
-    before_start,
+    child_stride,
+    rows_start,
     FANOUT: tl.constexpr,
     RUN: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Each lane recomputes one row from its children: the parent (their sum, added in order) and the
-    running sums. Rows are `rows_ptr[:num_rows]` (may repeat: repeats write the same values, so their
-    order does not matter), or with `RUN` the rows `first_row ..= last_row`. Rows outside the level
-    (indices out of range: their leaves were skipped) are skipped."""
+    """Each lane rewrites one row from its children: their running sums, added in order. The rows are
+    `rows_ptr[:num_rows]` (they may repeat: repeats write the same values, so their order does not
+    matter), or with `RUN` the rows `first_row ..= last_row`; rows past `last_row` (of indices out of
+    range, whose leaves were skipped) are skipped. Child `c` lies at `children_start + c * child_stride`."""
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     if RUN:
         row = first_row + offsets
@@ -182,45 +171,30 @@ def _rebuild_rows_kernel(
         active = offsets < num_rows
         row = tl.load(rows_ptr + offsets, mask=active, other=0).to(tl.int64)
     active = active & (row >= 0) & (row <= last_row)
-    children = tree_ptr + children_start + row * FANOUT
-    total = tl.zeros([BLOCK], dtype=tl.float64)
-    for j in tl.static_range(FANOUT):
-        total += tl.load(children + j, mask=active, other=0.0)
-    tl.store(tree_ptr + parents_start + row, total, mask=active)
     running = tl.zeros([BLOCK], dtype=tl.float64)
-    for j in tl.static_range(FANOUT - 1):
-        running += tl.load(children + j, mask=active, other=0.0)
-        tl.store(
-            tree_ptr + before_start + row * FANOUT + j + 1,
-            tl.where(running == total, float("inf"), running),
-            mask=active,
-        )
+    for j in tl.static_range(FANOUT):
+        running += tl.load(tree_ptr + children_start + (row * FANOUT + j) * child_stride, mask=active, other=0.0)
+        tl.store(tree_ptr + rows_start + row * (FANOUT + 1) + j + 1, running, mask=active)
 
 
 @triton_jit
 def _find_kernel(
-    tree_ptr,
-    fraction_ptr,
-    index_ptr,
-    leaf_ptr,
-    before_starts_ptr,
-    k,
-    root,
-    depth,
-    FANOUT: tl.constexpr,
-    BLOCK: tl.constexpr,
+    tree_ptr, fraction_ptr, index_ptr, leaf_ptr, rows_starts_ptr, k, depth, FANOUT: tl.constexpr, BLOCK: tl.constexpr
 ):
-    """Each lane walks one draw from the root down: at each node the last child whose running sum before it
-    is <= the mass left (the running sums are sorted, so that is their count <= mass, minus 1)."""
+    """Each lane walks one draw down from the root (see `sum_tree_find`): the row's running sums are
+    sorted, so the last child `j < F` with `row[j] <= mass` is their count <= mass, minus 1."""
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     in_range = offsets < k
-    mass = tl.load(fraction_ptr + offsets, mask=in_range, other=0.0).to(tl.float64) * tl.load(tree_ptr + root)
+    top = tl.load(rows_starts_ptr + depth - 1)
+    mass = tl.load(fraction_ptr + offsets, mask=in_range, other=0.0).to(tl.float64) * tl.load(tree_ptr + top + FANOUT)
     node = tl.zeros([BLOCK], dtype=tl.int64)
-    children = tl.arange(0, FANOUT)
     for step in range(depth):
-        before_start = tl.load(before_starts_ptr + depth - 1 - step)  # the level below `node`
-        row = tree_ptr + before_start + node * FANOUT
-        before = tl.load(row[:, None] + children[None, :], mask=in_range[:, None], other=0.0)  # [BLOCK, F]
+        row = tree_ptr + tl.load(rows_starts_ptr + depth - 1 - step) + node * (FANOUT + 1)
+        value = tl.load(row + FANOUT, mask=in_range, other=0.0)
+        # The float just below a positive value: its bits minus 1.
+        below = tl.where(value > 0.0, (value.to(tl.int64, bitcast=True) - 1).to(tl.float64, bitcast=True), 0.0)
+        mass = tl.minimum(mass, below)
+        before = tl.load(row[:, None] + tl.arange(0, FANOUT)[None, :], mask=in_range[:, None], other=0.0)
         choice = tl.sum((before <= mass[:, None]).to(tl.int64), axis=1) - 1
         mass = mass - tl.load(row + choice, mask=in_range, other=0.0)
         node = node * FANOUT + choice
@@ -229,9 +203,9 @@ def _find_kernel(
 
 
 @functools.cache
-def _before_starts(numel: int, device: torch.device) -> torch.Tensor:
-    """`Layout.before` as a device tensor for `_find_kernel`, made once per tree size and device."""
-    return torch.tensor(_layout_of_size(numel).before, dtype=torch.int64, device=device)
+def _rows_starts(numel: int, device: torch.device) -> torch.Tensor:
+    """`Layout.rows` as a device tensor for `_find_kernel`, made once per tree size and device."""
+    return torch.tensor(_layout_of_size(numel).rows, dtype=torch.int64, device=device)
 
 
 def _on_device(tree: torch.Tensor):
@@ -239,17 +213,18 @@ def _on_device(tree: torch.Tensor):
 
 
 def _rebuild_rows_triton(tree, layout, level, rows=None, run=(0, 0)):
-    """Rewrite the rows `rows` (a `[r]` tensor) or `run = (first, last)` of level `level`."""
+    """Rewrite the rows `rows` (a `[r]` tensor) or `run = (first, last)` of level `level + 1`."""
     count = rows.numel() if rows is not None else run[1] - run[0] + 1
+    children_start, child_stride = (0, 1) if level == 0 else (layout.rows[level - 1] + FANOUT, ROW)
     _rebuild_rows_kernel[(triton.cdiv(count, ROW_BLOCK),)](
         tree,
         rows if rows is not None else tree,
         count,
         run[0],
         layout.sizes[level] // FANOUT - 1 if rows is not None else run[1],
-        layout.values[level],
-        layout.values[level + 1],
-        layout.before[level],
+        children_start,
+        child_stride,
+        layout.rows[level],
         FANOUT=FANOUT,
         RUN=rows is None,
         BLOCK=ROW_BLOCK,
@@ -266,7 +241,7 @@ def _update_triton(tree, index, value):
         _max_leaves_kernel[grid](bits, index, value, k, layout.sizes[0], BLOCK=BLOCK)
         rows = index.long()
         for level in range(layout.depth):
-            rows = rows >> SHIFT  # [k] the updated nodes' parents at level + 1: the rows to rewrite
+            rows = rows >> SHIFT  # [k] the updated nodes' parents: the rows to rewrite
             _rebuild_rows_triton(tree, layout, level, rows=rows)
     return tree
 
@@ -286,17 +261,9 @@ def _find_triton(tree, fraction):
     leaf = torch.empty(k, dtype=torch.float64, device=tree.device)
     if k:
         with _on_device(tree):
+            starts = _rows_starts(tree.numel(), tree.device)
             _find_kernel[(triton.cdiv(k, BLOCK),)](
-                tree,
-                fraction,
-                index,
-                leaf,
-                _before_starts(tree.numel(), tree.device),
-                k,
-                layout.values[-1],
-                layout.depth,
-                FANOUT=FANOUT,
-                BLOCK=BLOCK,
+                tree, fraction, index, leaf, starts, k, layout.depth, FANOUT=FANOUT, BLOCK=BLOCK
             )
     return index, leaf
 
@@ -313,6 +280,37 @@ def _runs_above(start: int, count: int, depth: int) -> list[tuple[int, int]]:
 # ---- torch (CPU) ----------------------------------------------------------------------------------
 
 
+class _Views(NamedTuple):
+    """Views of one tree's levels, made once per tree: each view costs as much as a small op."""
+
+    leaves: torch.Tensor  # [L]
+    children: list[torch.Tensor]  # per level of rows: the level below's values as rows [rows, F]
+    rows: list[torch.Tensor]  # per level of rows: its rows [nodes, F + 1]
+    sums: list[torch.Tensor]  # the same without column 0 (always 0): [nodes, F]
+    zero: torch.Tensor  # [] 0.0, for `nextafter`
+
+
+_VIEWS: dict[int, tuple[weakref.ref, _Views]] = {}
+
+
+def _views(tree: torch.Tensor) -> _Views:
+    entry = _VIEWS.get(id(tree))
+    if entry is not None and entry[0]() is tree:
+        return entry[1]
+    layout = _layout_of_size(tree.numel())
+    rows = [
+        tree[start : start + size * ROW].view(size, ROW)
+        for start, size in zip(layout.rows, layout.sizes[1:], strict=True)
+    ]
+    leaves = tree[: layout.sizes[0]]
+    children = [leaves.view(-1, FANOUT)] + [below[:, FANOUT].view(-1, FANOUT) for below in rows[:-1]]
+    views = _Views(leaves, children, rows, [level[:, 1:] for level in rows], tree.new_zeros(()))
+    # The entry goes when the tree does (its views would keep its memory alive).
+    key = id(tree)
+    _VIEWS[key] = (weakref.ref(tree, lambda _: _VIEWS.pop(key, None)), views)
+    return views
+
+
 def _running_sum(children: torch.Tensor) -> torch.Tensor:
     """`[r, F]` -> `[r, F]` running sums along each row, added in order (the CPU's `cumsum` does; a GPU's
     is a parallel scan that rounds differently, so there one column at a time)."""
@@ -324,90 +322,50 @@ def _running_sum(children: torch.Tensor) -> torch.Tensor:
     return running
 
 
-class _Views(NamedTuple):
-    """Views of one tree's levels, made once per tree: each view costs as much as a small op."""
-
-    layout: Layout
-    root: torch.Tensor  # [] the total
-    children: list[torch.Tensor]  # per row level: its values as rows [rows, F]
-    parents: list[torch.Tensor]  # per row level: the level above's values [rows]
-    before: list[torch.Tensor]  # per row level: its running sums as rows [rows, F]
-    before_after_first: list[torch.Tensor]  # the same, columns 1.. [rows, F - 1] (column 0 stays 0)
-
-
-_VIEWS: dict[int, tuple[weakref.ref, _Views]] = {}
-
-
-def _views(tree: torch.Tensor) -> _Views:
-    entry = _VIEWS.get(id(tree))
-    if entry is not None and entry[0]() is tree:
-        return entry[1]
-    layout = _layout_of_size(tree.numel())
-    rows = range(layout.depth)
-    views = _Views(
-        layout,
-        tree[layout.values[-1]],
-        [_values(tree, layout, level).view(-1, FANOUT) for level in rows],
-        [_values(tree, layout, level + 1)[: layout.sizes[level] // FANOUT] for level in rows],
-        [_before(tree, layout, level) for level in rows],
-        [_before(tree, layout, level)[:, 1:] for level in rows],
-    )
-    # The entry goes when the tree does (its views would keep its memory alive).
-    key = id(tree)
-    _VIEWS[key] = (weakref.ref(tree, lambda _: _VIEWS.pop(key, None)), views)
-    return views
-
-
 def _rebuild_rows_torch(views: _Views, level: int, rows: torch.Tensor | slice) -> None:
-    """Rewrite rows `rows` (a `[r]` index tensor, repeats allowed, or a slice) of level `level`: their
-    parents and running sums, from their children."""
+    """Rewrite rows `rows` (a `[r]` index tensor, repeats allowed, or a slice) of level `level + 1`."""
     children = views.children[level]
-    children = children[rows] if isinstance(rows, slice) else children.index_select(0, rows)  # [r, F]
-    running = _running_sum(children)  # [r, F]
-    # [r, F - 1] the running sums before children 1..F-1: +inf where nothing is left to find.
-    head = running[:, :-1]
-    before = head.masked_fill(head == running[:, -1:], math.inf)
     if isinstance(rows, slice):
-        views.parents[level][rows].copy_(running[:, -1])
-        views.before_after_first[level][rows].copy_(before)
-    else:  # repeated rows get the same values, so the order of their writes does not matter
-        views.parents[level].index_copy_(0, rows, running[:, -1])
-        views.before_after_first[level].index_copy_(0, rows, before)
+        views.sums[level][rows].copy_(_running_sum(children[rows]))
+    else:  # repeated rows get the same sums, so the order of their writes does not matter
+        views.sums[level].index_copy_(0, rows, _running_sum(children.index_select(0, rows)))
 
 
 def _update_torch(tree, index, value):
     views = _views(tree)
-    tree[: views.layout.sizes[0]].scatter_reduce_(0, index, value.to(torch.float64), "amax", include_self=False)
+    views.leaves.scatter_reduce_(0, index, value.to(torch.float64), "amax", include_self=False)
     rows = index
     for level, children in enumerate(views.children):
         rows = rows >> SHIFT  # [k] the updated nodes' parents: the rows to rewrite
         # A level with no more rows than updates is cheaper rebuilt whole, by slices.
-        _rebuild_rows_torch(views, level, slice(None) if children.shape[0] <= rows.numel() else rows)
+        whole = children.shape[0] <= rows.numel()
+        _rebuild_rows_torch(views, level, slice(0, children.shape[0]) if whole else rows)
     return tree
 
 
 def _write_torch(tree, start, value):
     views = _views(tree)
-    tree[start : start + value.numel()].copy_(value)
-    for level, (first, last) in enumerate(_runs_above(start, value.numel(), views.layout.depth)):
+    views.leaves[start : start + value.numel()].copy_(value)
+    for level, (first, last) in enumerate(_runs_above(start, value.numel(), len(views.rows))):
         _rebuild_rows_torch(views, level, slice(first, last + 1))
     return tree
 
 
 def _find_torch(tree, fraction):
     views = _views(tree)
-    mass = (fraction.to(torch.float64) * views.root)[:, None]  # [k, 1]
-    # The root's children are one row for every draw: a 1-d search.
-    top = views.before[-1][0]  # [F]
-    choice = torch.searchsorted(top, mass, right=True).sub_(1)  # [k, 1] the last running sum <= mass
+    top = views.rows[-1][0]  # [F + 1] the root's row, the same for every draw: a 1-d search
+    mass = (fraction.to(torch.float64) * top[-1]).clamp_(max=top[-1].nextafter(views.zero))[:, None]  # [k, 1]
+    choice = torch.searchsorted(top, mass, right=True).sub_(1).clamp_(max=FANOUT - 1)  # [k, 1]
     mass = mass - top[choice]
-    node = choice[:, 0]  # [k] on the level below the root
-    for before in reversed(views.before[:-1]):
-        before = before.index_select(0, node)  # [k, F] the sorted running sums of each draw's row
-        choice = torch.searchsorted(before, mass, right=True).sub_(1)  # [k, 1]
-        mass = mass - before.gather(1, choice)
+    node = choice[:, 0]  # [k]
+    for rows in reversed(views.rows[:-1]):
+        row = rows.index_select(0, node)  # [k, F + 1] each draw's node's row
+        mass = torch.minimum(mass, row[:, -1:].nextafter(views.zero))  # below the node's value
+        # The last child j < F with row[j] <= mass (row[F] > mass but in an all-zero tree).
+        choice = torch.searchsorted(row, mass, right=True).sub_(1).clamp_(max=FANOUT - 1)  # [k, 1]
+        mass = mass - row.gather(1, choice)
         node = torch.add(choice[:, 0], node, alpha=FANOUT)  # node * F + choice
-    return node, tree.index_select(0, node)
+    return node, views.leaves.index_select(0, node)
 
 
 # ---- reference ------------------------------------------------------------------------------------
@@ -417,18 +375,14 @@ def _rebuild_reference(tree: torch.Tensor) -> torch.Tensor:
     """Recompute every row from its children, bottom level first, as plain loops."""
     layout = _layout_of_size(tree.numel())
     values = tree.tolist()
-    for level in range(layout.depth):
-        for row in range(layout.sizes[level] // FANOUT):
-            first = layout.values[level] + row * FANOUT
-            children = values[first : first + FANOUT]
-            total = 0.0
-            for child in children:
-                total += child
-            values[layout.values[level + 1] + row] = total
+    below = values[: layout.sizes[0]]  # the values of the level below
+    for level, start in enumerate(layout.rows):
+        for node in range(layout.sizes[level] // FANOUT):
             running = 0.0
-            for j, child in enumerate(children[:-1], start=1):
+            for j, child in enumerate(below[node * FANOUT : (node + 1) * FANOUT], start=1):
                 running += child
-                values[layout.before[level] + row * FANOUT + j] = math.inf if running == total else running
+                values[start + node * ROW + j] = running
+        below = values[start + FANOUT : start + layout.sizes[level + 1] * ROW : ROW]  # each row's last
     tree.copy_(torch.tensor(values, dtype=torch.float64))
     return tree
 
@@ -457,10 +411,10 @@ def sum_tree_find_reference(tree: torch.Tensor, fraction: torch.Tensor) -> tuple
     values = tree.tolist()
     found = []
     for f in fraction.double().tolist():
-        mass, node = f * values[layout.values[-1]], 0
-        for level in range(layout.depth - 1, -1, -1):
-            first = layout.before[level] + node * FANOUT
-            row = values[first : first + FANOUT]  # the running sums before each child of `node`
+        mass, node = f * values[-1], 0
+        for start in reversed(layout.rows):
+            row = values[start + node * ROW : start + (node + 1) * ROW]
+            mass = min(mass, math.nextafter(row[FANOUT], 0.0))  # below the node's value
             choice = max(j for j in range(FANOUT) if row[j] <= mass)
             mass -= row[choice]
             node = node * FANOUT + choice

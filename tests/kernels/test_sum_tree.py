@@ -46,35 +46,32 @@ def trees_after(capacity, updates):
 
 def test_layout_and_size():
     # Leaves: the capacity rounded up to a multiple of 32; each level above: one node per 32, rounded up to
-    # a multiple of 32, up to the root; the tensor holds every level's values, then the running sums of
-    # every level but the root's.
+    # a multiple of 32, up to the root; the tensor holds the leaves, then a row of 33 per inner node.
     assert sum_tree_layout(1).sizes == (32, 1) and sum_tree_layout(32).sizes == (32, 1)
     assert sum_tree_layout(33).sizes == (64, 32, 1)
     assert sum_tree_layout(1_000_000).sizes == (1_000_000, 31264, 992, 32, 1)
     for capacity in (1, 3, 32, 33, 1000, 1024, 1025, 32768, 32769, 1_000_000):
         layout = sum_tree_layout(capacity)
-        numel = 2 * sum(layout.sizes[:-1]) + 1
+        numel = layout.sizes[0] + 33 * sum(layout.sizes[1:])
         assert sum_tree_zeros(capacity).shape == (numel,) and sum_tree_nbytes(capacity) == numel * 8
         assert sum_tree_leaves(sum_tree_zeros(capacity)).shape == (layout.sizes[0],)
     assert sum_tree_zeros(1000).dtype == torch.float64
     with pytest.raises(ValueError, match=r"laid out as a sum tree"):
-        sum_tree_leaves(torch.zeros(2 * (32 + 1) + 2, dtype=torch.float64))  # one entry too many
+        sum_tree_leaves(torch.zeros(32 + 33 + 1, dtype=torch.float64))  # one entry too many
 
 
 @pytest.mark.needs_interpreter
 def test_update_by_hand_repeated_index_keeps_the_largest():
-    layout = sum_tree_layout(4)  # 32 leaves, one row under the root
-    root, row = layout.values[-1], slice(layout.before[0], layout.before[0] + 32)
+    # Capacity 4: 32 leaves under the root, whose row is the last 33 entries.
     index, value = torch.tensor([2, 2, 0, 2]), torch.tensor([1.0, 5.0, 3.0, 2.0], dtype=torch.float64)
     for backend in BACKENDS:
         tree = sum_tree_update_(sum_tree_zeros(4), index, value, backend=backend)
         assert torch.equal(sum_tree_leaves(tree)[:4], torch.tensor([3.0, 0.0, 5.0, 0.0], dtype=torch.float64))
-        assert tree[root] == 8.0, backend
-        # The running sums before each child: 0, 3, 3, then 8 = the total from child 3 on: inf.
-        assert tree[row].tolist() == [0.0, 3.0, 3.0] + [math.inf] * 29, backend
+        # 0, then the running sums of the leaves 3, 0, 5, 0, ...: 3, 3, 8, 8, ...; the root's value 8 last.
+        assert tree[-33:].tolist() == [0.0, 3.0, 3.0] + [8.0] * 30, backend
     # A later update replaces the leaf (no max with the old value); untouched leaves keep theirs.
     sum_tree_update_(tree, torch.tensor([2]), torch.tensor([0.5], dtype=torch.float64))
-    assert tree[root] == 3.5 and tree[row].tolist()[:4] == [0.0, 3.0, 3.0, math.inf]
+    assert tree[-1] == 3.5 and tree[-33:].tolist()[:4] == [0.0, 3.0, 3.0, 3.5]
 
 
 @pytest.mark.needs_interpreter
@@ -97,7 +94,7 @@ def test_update_of_every_leaf_and_int32_indices():
     int32 = sum_tree_update_(sum_tree_zeros(capacity), torch.arange(capacity, dtype=torch.int32), value)
     for tree in (trees["triton"], trees["torch"], int32):
         assert torch.equal(tree, trees["reference"])
-    assert math.isclose(trees["reference"][sum_tree_layout(capacity).values[-1]], value.sum(), rel_tol=1e-12)
+    assert math.isclose(trees["reference"][-1], value.sum(), rel_tol=1e-12)
 
 
 @pytest.mark.needs_interpreter
@@ -109,14 +106,14 @@ def test_update_writes_only_the_updated_part(backend):
     tree = sum_tree_zeros(capacity)
     sum_tree_update_(tree, torch.arange(capacity), torch.ones(capacity, dtype=torch.float64), backend="torch")
     layout = sum_tree_layout(capacity)
-    untouched_value = layout.values[1] + 120  # the node over leaves 3840..3871, under parent row 3
-    untouched_sum = layout.before[0] + 120 * 32 + 5  # a running sum in that node's row of leaves
+    untouched_value = layout.rows[0] + 120 * 33 + 32  # the node over leaves 3840..3871 (under parent row 3)
+    untouched_sum = layout.rows[0] + 120 * 33 + 5  # a running sum in that node's row
     tree[untouched_value] = tree[untouched_sum] = -1.0  # sentinels that no rebuild of their rows would keep
     sum_tree_update_(
         tree, torch.tensor([5, 700, 9]), torch.tensor([2.0, 3.0, 4.0], dtype=torch.float64), backend=backend
     )
     assert tree[untouched_value] == -1.0 and tree[untouched_sum] == -1.0
-    assert tree[layout.values[-1]] == capacity - 3 + 2 + 3 + 4  # three of the ones replaced
+    assert tree[-1] == capacity - 3 + 2 + 3 + 4  # three of the ones replaced
 
 
 @pytest.mark.needs_interpreter
@@ -199,7 +196,7 @@ def test_zero_priority_is_never_found():
     value[torch.rand(capacity, generator=generator) < 0.6] = 0.0
     value[-20:] = 0.0
     tree = sum_tree_update_(sum_tree_zeros(capacity), torch.arange(capacity), value)
-    boundary = value.cumsum(0) / tree[sum_tree_layout(capacity).values[-1]]
+    boundary = value.cumsum(0) / tree[-1]
     fraction = torch.cat([boundary, boundary.nextafter(torch.zeros(())), boundary.nextafter(torch.ones(()))])
     fraction = torch.cat([fraction.clamp(0, 1), torch.tensor([0.0, 1.0], dtype=torch.float64)])
     for backend in BACKENDS:
@@ -277,15 +274,14 @@ report = {
                                "k": "i32", "num_leaves": "i32"}, {"BLOCK": st.BLOCK}),
     "rebuild_rows": compile_sm90(st._rebuild_rows_kernel, {"tree_ptr": f64, "rows_ptr": i64, "num_rows": "i32",
                                  "first_row": "i64", "last_row": "i64", "children_start": "i64",
-                                 "parents_start": "i64", "before_start": "i64"},
+                                 "child_stride": "i64", "rows_start": "i64"},
                                  {"FANOUT": st.FANOUT, "RUN": False, "BLOCK": st.ROW_BLOCK}),
     "rebuild_run": compile_sm90(st._rebuild_rows_kernel, {"tree_ptr": f64, "rows_ptr": f64, "num_rows": "i32",
                                 "first_row": "i64", "last_row": "i64", "children_start": "i64",
-                                "parents_start": "i64", "before_start": "i64"},
+                                "child_stride": "i64", "rows_start": "i64"},
                                 {"FANOUT": st.FANOUT, "RUN": True, "BLOCK": st.ROW_BLOCK}),
     "find": compile_sm90(st._find_kernel, {"tree_ptr": f64, "fraction_ptr": f64, "index_ptr": i64, "leaf_ptr": f64,
-                         "before_starts_ptr": i64, "k": "i32", "root": "i64", "depth": "i32"},
-                         {"FANOUT": st.FANOUT, "BLOCK": st.BLOCK}),
+                         "rows_starts_ptr": i64, "k": "i32", "depth": "i32"}, {"FANOUT": st.FANOUT, "BLOCK": st.BLOCK}),
 }
 print(json.dumps(report))
 """
