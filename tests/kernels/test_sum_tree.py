@@ -305,11 +305,18 @@ def test_kernels_compile_for_sm90_without_spills():
 def test_compiled_kernels_match_reference_on_cuda(capacity):
     generator = torch.Generator().manual_seed(0)
     trees = {"cpu": sum_tree_zeros(capacity), "cuda": sum_tree_zeros(capacity, "cuda")}
+    torch_on_cuda = sum_tree_zeros(capacity, "cuda")  # the torch path, adding in order column by column
     for k in (capacity, 4096, 128):
         index, value = random_updates(capacity, k, generator)
         sum_tree_update_(trees["cpu"], index, value, backend="torch")
         sum_tree_update_(trees["cuda"], index.cuda(), value.cuda())
-        assert torch.equal(trees["cuda"].cpu(), trees["cpu"])
+        sum_tree_update_(torch_on_cuda, index.cuda(), value.cuda(), backend="torch")
+        start = int(index[0]) // 2
+        run = torch.rand(min(k, capacity - start), dtype=torch.float64, generator=generator)
+        sum_tree_write_(trees["cpu"], start, run, backend="torch")
+        sum_tree_write_(trees["cuda"], start, run.cuda())
+        sum_tree_write_(torch_on_cuda, start, run.cuda(), backend="torch")
+        assert torch.equal(trees["cuda"].cpu(), trees["cpu"]) and torch.equal(torch_on_cuda.cpu(), trees["cpu"])
     fraction = torch.rand(4096, dtype=torch.float64, generator=generator)
     got = sum_tree_find(trees["cuda"], fraction.cuda())
     want = sum_tree_find(trees["cpu"], fraction, backend="reference" if capacity < 10_000 else "torch")
