@@ -1,13 +1,14 @@
 """A sum tree for prioritized replay: set leaf priorities and draw leaves in proportion to them.
 
-Layout: a wide tree, every inner node with `FANOUT` (32) children, in one float64 tensor:
-- the `L` leaves (the capacity rounded up to a multiple of `FANOUT`), then
-- for each level of inner nodes, bottom up, one row `[F + 1]` per node: `0` and the running sums of its
-  `F` children, added in order: `row[j]` is the sum of children `0 .. j - 1`, and `row[F]`, the sum of all
-  of them, is the node's value. Node `i` of a level is the parent of nodes `i F .. i F + F - 1` of the
-  level below; each level has one node per `F` nodes below, rounded up to a multiple of `F` (the padding
-  nodes stay 0), up to the root, alone on its level: `tree[-1]` is the total. A million leaves take 4
-  levels of rows.
+Layout: a wide tree in one float64 tensor, every inner node with `FANOUT` (F = 32) children but the root,
+which has up to `ROOT_FANOUT` (1024):
+- the `L` leaves (the capacity rounded up to a multiple of F), then
+- for each level of inner nodes, bottom up, one row `[width + 1]` per node: `0` and the running sums of
+  its children, added in order: `row[j]` is the sum of children `0 .. j - 1`, and `row[width]`, the sum of
+  all of them, is the node's value. Node `i` of a level is the parent of nodes `i F .. i F + F - 1` of the
+  level below; each level has one node per F nodes below, rounded up to a multiple of F (the padding
+  nodes stay 0), until a level has at most 1024 nodes: the root's children, whose row ends the tensor
+  (`tree[-1]` is the total). A million leaves take 2 levels of rows of 33 under the root's row of 993.
 Sums are added in order everywhere, so every implementation builds the very same tree bit for bit, and a
 node is recomputed from its children, never by adding a difference to an old sum: an inner node is zero
 exactly when all its leaves are.
@@ -22,7 +23,7 @@ Semantics:
 - `sum_tree_find(tree, fraction)`: for each `fraction[i]` in `[0, 1]`, the leaf where the running sum of
   the leaves passes `fraction[i] * total`: the walk starts at the root with `mass = fraction * total`; at
   each node it first keeps the mass below the node's value (at most the float just below it), then takes
-  the last child `j < F` with `row[j] <= mass` and goes on with `mass - row[j]`. So leaf `j` is found with
+  the last child `j < width` with `row[j] <= mass` and goes on with `mass - row[j]`. So leaf `j` is found with
   probability `leaves[j] / total` for a uniform fraction (up to float64 rounding), and a zero leaf never:
   a zero child shares its running sum with the next child, and zero children at the end of a row start
   at the node's value, above the mass. (Float32 trees that subtract their way down are known to land on
@@ -31,12 +32,12 @@ Semantics:
 Implementations, held to each other bit for bit by the tests:
 - Triton: `_zero_leaves_kernel` then `_max_leaves_kernel` write the leaves (an atomic max on the float64
   bits, which order like the values for non-negative floats), then `_rebuild_rows_kernel` once per level,
-  bottom up, rewrites the updated rows (one row per lane); `_find_kernel` walks down with one
-  `[BLOCK, FANOUT]` load per level. An update is `2 + depth` launches, a find one.
+  bottom up, rewrites the updated rows (one row per lane); `_find_kernel` walks down with
+  `[BLOCK, FANOUT]` loads. An update is `2 + depth` launches, a find one.
 - torch (CPU): an update is, per level, a gather of the updated rows' children `[k, F]`, a `cumsum` (it
-  adds in order on the CPU) and an `index_copy_` (levels with no more rows than updates are rebuilt
-  whole, by slices); a find is, per level, a gather of the rows `[k, F + 1]`, a `searchsorted` and a few
-  ops on `[k]`: a few ops per level for all draws at once.
+  adds in order on the CPU) and an `index_copy_` (levels with no more rows than updates, the root's
+  always, are rebuilt whole, by slices); a find is a 1-d `searchsorted` in the root's row, then per level
+  a gather of the rows `[k, F + 1]`, a `searchsorted` and a few ops on `[k]`: all draws at once.
 - `sum_tree_update_reference`, `sum_tree_write_reference`, `sum_tree_find_reference`: plain loops.
 """
 
@@ -52,9 +53,9 @@ import torch
 
 from ._common import Backend, resolve_backend, tl, triton, triton_jit
 
-FANOUT = 32  # children per inner node: a power of two (a node's parent is `index >> SHIFT`)
+FANOUT = 32  # children per inner node but the root: a power of two (a node's parent is `index >> SHIFT`)
 SHIFT = FANOUT.bit_length() - 1
-ROW = FANOUT + 1  # entries of a row: 0, then the running sums of the children
+ROOT_FANOUT = 1024  # at most this many children of the root, in one row: a find searches it without a gather
 BLOCK = 128  # leaves or draws per program
 ROW_BLOCK = 64  # rows per program of `_rebuild_rows_kernel`
 
@@ -64,6 +65,7 @@ class Layout(NamedTuple):
 
     sizes: tuple[int, ...]  # nodes per level: the leaves first, the root (1) last
     rows: tuple[int, ...]  # offset of the rows of each level but the leaves' (rows[l]: level l + 1's nodes)
+    widths: tuple[int, ...]  # children per node of each of those levels: FANOUT, ..., the root's
 
     @property
     def depth(self) -> int:
@@ -72,18 +74,20 @@ class Layout(NamedTuple):
 
     @property
     def numel(self) -> int:
-        return self.rows[-1] + ROW
+        return self.rows[-1] + self.widths[-1] + 1
 
 
 def _layout_for_leaves(num_leaves: int) -> Layout:
     sizes = [num_leaves]
-    while sizes[-1] > 1:
-        parents = -(-sizes[-1] // FANOUT)
-        sizes.append(1 if parents == 1 else -(-parents // FANOUT) * FANOUT)
+    while sizes[-1] > ROOT_FANOUT:
+        parents = sizes[-1] // FANOUT
+        sizes.append(-(-parents // FANOUT) * FANOUT)  # padded to whole rows of the level above
+    widths = [FANOUT] * (len(sizes) - 1) + [sizes[-1]]
+    sizes.append(1)
     rows = [num_leaves]
-    for size in sizes[1:-1]:
-        rows.append(rows[-1] + size * ROW)
-    return Layout(tuple(sizes), tuple(rows))
+    for size, width in zip(sizes[1:-1], widths, strict=False):
+        rows.append(rows[-1] + size * (width + 1))
+    return Layout(tuple(sizes), tuple(rows), tuple(widths))
 
 
 def sum_tree_layout(capacity: int) -> Layout:
@@ -97,7 +101,7 @@ def sum_tree_layout(capacity: int) -> Layout:
 def _layout_of_size(numel: int) -> Layout | None:
     """The layout of a tree tensor of `numel` entries, or None where no tree has that size. The size grows
     with the leaves (`L + (L / (F - 1) + padding) (F + 1)` at most), so a few steps up from that bound."""
-    bound = (numel - 8 * FANOUT * ROW) * (FANOUT - 1) // (2 * FANOUT)
+    bound = (numel - 8 * FANOUT * (FANOUT + 1) - ROOT_FANOUT) * (FANOUT - 1) // (2 * FANOUT)
     num_leaves = max(FANOUT, bound // FANOUT * FANOUT)
     while (layout := _layout_for_leaves(num_leaves)).numel < numel:
         num_leaves += FANOUT
@@ -155,14 +159,15 @@ def _rebuild_rows_kernel(
     children_start,
     child_stride,
     rows_start,
-    FANOUT: tl.constexpr,
+    width,
     RUN: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     """Each lane rewrites one row from its children: their running sums, added in order. The rows are
     `rows_ptr[:num_rows]` (they may repeat: repeats write the same values, so their order does not
     matter), or with `RUN` the rows `first_row ..= last_row`; rows past `last_row` (of indices out of
-    range, whose leaves were skipped) are skipped. Child `c` lies at `children_start + c * child_stride`."""
+    range, whose leaves were skipped) are skipped. A row has `width` children (`FANOUT`, or the root's);
+    child `c` lies at `children_start + c * child_stride`."""
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     if RUN:
         row = first_row + offsets
@@ -172,32 +177,48 @@ def _rebuild_rows_kernel(
         row = tl.load(rows_ptr + offsets, mask=active, other=0).to(tl.int64)
     active = active & (row >= 0) & (row <= last_row)
     running = tl.zeros([BLOCK], dtype=tl.float64)
-    for j in tl.static_range(FANOUT):
-        running += tl.load(tree_ptr + children_start + (row * FANOUT + j) * child_stride, mask=active, other=0.0)
-        tl.store(tree_ptr + rows_start + row * (FANOUT + 1) + j + 1, running, mask=active)
+    for j in range(width):
+        running += tl.load(tree_ptr + children_start + (row * width + j) * child_stride, mask=active, other=0.0)
+        tl.store(tree_ptr + rows_start + row * (width + 1) + j + 1, running, mask=active)
 
 
 @triton_jit
 def _find_kernel(
-    tree_ptr, fraction_ptr, index_ptr, leaf_ptr, rows_starts_ptr, k, depth, FANOUT: tl.constexpr, BLOCK: tl.constexpr
+    tree_ptr,
+    fraction_ptr,
+    index_ptr,
+    leaf_ptr,
+    rows_starts_ptr,
+    k,
+    depth,
+    root_width,
+    FANOUT: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
-    """Each lane walks one draw down from the root (see `sum_tree_find`): the row's running sums are
-    sorted, so the last child `j < F` with `row[j] <= mass` is their count <= mass, minus 1."""
+    """Each lane walks one draw down from the root (see `sum_tree_find`): a row's running sums are
+    sorted, so the last child `j` with `row[j] <= mass` is their count <= mass, minus 1 (counted
+    `FANOUT` at a time: the root's row is `root_width` long)."""
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     in_range = offsets < k
-    top = tl.load(rows_starts_ptr + depth - 1)
-    mass = tl.load(fraction_ptr + offsets, mask=in_range, other=0.0).to(tl.float64) * tl.load(tree_ptr + top + FANOUT)
+    root = tl.load(rows_starts_ptr + depth - 1)
+    mass = tl.load(fraction_ptr + offsets, mask=in_range, other=0.0).to(tl.float64) * tl.load(
+        tree_ptr + root + root_width
+    )
     node = tl.zeros([BLOCK], dtype=tl.int64)
     for step in range(depth):
-        row = tree_ptr + tl.load(rows_starts_ptr + depth - 1 - step) + node * (FANOUT + 1)
-        value = tl.load(row + FANOUT, mask=in_range, other=0.0)
+        width = FANOUT + (step == 0) * (root_width - FANOUT)
+        row = tree_ptr + tl.load(rows_starts_ptr + depth - 1 - step) + node * (width + 1)
+        value = tl.load(row + width, mask=in_range, other=0.0)
         # The float just below a positive value: its bits minus 1.
         below = tl.where(value > 0.0, (value.to(tl.int64, bitcast=True) - 1).to(tl.float64, bitcast=True), 0.0)
         mass = tl.minimum(mass, below)
-        before = tl.load(row[:, None] + tl.arange(0, FANOUT)[None, :], mask=in_range[:, None], other=0.0)
-        choice = tl.sum((before <= mass[:, None]).to(tl.int64), axis=1) - 1
+        count = tl.zeros([BLOCK], dtype=tl.int64)
+        for first in range(0, width, FANOUT):
+            before = tl.load(row[:, None] + first + tl.arange(0, FANOUT)[None, :], mask=in_range[:, None], other=0.0)
+            count += tl.sum((before <= mass[:, None]).to(tl.int64), axis=1)
+        choice = count - 1
         mass = mass - tl.load(row + choice, mask=in_range, other=0.0)
-        node = node * FANOUT + choice
+        node = node * width + choice
     tl.store(index_ptr + offsets, node, mask=in_range)
     tl.store(leaf_ptr + offsets, tl.load(tree_ptr + node, mask=in_range, other=0.0), mask=in_range)
 
@@ -215,17 +236,18 @@ def _on_device(tree: torch.Tensor):
 def _rebuild_rows_triton(tree, layout, level, rows=None, run=(0, 0)):
     """Rewrite the rows `rows` (a `[r]` tensor) or `run = (first, last)` of level `level + 1`."""
     count = rows.numel() if rows is not None else run[1] - run[0] + 1
-    children_start, child_stride = (0, 1) if level == 0 else (layout.rows[level - 1] + FANOUT, ROW)
+    below_width = layout.widths[level - 1]
+    children_start, child_stride = (0, 1) if level == 0 else (layout.rows[level - 1] + below_width, below_width + 1)
     _rebuild_rows_kernel[(triton.cdiv(count, ROW_BLOCK),)](
         tree,
         rows if rows is not None else tree,
         count,
         run[0],
-        layout.sizes[level] // FANOUT - 1 if rows is not None else run[1],
+        layout.sizes[level] // layout.widths[level] - 1 if rows is not None else run[1],
         children_start,
         child_stride,
         layout.rows[level],
-        FANOUT=FANOUT,
+        layout.widths[level],
         RUN=rows is None,
         BLOCK=ROW_BLOCK,
     )
@@ -240,9 +262,10 @@ def _update_triton(tree, index, value):
         _zero_leaves_kernel[grid](bits, index, k, layout.sizes[0], BLOCK=BLOCK)
         _max_leaves_kernel[grid](bits, index, value, k, layout.sizes[0], BLOCK=BLOCK)
         rows = index.long()
-        for level in range(layout.depth):
+        for level in range(layout.depth - 1):
             rows = rows >> SHIFT  # [k] the updated nodes' parents: the rows to rewrite
             _rebuild_rows_triton(tree, layout, level, rows=rows)
+        _rebuild_rows_triton(tree, layout, layout.depth - 1, run=(0, 0))  # the root's row
     return tree
 
 
@@ -263,7 +286,7 @@ def _find_triton(tree, fraction):
         with _on_device(tree):
             starts = _rows_starts(tree.numel(), tree.device)
             _find_kernel[(triton.cdiv(k, BLOCK),)](
-                tree, fraction, index, leaf, starts, k, layout.depth, FANOUT=FANOUT, BLOCK=BLOCK
+                tree, fraction, index, leaf, starts, k, layout.depth, layout.widths[-1], FANOUT=FANOUT, BLOCK=BLOCK
             )
     return index, leaf
 
@@ -271,10 +294,10 @@ def _find_triton(tree, fraction):
 def _runs_above(start: int, count: int, depth: int) -> list[tuple[int, int]]:
     """`(first, last)` row of each level above the leaves `start .. start + count - 1`."""
     first, last, runs = start, start + count - 1, []
-    for _ in range(depth):
+    for _ in range(depth - 1):
         first, last = first >> SHIFT, last >> SHIFT
         runs.append((first, last))
-    return runs
+    return [*runs, (0, 0)]  # the root's row
 
 
 # ---- torch (CPU) ----------------------------------------------------------------------------------
@@ -284,9 +307,9 @@ class _Views(NamedTuple):
     """Views of one tree's levels, made once per tree: each view costs as much as a small op."""
 
     leaves: torch.Tensor  # [L]
-    children: list[torch.Tensor]  # per level of rows: the level below's values as rows [rows, F]
-    rows: list[torch.Tensor]  # per level of rows: its rows [nodes, F + 1]
-    sums: list[torch.Tensor]  # the same without column 0 (always 0): [nodes, F]
+    children: list[torch.Tensor]  # per level of rows: the level below's values as rows [rows, width]
+    rows: list[torch.Tensor]  # per level of rows: its rows [nodes, width + 1]
+    sums: list[torch.Tensor]  # the same without column 0 (always 0): [nodes, width]
     zero: torch.Tensor  # [] 0.0, for `nextafter`
 
 
@@ -299,11 +322,12 @@ def _views(tree: torch.Tensor) -> _Views:
         return entry[1]
     layout = _layout_of_size(tree.numel())
     rows = [
-        tree[start : start + size * ROW].view(size, ROW)
-        for start, size in zip(layout.rows, layout.sizes[1:], strict=True)
+        tree[start : start + size * (width + 1)].view(size, width + 1)
+        for start, size, width in zip(layout.rows, layout.sizes[1:], layout.widths, strict=True)
     ]
     leaves = tree[: layout.sizes[0]]
-    children = [leaves.view(-1, FANOUT)] + [below[:, FANOUT].view(-1, FANOUT) for below in rows[:-1]]
+    values = [leaves] + [below[:, -1] for below in rows[:-1]]  # each level's, leaves to the root's children
+    children = [level.view(-1, width) for level, width in zip(values, layout.widths, strict=True)]
     views = _Views(leaves, children, rows, [level[:, 1:] for level in rows], tree.new_zeros(()))
     # The entry goes when the tree does (its views would keep its memory alive).
     key = id(tree)
@@ -312,12 +336,12 @@ def _views(tree: torch.Tensor) -> _Views:
 
 
 def _running_sum(children: torch.Tensor) -> torch.Tensor:
-    """`[r, F]` -> `[r, F]` running sums along each row, added in order (the CPU's `cumsum` does; a GPU's
-    is a parallel scan that rounds differently, so there one column at a time)."""
+    """`[r, width]` -> `[r, width]` running sums along each row, added in order (the CPU's `cumsum` does; a
+    GPU's is a parallel scan that rounds differently, so there one column at a time)."""
     if children.device.type == "cpu":
         return children.cumsum(1)
     running = children.clone()
-    for j in range(1, FANOUT):
+    for j in range(1, children.shape[1]):
         running[:, j] += running[:, j - 1]
     return running
 
@@ -336,7 +360,7 @@ def _update_torch(tree, index, value):
     views.leaves.scatter_reduce_(0, index, value.to(torch.float64), "amax", include_self=False)
     rows = index
     for level, children in enumerate(views.children):
-        rows = rows >> SHIFT  # [k] the updated nodes' parents: the rows to rewrite
+        rows = rows >> SHIFT  # [k] the updated nodes' parents: the rows to rewrite (the root's: whole)
         # A level with no more rows than updates is cheaper rebuilt whole, by slices.
         whole = children.shape[0] <= rows.numel()
         _rebuild_rows_torch(views, level, slice(0, children.shape[0]) if whole else rows)
@@ -353,9 +377,9 @@ def _write_torch(tree, start, value):
 
 def _find_torch(tree, fraction):
     views = _views(tree)
-    top = views.rows[-1][0]  # [F + 1] the root's row, the same for every draw: a 1-d search
+    top = views.rows[-1][0]  # [width + 1] the root's row, the same for every draw: a 1-d search
     mass = (fraction.to(torch.float64) * top[-1]).clamp_(max=top[-1].nextafter(views.zero))[:, None]  # [k, 1]
-    choice = torch.searchsorted(top, mass, right=True).sub_(1).clamp_(max=FANOUT - 1)  # [k, 1]
+    choice = torch.searchsorted(top, mass, right=True).sub_(1).clamp_(max=top.numel() - 2)  # [k, 1]
     mass = mass - top[choice]
     node = choice[:, 0]  # [k]
     for rows in reversed(views.rows[:-1]):
@@ -376,13 +400,13 @@ def _rebuild_reference(tree: torch.Tensor) -> torch.Tensor:
     layout = _layout_of_size(tree.numel())
     values = tree.tolist()
     below = values[: layout.sizes[0]]  # the values of the level below
-    for level, start in enumerate(layout.rows):
-        for node in range(layout.sizes[level] // FANOUT):
+    for level, (start, width) in enumerate(zip(layout.rows, layout.widths, strict=True)):
+        for node in range(layout.sizes[level] // width):
             running = 0.0
-            for j, child in enumerate(below[node * FANOUT : (node + 1) * FANOUT], start=1):
+            for j, child in enumerate(below[node * width : (node + 1) * width], start=1):
                 running += child
-                values[start + node * ROW + j] = running
-        below = values[start + FANOUT : start + layout.sizes[level + 1] * ROW : ROW]  # each row's last
+                values[start + node * (width + 1) + j] = running
+        below = values[start + width : start + layout.sizes[level + 1] * (width + 1) : width + 1]  # rows' last
     tree.copy_(torch.tensor(values, dtype=torch.float64))
     return tree
 
@@ -412,12 +436,12 @@ def sum_tree_find_reference(tree: torch.Tensor, fraction: torch.Tensor) -> tuple
     found = []
     for f in fraction.double().tolist():
         mass, node = f * values[-1], 0
-        for start in reversed(layout.rows):
-            row = values[start + node * ROW : start + (node + 1) * ROW]
-            mass = min(mass, math.nextafter(row[FANOUT], 0.0))  # below the node's value
-            choice = max(j for j in range(FANOUT) if row[j] <= mass)
+        for start, width in zip(reversed(layout.rows), reversed(layout.widths), strict=True):
+            row = values[start + node * (width + 1) : start + (node + 1) * (width + 1)]
+            mass = min(mass, math.nextafter(row[width], 0.0))  # below the node's value
+            choice = max(j for j in range(width) if row[j] <= mass)
             mass -= row[choice]
-            node = node * FANOUT + choice
+            node = node * width + choice
         found.append(node)
     nodes = torch.tensor(found, dtype=torch.int64, device=tree.device)
     return nodes, tree[nodes]

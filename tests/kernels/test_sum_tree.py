@@ -45,16 +45,17 @@ def trees_after(capacity, updates):
 
 
 def test_layout_and_size():
-    # Leaves: the capacity rounded up to a multiple of 32; each level above: one node per 32, rounded up to
-    # a multiple of 32, up to the root; the tensor holds the leaves, then a row of 33 per inner node.
-    assert sum_tree_layout(1).sizes == (32, 1) and sum_tree_layout(32).sizes == (32, 1)
-    assert sum_tree_layout(33).sizes == (64, 32, 1)
-    assert sum_tree_layout(1_000_000).sizes == (1_000_000, 31264, 992, 32, 1)
+    # Leaves: the capacity rounded up to a multiple of 32; while a level has more than 1024 nodes, a level
+    # above with one node per 32, rounded up to a multiple of 32; then the root. The tensor holds the
+    # leaves, then a row of 33 per inner node, then the root's row (its children + 1).
+    assert sum_tree_layout(1).sizes == (32, 1) and sum_tree_layout(1024).sizes == (1024, 1)
+    assert sum_tree_layout(1025).sizes == (1056, 64, 1)
+    assert sum_tree_layout(1_000_000).sizes == (1_000_000, 31264, 992, 1)
     for capacity in (1, 3, 32, 33, 1000, 1024, 1025, 32768, 32769, 1_000_000):
-        layout = sum_tree_layout(capacity)
-        numel = layout.sizes[0] + 33 * sum(layout.sizes[1:])
+        sizes = sum_tree_layout(capacity).sizes
+        numel = sizes[0] + 33 * sum(sizes[1:-1]) + sizes[-2] + 1
         assert sum_tree_zeros(capacity).shape == (numel,) and sum_tree_nbytes(capacity) == numel * 8
-        assert sum_tree_leaves(sum_tree_zeros(capacity)).shape == (layout.sizes[0],)
+        assert sum_tree_leaves(sum_tree_zeros(capacity)).shape == (sizes[0],)
     assert sum_tree_zeros(1000).dtype == torch.float64
     with pytest.raises(ValueError, match=r"laid out as a sum tree"):
         sum_tree_leaves(torch.zeros(32 + 33 + 1, dtype=torch.float64))  # one entry too many
@@ -100,14 +101,15 @@ def test_update_of_every_leaf_and_int32_indices():
 @pytest.mark.needs_interpreter
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_update_writes_only_the_updated_part(backend):
-    # 4096 leaves: 128 rows of leaves, 4 rows of their parents, one row under the root. Updating leaves
-    # 5, 700 and 9 rewrites leaf rows 0 and 21, parent row 0 and the root's row, nothing else.
-    capacity = 4096
+    # 40000 leaves: 1250 rows of leaves (1280 with padding), 40 rows of their parents, and the root's row
+    # over those 40 (64). Updating leaves 5, 700 and 9 rewrites leaf rows 0 and 21, parent row 0 and the
+    # root's row, nothing else.
+    capacity = 40_000
     tree = sum_tree_zeros(capacity)
     sum_tree_update_(tree, torch.arange(capacity), torch.ones(capacity, dtype=torch.float64), backend="torch")
     layout = sum_tree_layout(capacity)
-    untouched_value = layout.rows[0] + 120 * 33 + 32  # the node over leaves 3840..3871 (under parent row 3)
-    untouched_sum = layout.rows[0] + 120 * 33 + 5  # a running sum in that node's row
+    untouched_value = layout.rows[0] + 1200 * 33 + 32  # the node over leaves 38400..38431 (parent row 37)
+    untouched_sum = layout.rows[0] + 1200 * 33 + 5  # a running sum in that node's row
     tree[untouched_value] = tree[untouched_sum] = -1.0  # sentinels that no rebuild of their rows would keep
     sum_tree_update_(
         tree, torch.tensor([5, 700, 9]), torch.tensor([2.0, 3.0, 4.0], dtype=torch.float64), backend=backend
@@ -274,14 +276,14 @@ report = {
                                "k": "i32", "num_leaves": "i32"}, {"BLOCK": st.BLOCK}),
     "rebuild_rows": compile_sm90(st._rebuild_rows_kernel, {"tree_ptr": f64, "rows_ptr": i64, "num_rows": "i32",
                                  "first_row": "i64", "last_row": "i64", "children_start": "i64",
-                                 "child_stride": "i64", "rows_start": "i64"},
-                                 {"FANOUT": st.FANOUT, "RUN": False, "BLOCK": st.ROW_BLOCK}),
+                                 "child_stride": "i64", "rows_start": "i64", "width": "i64"},
+                                 {"RUN": False, "BLOCK": st.ROW_BLOCK}),
     "rebuild_run": compile_sm90(st._rebuild_rows_kernel, {"tree_ptr": f64, "rows_ptr": f64, "num_rows": "i32",
                                 "first_row": "i64", "last_row": "i64", "children_start": "i64",
-                                "child_stride": "i64", "rows_start": "i64"},
-                                {"FANOUT": st.FANOUT, "RUN": True, "BLOCK": st.ROW_BLOCK}),
+                                "child_stride": "i64", "rows_start": "i64", "width": "i64"},
+                                {"RUN": True, "BLOCK": st.ROW_BLOCK}),
     "find": compile_sm90(st._find_kernel, {"tree_ptr": f64, "fraction_ptr": f64, "index_ptr": i64, "leaf_ptr": f64,
-                         "rows_starts_ptr": i64, "k": "i32", "depth": "i32"}, {"FANOUT": st.FANOUT, "BLOCK": st.BLOCK}),
+                         "rows_starts_ptr": i64, "k": "i32", "depth": "i32", "root_width": "i64"}, {"FANOUT": st.FANOUT, "BLOCK": st.BLOCK}),
 }
 print(json.dumps(report))
 """

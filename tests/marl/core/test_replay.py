@@ -76,8 +76,8 @@ def test_nbytes_computed_from_the_specs_before_allocating():
     env = envs.make("navigation", num_envs=2, device="cpu", seed=0)  # 3 agents, observation 18, action 2
     per_step = 2 * 3 * 18 * 4 + 3 * 2 * 4 + 3 * 4 + 3 + 3  # observations, action, reward, terminated, done
     assert replay_nbytes(env.groups, 1000) == 1000 * per_step == 474_000
-    # + the float64 tree: 1024 leaves (a multiple of 32), then a row of 33 for each of 32 parents and the root
-    assert replay_nbytes(env.groups, 1000, prioritized=True) == 474_000 + (1024 + 33 * (32 + 1)) * 8
+    # + the float64 tree: 1024 leaves (a multiple of 32), then the root's row: 0 and their running sums
+    assert replay_nbytes(env.groups, 1000, prioritized=True) == 474_000 + (1024 + 1025) * 8
     for prioritized in (None, Prioritized()):
         buffer = ReplayBuffer.for_env(env, 1000, prioritized=prioritized)
         allocated = sum(x.numel() * x.element_size() for x in buffer.storage.values())
