@@ -85,7 +85,7 @@ def _layout_for_leaves(num_leaves: int) -> Layout:
     widths = [FANOUT] * (len(sizes) - 1) + [sizes[-1]]
     sizes.append(1)
     rows = [num_leaves]
-    for size, width in zip(sizes[1:-1], widths, strict=False):
+    for size, width in zip(sizes[1:-1], widths[:-1], strict=True):  # the root's row is last
         rows.append(rows[-1] + size * (width + 1))
     return Layout(tuple(sizes), tuple(rows), tuple(widths))
 
@@ -101,7 +101,7 @@ def sum_tree_layout(capacity: int) -> Layout:
 def _layout_of_size(numel: int) -> Layout | None:
     """The layout of a tree tensor of `numel` entries, or None where no tree has that size. The size grows
     with the leaves (`L + (L / (F - 1) + padding) (F + 1)` at most), so a few steps up from that bound."""
-    bound = (numel - 8 * FANOUT * (FANOUT + 1) - ROOT_FANOUT) * (FANOUT - 1) // (2 * FANOUT)
+    bound = (numel - 8 * FANOUT * (FANOUT + 1) - 2 * ROOT_FANOUT) * (FANOUT - 1) // (2 * FANOUT)
     num_leaves = max(FANOUT, bound // FANOUT * FANOUT)
     while (layout := _layout_for_leaves(num_leaves)).numel < numel:
         num_leaves += FANOUT

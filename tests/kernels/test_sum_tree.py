@@ -14,7 +14,7 @@ import torch
 import triton
 
 from kernels import sum_tree_find, sum_tree_update_, sum_tree_zeros
-from kernels.sum_tree import sum_tree_layout, sum_tree_leaves, sum_tree_nbytes, sum_tree_write_
+from kernels.sum_tree import _layout_of_size, sum_tree_layout, sum_tree_leaves, sum_tree_nbytes, sum_tree_write_
 
 REPO = Path(__file__).resolve().parents[2]
 BACKENDS = ("triton", "torch", "reference")
@@ -56,6 +56,9 @@ def test_layout_and_size():
         numel = sizes[0] + 33 * sum(sizes[1:-1]) + sizes[-2] + 1
         assert sum_tree_zeros(capacity).shape == (numel,) and sum_tree_nbytes(capacity) == numel * 8
         assert sum_tree_leaves(sum_tree_zeros(capacity)).shape == (sizes[0],)
+    # A tree's layout is found back from its size alone, for every capacity.
+    for capacity in [*range(1, 3000, 7), *range(31_000, 2_000_000, 65_537)]:
+        assert _layout_of_size(sum_tree_layout(capacity).numel) == sum_tree_layout(capacity), capacity
     assert sum_tree_zeros(1000).dtype == torch.float64
     with pytest.raises(ValueError, match=r"laid out as a sum tree"):
         sum_tree_leaves(torch.zeros(32 + 33 + 1, dtype=torch.float64))  # one entry too many
