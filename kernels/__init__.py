@@ -3,6 +3,15 @@ plain reference loop, behind one public function taking time-major `[T, *batch]`
 
 from .gae import gae
 from .returns import discounted_returns, td_lambda_returns
-from .sum_tree import sum_tree_find, sum_tree_update_, sum_tree_zeros
+from .sum_tree import sum_tree_find, sum_tree_leaves, sum_tree_update_, sum_tree_write_, sum_tree_zeros
 
-__all__ = ["discounted_returns", "gae", "sum_tree_find", "sum_tree_update_", "sum_tree_zeros", "td_lambda_returns"]
+__all__ = [
+    "discounted_returns",
+    "gae",
+    "sum_tree_find",
+    "sum_tree_leaves",
+    "sum_tree_update_",
+    "sum_tree_write_",
+    "sum_tree_zeros",
+    "td_lambda_returns",
+]

@@ -38,7 +38,14 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from envs.specs import Box, GroupSpec
-from kernels.sum_tree import sum_tree_find, sum_tree_nbytes, sum_tree_update_, sum_tree_zeros
+from kernels.sum_tree import (
+    sum_tree_find,
+    sum_tree_leaves,
+    sum_tree_nbytes,
+    sum_tree_update_,
+    sum_tree_write_,
+    sum_tree_zeros,
+)
 from marl.core.rollout import transition_layout
 
 Key = tuple[str, ...]
@@ -176,6 +183,7 @@ class ReplayBuffer:
         self.size = torch.zeros((), dtype=torch.int64, device=self.device)  # slots filled: [0, size)
         self.max_priority = torch.ones((), dtype=torch.float64, device=self.device)  # before alpha
         self._count = 0  # host mirror of `size`, from the shapes extended
+        self._position = 0  # host mirror of `position`: extend writes slices
         self._aranges: dict[int, torch.Tensor] = {}
 
     @classmethod
@@ -223,15 +231,21 @@ class ReplayBuffer:
             return
         skipped = max(0, num_steps - self.capacity)  # steps overwritten within this same call
         kept = num_steps - skipped
-        slots = (self._arange(kept) + (self.position + skipped)).remainder_(self.capacity)  # [kept]
+        # The kept steps fill slots start.. in a ring: at most two contiguous runs, written by slices.
+        start = (self._position + skipped) % self.capacity
+        first = min(kept, self.capacity - start)
+        runs = [(start, 0, first)] + ([(0, first, kept)] if kept > first else [])
         for key, value in tensors.items():
             flat = value.reshape(num_steps, *value.shape[len(batch) :])[skipped:]
-            self.storage[key].index_copy_(0, slots, flat)
+            for slot, begin, end in runs:
+                self.storage[key][slot : slot + end - begin].copy_(flat[begin:end])
         if self.tree is not None:
-            leaf = self.max_priority.pow(self.prioritized.alpha).expand(kept).contiguous()
-            sum_tree_update_(self.tree, slots, leaf, backend=self.backend)
+            leaf = self.max_priority.pow(self.prioritized.alpha).expand(kept)
+            for slot, begin, end in runs:
+                sum_tree_write_(self.tree, slot, leaf[: end - begin], backend=self.backend)
         self.position.add_(num_steps).remainder_(self.capacity)
         self.size.add_(num_steps).clamp_(max=self.capacity)
+        self._position = (self._position + num_steps) % self.capacity
         self._count = min(self._count + num_steps, self.capacity)
 
     def _arange(self, n: int) -> torch.Tensor:
@@ -437,7 +451,7 @@ class ReplayBuffer:
             "storage": {"/".join(key): value[:count].clone() for key, value in self.storage.items()},
         }
         if self.tree is not None:
-            state["leaves"] = self.tree[self.tree.numel() // 2 :][:count].clone()
+            state["leaves"] = sum_tree_leaves(self.tree)[:count].clone()
             state["max_priority"] = self.max_priority.clone()
         return state
 
@@ -464,8 +478,8 @@ class ReplayBuffer:
         self.position.copy_(state["position"])
         self.size.copy_(state["size"])
         self._count = count
+        self._position = int(state["position"])  # one host read, on loading only
         if self.tree is not None:
-            self.tree.zero_()
-            slots = torch.arange(count, device=self.device)
-            sum_tree_update_(self.tree, slots, state["leaves"].to(self.device), backend=self.backend)
+            self.tree.copy_(sum_tree_zeros(self.capacity, self.device))
+            sum_tree_write_(self.tree, 0, state["leaves"].to(self.device, torch.float64), backend=self.backend)
             self.max_priority.copy_(state["max_priority"])

@@ -14,7 +14,7 @@ import torch
 import triton
 
 from kernels import sum_tree_find, sum_tree_update_, sum_tree_zeros
-from kernels.sum_tree import sum_tree_nbytes
+from kernels.sum_tree import _layout_of_size, sum_tree_layout, sum_tree_leaves, sum_tree_nbytes, sum_tree_write_
 
 REPO = Path(__file__).resolve().parents[2]
 BACKENDS = ("triton", "torch", "reference")
@@ -45,33 +45,48 @@ def trees_after(capacity, updates):
 
 
 def test_layout_and_size():
-    assert sum_tree_zeros(1).shape == (4,) and sum_tree_zeros(3).shape == (8,) and sum_tree_zeros(4).shape == (8,)
-    assert sum_tree_zeros(1000).dtype == torch.float64 and sum_tree_zeros(1000).shape == (2048,)
-    assert sum_tree_nbytes(1000) == 2048 * 8 and sum_tree_nbytes(1_000_000) == 2**21 * 8
+    # Leaves: the capacity rounded up to a multiple of 32; while a level has more than 1024 nodes, a level
+    # above with one node per 32, rounded up to a multiple of 32; then the root. The tensor holds the
+    # leaves, then a row of 33 per inner node, then the root's row (its children + 1).
+    assert sum_tree_layout(1).sizes == (32, 1) and sum_tree_layout(1024).sizes == (1024, 1)
+    assert sum_tree_layout(1025).sizes == (1056, 64, 1)
+    assert sum_tree_layout(1_000_000).sizes == (1_000_000, 31264, 992, 1)
+    for capacity in (1, 3, 32, 33, 1000, 1024, 1025, 32768, 32769, 1_000_000):
+        sizes = sum_tree_layout(capacity).sizes
+        numel = sizes[0] + 33 * sum(sizes[1:-1]) + sizes[-2] + 1
+        assert sum_tree_zeros(capacity).shape == (numel,) and sum_tree_nbytes(capacity) == numel * 8
+        assert sum_tree_leaves(sum_tree_zeros(capacity)).shape == (sizes[0],)
+    # A tree's layout is found back from its size alone, for every capacity.
+    for capacity in [*range(1, 3000, 7), *range(31_000, 2_000_000, 65_537)]:
+        assert _layout_of_size(sum_tree_layout(capacity).numel) == sum_tree_layout(capacity), capacity
+    assert sum_tree_zeros(1000).dtype == torch.float64
+    with pytest.raises(ValueError, match=r"laid out as a sum tree"):
+        sum_tree_leaves(torch.zeros(32 + 33 + 1, dtype=torch.float64))  # one entry too many
 
 
 @pytest.mark.needs_interpreter
 def test_update_by_hand_repeated_index_keeps_the_largest():
-    tree = sum_tree_zeros(4)  # leaves are nodes 4..7
+    # Capacity 4: 32 leaves under the root, whose row is the last 33 entries.
     index, value = torch.tensor([2, 2, 0, 2]), torch.tensor([1.0, 5.0, 3.0, 2.0], dtype=torch.float64)
-    expected = torch.tensor([0, 8, 3, 5, 3, 0, 5, 0], dtype=torch.float64)  # root 8 = (3 + 0) + (5 + 0)
     for backend in BACKENDS:
-        assert torch.equal(sum_tree_update_(sum_tree_zeros(4), index, value, backend=backend), expected), backend
+        tree = sum_tree_update_(sum_tree_zeros(4), index, value, backend=backend)
+        assert torch.equal(sum_tree_leaves(tree)[:4], torch.tensor([3.0, 0.0, 5.0, 0.0], dtype=torch.float64))
+        # 0, then the running sums of the leaves 3, 0, 5, 0, ...: 3, 3, 8, 8, ...; the root's value 8 last.
+        assert tree[-33:].tolist() == [0.0, 3.0, 3.0] + [8.0] * 30, backend
     # A later update replaces the leaf (no max with the old value); untouched leaves keep theirs.
-    sum_tree_update_(tree, index, value)
     sum_tree_update_(tree, torch.tensor([2]), torch.tensor([0.5], dtype=torch.float64))
-    assert torch.equal(tree, torch.tensor([0, 3.5, 3, 0.5, 3, 0, 0.5, 0], dtype=torch.float64))
+    assert tree[-1] == 3.5 and tree[-33:].tolist()[:4] == [0.0, 3.0, 3.0, 3.5]
 
 
 @pytest.mark.needs_interpreter
 @pytest.mark.parametrize("k", [1, 7, 40], ids=lambda k: f"k{k}")
-@pytest.mark.parametrize("capacity", [1, 3, 63, 500, 3000], ids=lambda c: f"cap{c}")
+@pytest.mark.parametrize("capacity", [1, 3, 63, 500, 1025, 3000], ids=lambda c: f"cap{c}")
 def test_update_matches_reference(capacity, k):
     generator = torch.Generator().manual_seed(capacity * 1000 + k)
     for integer in (True, False):
         trees = trees_after(capacity, [random_updates(capacity, k, generator, integer) for _ in range(2)])
         for backend in ("triton", "torch"):
-            # Every inner node is left + right of the same leaves, so the trees agree bit for bit.
+            # Every node is its children added in order, everywhere, so the trees agree bit for bit.
             assert torch.equal(trees[backend], trees["reference"]), (backend, integer)
 
 
@@ -83,24 +98,44 @@ def test_update_of_every_leaf_and_int32_indices():
     int32 = sum_tree_update_(sum_tree_zeros(capacity), torch.arange(capacity, dtype=torch.int32), value)
     for tree in (trees["triton"], trees["torch"], int32):
         assert torch.equal(tree, trees["reference"])
-    assert math.isclose(trees["reference"][1], value.sum(), rel_tol=1e-12)
+    assert math.isclose(trees["reference"][-1], value.sum(), rel_tol=1e-12)
 
 
 @pytest.mark.needs_interpreter
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_update_writes_only_the_updated_part(backend):
-    # 4096 leaves: the Triton path recomputes the 256-leaf subtrees of the updated leaves and the 15 nodes
-    # above depth 4; the torch path only the ancestors (whole levels no larger than the update).
-    capacity = 4096
+    # 40000 leaves: 1250 rows of leaves (1280 with padding), 40 rows of their parents, and the root's row
+    # over those 40 (64). Updating leaves 5, 700 and 9 rewrites leaf rows 0 and 21, parent row 0 and the
+    # root's row, nothing else.
+    capacity = 40_000
     tree = sum_tree_zeros(capacity)
     sum_tree_update_(tree, torch.arange(capacity), torch.ones(capacity, dtype=torch.float64), backend="torch")
-    untouched = (1 << 6) + 60  # a depth-6 node over leaves 3840..3903, far from the updated ones
-    tree[untouched] = -1.0  # a sentinel that no rebuild of its own subtree would keep
+    layout = sum_tree_layout(capacity)
+    untouched_value = layout.rows[0] + 1200 * 33 + 32  # the node over leaves 38400..38431 (parent row 37)
+    untouched_sum = layout.rows[0] + 1200 * 33 + 5  # a running sum in that node's row
+    tree[untouched_value] = tree[untouched_sum] = -1.0  # sentinels that no rebuild of their rows would keep
     sum_tree_update_(
         tree, torch.tensor([5, 700, 9]), torch.tensor([2.0, 3.0, 4.0], dtype=torch.float64), backend=backend
     )
-    assert tree[untouched] == -1.0
-    assert tree[1] == capacity - 3 + 2 + 3 + 4  # three of the ones replaced; the sentinel is not under them
+    assert tree[untouched_value] == -1.0 and tree[untouched_sum] == -1.0
+    assert tree[-1] == capacity - 3 + 2 + 3 + 4  # three of the ones replaced
+
+
+@pytest.mark.needs_interpreter
+@pytest.mark.parametrize("capacity", [1, 40, 1025, 3000], ids=lambda c: f"cap{c}")
+def test_write_of_a_run_matches_reference(capacity):
+    # Runs at the start, the end, across row boundaries, of one leaf and of every leaf; after updates.
+    generator = torch.Generator().manual_seed(capacity)
+    trees = trees_after(capacity, [random_updates(capacity, 20, generator)])
+    runs = [(0, capacity), (capacity - 1, 1), (capacity // 3, capacity // 2), (0, 1), (capacity // 2, 0)]
+    for start, count in runs:
+        value = torch.rand(count, dtype=torch.float64, generator=generator)
+        value[torch.rand(count, generator=generator) < 0.3] = 0.0
+        for backend, tree in trees.items():
+            assert sum_tree_write_(tree, start, value, backend=backend) is tree
+        for backend in ("triton", "torch"):
+            assert torch.equal(trees[backend], trees["reference"]), (backend, start, count)
+    assert torch.equal(sum_tree_leaves(trees["torch"])[start : start + count], value)
 
 
 @pytest.mark.needs_interpreter
@@ -166,7 +201,7 @@ def test_zero_priority_is_never_found():
     value[torch.rand(capacity, generator=generator) < 0.6] = 0.0
     value[-20:] = 0.0
     tree = sum_tree_update_(sum_tree_zeros(capacity), torch.arange(capacity), value)
-    boundary = value.cumsum(0) / tree[1]
+    boundary = value.cumsum(0) / tree[-1]
     fraction = torch.cat([boundary, boundary.nextafter(torch.zeros(())), boundary.nextafter(torch.ones(()))])
     fraction = torch.cat([fraction.clamp(0, 1), torch.tensor([0.0, 1.0], dtype=torch.float64)])
     for backend in BACKENDS:
@@ -202,9 +237,9 @@ def test_empty_inputs():
 def test_bad_inputs_are_clear_errors():
     tree = sum_tree_zeros(8)
     index, value = torch.tensor([1, 2]), torch.tensor([1.0, 2.0])
-    with pytest.raises(ValueError, match=r"tree has shape \(16,\), dtype torch.float32; expected a contiguous float64"):
+    with pytest.raises(ValueError, match=r"tree has shape \(65,\), dtype torch.float32; expected a contiguous float64"):
         sum_tree_update_(tree.float(), index, value)
-    with pytest.raises(ValueError, match=r"expected a contiguous float64 tensor \[2 \* L\]"):
+    with pytest.raises(ValueError, match=r"expected a contiguous float64 tensor laid out as a sum tree"):
         sum_tree_find(torch.zeros(12, dtype=torch.float64), value)
     with pytest.raises(TypeError, match=r"index has dtype torch.float32; expected int64"):
         sum_tree_update_(tree, value, value)
@@ -214,6 +249,8 @@ def test_bad_inputs_are_clear_errors():
         sum_tree_find(tree, index)
     with pytest.raises(ValueError, match=r"index is on meta, expected cpu like tree"):
         sum_tree_update_(tree, index.to("meta"), value)
+    with pytest.raises(ValueError, match=r"leaves 31 \.\. 31 \+ 2 do not fit in the tree's 32 leaves"):
+        sum_tree_write_(tree, 31, value)
     with pytest.raises(ValueError, match=r"capacity must be a positive int, got 0"):
         sum_tree_zeros(0)
     with pytest.raises(ValueError, match=r"backend='cuda' is not one of"):
@@ -240,11 +277,16 @@ report = {
                                 "num_leaves": "i32"}, {"BLOCK": st.BLOCK}),
     "max_leaves": compile_sm90(st._max_leaves_kernel, {"tree_bits_ptr": i64, "index_ptr": i64, "value_ptr": f64,
                                "k": "i32", "num_leaves": "i32"}, {"BLOCK": st.BLOCK}),
-    "rebuild_subtrees": compile_sm90(st._rebuild_subtrees_kernel, {"tree_ptr": f64, "index_ptr": i64,
-                                     "num_leaves": "i32"}, {"SUBTREE_LEVELS": 8}),
-    "rebuild_top": compile_sm90(st._rebuild_top_kernel, {"tree_ptr": f64}, {"TOP_LEVELS": 12}, num_warps=8),
+    "rebuild_rows": compile_sm90(st._rebuild_rows_kernel, {"tree_ptr": f64, "rows_ptr": i64, "num_rows": "i32",
+                                 "first_row": "i64", "last_row": "i64", "children_start": "i64",
+                                 "child_stride": "i64", "rows_start": "i64", "width": "i64"},
+                                 {"RUN": False, "BLOCK": st.ROW_BLOCK}),
+    "rebuild_run": compile_sm90(st._rebuild_rows_kernel, {"tree_ptr": f64, "rows_ptr": f64, "num_rows": "i32",
+                                "first_row": "i64", "last_row": "i64", "children_start": "i64",
+                                "child_stride": "i64", "rows_start": "i64", "width": "i64"},
+                                {"RUN": True, "BLOCK": st.ROW_BLOCK}),
     "find": compile_sm90(st._find_kernel, {"tree_ptr": f64, "fraction_ptr": f64, "index_ptr": i64, "leaf_ptr": f64,
-                         "k": "i32", "num_leaves": "i32", "depth": "i32"}, {"BLOCK": st.BLOCK}),
+                         "rows_starts_ptr": i64, "k": "i32", "depth": "i32", "root_width": "i64"}, {"FANOUT": st.FANOUT, "BLOCK": st.BLOCK}),
 }
 print(json.dumps(report))
 """
@@ -268,11 +310,18 @@ def test_kernels_compile_for_sm90_without_spills():
 def test_compiled_kernels_match_reference_on_cuda(capacity):
     generator = torch.Generator().manual_seed(0)
     trees = {"cpu": sum_tree_zeros(capacity), "cuda": sum_tree_zeros(capacity, "cuda")}
+    torch_on_cuda = sum_tree_zeros(capacity, "cuda")  # the torch path, adding in order column by column
     for k in (capacity, 4096, 128):
         index, value = random_updates(capacity, k, generator)
         sum_tree_update_(trees["cpu"], index, value, backend="torch")
         sum_tree_update_(trees["cuda"], index.cuda(), value.cuda())
-        assert torch.equal(trees["cuda"].cpu(), trees["cpu"])
+        sum_tree_update_(torch_on_cuda, index.cuda(), value.cuda(), backend="torch")
+        start = int(index[0]) // 2
+        run = torch.rand(min(k, capacity - start), dtype=torch.float64, generator=generator)
+        sum_tree_write_(trees["cpu"], start, run, backend="torch")
+        sum_tree_write_(trees["cuda"], start, run.cuda())
+        sum_tree_write_(torch_on_cuda, start, run.cuda(), backend="torch")
+        assert torch.equal(trees["cuda"].cpu(), trees["cpu"]) and torch.equal(torch_on_cuda.cpu(), trees["cpu"])
     fraction = torch.rand(4096, dtype=torch.float64, generator=generator)
     got = sum_tree_find(trees["cuda"], fraction.cuda())
     want = sum_tree_find(trees["cpu"], fraction, backend="reference" if capacity < 10_000 else "torch")

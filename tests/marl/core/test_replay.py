@@ -12,6 +12,7 @@ from tensordict import TensorDict
 import envs
 from envs.specs import Box, Discrete, GroupSpec
 from envs.sync import forbid_host_sync
+from kernels.sum_tree import sum_tree_leaves
 from marl.core.models import Policy
 from marl.core.replay import Prioritized, ReplayBuffer, replay_nbytes
 from marl.core.rollout import Acting, Collector, transition_layout
@@ -75,7 +76,8 @@ def test_nbytes_computed_from_the_specs_before_allocating():
     env = envs.make("navigation", num_envs=2, device="cpu", seed=0)  # 3 agents, observation 18, action 2
     per_step = 2 * 3 * 18 * 4 + 3 * 2 * 4 + 3 * 4 + 3 + 3  # observations, action, reward, terminated, done
     assert replay_nbytes(env.groups, 1000) == 1000 * per_step == 474_000
-    assert replay_nbytes(env.groups, 1000, prioritized=True) == 474_000 + 2 * 1024 * 8  # + the float64 tree
+    # + the float64 tree: 1024 leaves (a multiple of 32), then the root's row: 0 and their running sums
+    assert replay_nbytes(env.groups, 1000, prioritized=True) == 474_000 + (1024 + 1025) * 8
     for prioritized in (None, Prioritized()):
         buffer = ReplayBuffer.for_env(env, 1000, prioritized=prioritized)
         allocated = sum(x.numel() * x.element_size() for x in buffer.storage.values())
@@ -131,7 +133,7 @@ def test_wrap_around_keeps_exactly_the_newest_capacity_steps(backend):
                 expected = (s % 2 == 1) if value.dtype == torch.bool else s
                 assert (value == expected).all() or key == ("next_state",), (key, s)
         # Every stored step has a priority (the largest so far: 1 before any update); empty slots none.
-        leaves = buffer.tree[buffer.tree.numel() // 2 :]
+        leaves = sum_tree_leaves(buffer.tree)
         assert (leaves[: len(buffer)] == 1.0).all() and (leaves[len(buffer) :] == 0).all()
 
 
@@ -218,7 +220,7 @@ def test_importance_weights_equal_the_formula():
 
 
 def leaves(buffer: ReplayBuffer) -> torch.Tensor:
-    return buffer.tree[buffer.tree.numel() // 2 :][: buffer.capacity]
+    return sum_tree_leaves(buffer.tree)[: buffer.capacity]
 
 
 def test_repeated_indices_keep_the_largest_and_new_steps_enter_at_the_largest_so_far():
