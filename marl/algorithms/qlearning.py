@@ -315,6 +315,16 @@ def n_step_returns(
     return total, steps.long(), (gamma**steps).unsqueeze(-1)
 
 
+def gather_chunks(storage, index: torch.Tensor, burn_in: int) -> tuple[dict, dict]:
+    """The buffer's `storage` at chunks' slots `index` `[W, C]` (`ReplayBuffer.draw_chunks`): the steps after
+    each chunk's first `burn_in`, which the loss reads, and the whole window, which the recurrent nets unroll;
+    both gathered as `marl.core.replay.gather` does, time-major (rows `[j * C, (j + 1) * C)` are step j)."""
+    window = gather(storage, index.flatten())
+    steps = index[burn_in:].numel()
+    main = {k: {n: v[-steps:] for n, v in d.items()} if isinstance(d, dict) else d[-steps:] for k, d in window.items()}
+    return main, window
+
+
 @dataclass
 class QLearner:
     """Everything one group learns with (a mixer and its target for QMIX only)."""
@@ -454,12 +464,7 @@ class QLearning(OffPolicy):
     def loss(self, storage, index, weight, noise, t):
         if index.dim() == 1:
             return self.losses(gather(storage, index), weight, noise, t, {}, storage, index)  # no next actions read
-        # Chunks `[W, C]`: the recurrent nets unroll the whole window; the loss reads the steps after the burn-in.
-        window = gather(storage, index.flatten())  # time-major: rows [j * C, (j + 1) * C) are step j
-        steps = index[self.config.algo.burn_in :].numel()
-        main = {
-            k: {n: v[-steps:] for n, v in d.items()} if isinstance(d, dict) else d[-steps:] for k, d in window.items()
-        }
+        main, window = gather_chunks(storage, index, self.config.algo.burn_in)
         return self.losses(main, weight, noise, t, {}, storage, index, window)
 
     def next_actions(self, batch, noise, t):
