@@ -384,9 +384,9 @@ class QLearning(OffPolicy):
             )
             for g, lr in self.learners.items()
         }
+        self.chunked = self._trains_on_chunks()  # with a recurrent group every group trains on the chunks drawn
         # Optimiser steps taken: the clock of the hard target copies (saved with the learners' state),
         # advanced in place by the compiled step.
-        self.chunked = self._check_chunks()  # recurrent groups: every group trains on the chunks drawn
         self.updates = torch.zeros((), dtype=torch.int64, device=device)
         cudagraphs.mark_static((self.updates,), device)
         self.position = torch.zeros((), dtype=torch.int64, device=device)  # the buffer's, from `update` on
@@ -395,7 +395,7 @@ class QLearning(OffPolicy):
         }
         self._build_step()
 
-    def _check_chunks(self) -> bool:
+    def _trains_on_chunks(self) -> bool:
         """Whether any group's Q-network is recurrent (then every group trains on chunks of steps), after
         refusing what chunks cannot serve."""
         recurrent = [g for g, lr in self.learners.items() if lr.policy.recurrent]

@@ -4,6 +4,7 @@ eval and the refused options."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from tensordict import TensorDict
 
 from envs.specs import Box, Discrete, GroupSpec
+from marl import algorithms
 from marl.algorithms.qlearning import QConfig, RecurrentQ, gather_chunks
 from marl.app.evaluate import evaluate
 from marl.app.trainer import Trainer
@@ -187,3 +189,12 @@ def test_options_recurrent_chunks_cannot_serve_are_refused(tmp_path):
         QConfig(burn_in=-1)
     with pytest.raises(ValueError, match=r"group 'agent' has n_step 3; Q-learning on chunks takes TD\(0\) targets"):
         Trainer(gru_q_config(tmp_path, n_step=3), run_dir=tmp_path / "n_step")
+    mixed = dataclasses.replace(
+        gru_q_config(tmp_path),
+        env=EnvSettings(env="speaker_listener", num_envs=B),
+        algo=algorithms.config_class("masac")(algo="masac", batch_size=32, buffer_size=400),
+        model=ModelConfig(hidden=(16,)),
+        group_overrides={"speaker": {"algo": "iql", "model": "gru"}},
+    )
+    with pytest.raises(ValueError, match=r"group\(s\) \['speaker'\] train Q-learning on chunks of steps, which a run"):
+        Trainer(mixed, run_dir=tmp_path / "mixed")
