@@ -175,3 +175,4 @@ def test_discrete_moves_step_as_their_unit_forces():
         _, obs = discrete.step({"agent": action})
         _, expected = forces.step({"agent": moves[action]})
         assert torch.equal(obs["agent", "observation"], expected["agent", "observation"])
+    envs.check_env(envs.make("navigation", num_envs=5, seed=0, discrete_actions=True))  # the env contract
