@@ -39,7 +39,8 @@ draws `batch_size // chunk_length` chunks of `burn_in + chunk_length` consecutiv
 step's stored state, zeroed inside the chunk where an episode starts (`is_init`), and takes the loss on the
 steps after the burn-in. A step's next values come from one more GRU step on its true next observation from
 the state after the step (so a truncated step bootstraps from its own episode). Before any update the
-unrolled Q values are exactly those acted on.
+unrolled Q values are those acted on (bit for bit with shared weights; per-agent weights' batched matmul
+may round a row by its position in the batch).
 
 Each group may take its own of the three (`--group NAME.algo=iql`), and its own options.
 Actor-critic options of the shared config (`critic_scope`, `shared_value`) do not apply and are refused.
