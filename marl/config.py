@@ -86,7 +86,8 @@ class ModelConfig:
     the policy network through a biased softplus ("state", as BenchMARL's policies)."""
     model: Literal["mlp", "gru"] = "mlp"
     """mlp, or gru: a recurrent layer (gru_hidden units) on the inputs, its state carried from step to step
-    of each env and zeroed when the env's episode ends, then the MLP of --hidden (PPO: mappo, ippo)."""
+    of each env and zeroed when the env's episode ends, then the MLP of --hidden (PPO: mappo, ippo; Q-learning:
+    iql, vdn, qmix, whose Q-network is the recurrent net)."""
     gru_hidden: int = 64
     """With --model gru: units of the GRU's state."""
     gru_nets: Literal["policy", "critic", "both"] = "policy"

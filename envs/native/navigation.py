@@ -11,6 +11,9 @@ which also ends the episode.
 observations of an episode, after which the goal part of its observation reads 0. It must remember where
 the goal was (its own position is in the observation): a recurrent policy can, an MLP cannot.
 
+`discrete_actions` replaces the forces by 5 discrete moves (spread's: no-op, left, right, down, up, each a
+unit force), for value-based algorithms.
+
 Run `python -m envs.native.navigation --gif nav.gif` to watch the scripted go-to-goal controller.
 """
 
@@ -21,12 +24,14 @@ import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from envs.base import EnvConfig, MultiAgentEnv
 from envs.native import physics
+from envs.native.spread import MOVES
 from envs.registry import register
 from envs.render import Canvas, colour, lighter
-from envs.specs import Box, GroupSpec
+from envs.specs import Box, Discrete, GroupSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +59,8 @@ class NavigationConfig(EnvConfig):
     goal_visible_steps: int = 0
     """An agent sees its goal only in an episode's first this many observations (then 0s): a task that
     needs memory. 0: always."""
+    discrete_actions: bool = False
+    """5 discrete moves (no-op, left, right, down, up: a unit force) instead of 2-D forces in [-1, 1]."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -86,7 +93,8 @@ class Navigation(MultiAgentEnv):
     def _make_groups(self):
         c = self.config
         observation = Box((6 + c.n_lidar_rays,))
-        return {"agent": GroupSpec([f"agent_{i}" for i in range(c.n_agents)], observation, Box((2,), -1.0, 1.0))}
+        action = Discrete(len(MOVES)) if c.discrete_actions else Box((2,), -1.0, 1.0)
+        return {"agent": GroupSpec([f"agent_{i}" for i in range(c.n_agents)], observation, action)}
 
     def _init_state(self) -> None:
         B, n = self.num_envs, self.config.n_agents
@@ -94,6 +102,7 @@ class Navigation(MultiAgentEnv):
         self.vel = torch.zeros(B, n, 2, device=self.device)  # [B, n, 2]
         self.goal = torch.zeros(B, n, 2, device=self.device)  # [B, n, 2]
         self.distance = torch.zeros(B, n, device=self.device)  # [B, n] to the goal, after the last step
+        self.moves = torch.tensor(MOVES, device=self.device)  # [5, 2]: the force of each discrete move
 
     def _reset(self, mask: torch.Tensor) -> None:
         c, B, n = self.config, self.num_envs, self.config.n_agents
@@ -108,8 +117,9 @@ class Navigation(MultiAgentEnv):
 
     def _step(self, action):
         c = self.config
+        push = F.embedding(action["agent"], self.moves) if c.discrete_actions else action["agent"]  # [B, n, 2]
         for substep in range(SUBSTEPS):
-            force = action["agent"] + physics.contact_forces(self.pos, c.agent_radius, CONTACT_STIFFNESS)
+            force = push + physics.contact_forces(self.pos, c.agent_radius, CONTACT_STIFFNESS)
             drag = DRAG if substep == 0 else 0.0
             self.pos, self.vel = physics.integrate(self.pos, self.vel, force, dt=DT / SUBSTEPS, drag=drag)
 

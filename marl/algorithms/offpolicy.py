@@ -225,12 +225,16 @@ class OffPolicy(Algorithm):
         """Each group's acting policy (a module: observation, mask -> distribution): its learner's `policy`."""
         return {g: lr.policy for g, lr in self.learners.items()}
 
+    def acting_hidden(self) -> dict[str, tuple[int, int]]:
+        """The recurrent acting policies' groups -> the shape `(n, h)` of one env's hidden state (none here)."""
+        return {}
+
     @property
     def acting(self) -> Acting:
         policies = self.acting_policies()
         if self.config.algo.warmup_frames > 0:
             policies = {g: _RandomWhileWarm(policy, self.warm) for g, policy in policies.items()}
-        return Acting(policies)
+        return Acting(policies, hidden=self.acting_hidden())
 
     def replay(self) -> tuple[int, Prioritized | None]:
         algo = self.config.algo
@@ -257,7 +261,7 @@ class OffPolicy(Algorithm):
         noise = self.draw_noise(algo.updates_per_iteration, algo.batch_size)
         sums = None
         for t in self.step_indices:  # [1]: step t's noise is selected on the device
-            index, weight = buffer.draw(algo.batch_size, self.generator, self.beta)
+            index, weight = self.draw(buffer)
             out, priority = self.step(buffer.storage, index, weight, noise, t)
             if buffer.prioritized is not None:
                 buffer.update_priority(index, priority)
@@ -269,6 +273,11 @@ class OffPolicy(Algorithm):
             names = (*self.term_names_of(g), *(f"{net}_grad_norm" for net in self.step.trainables[g].nets))
             out[g] = {**dict(zip(names, (v / algo.updates_per_iteration).unbind(), strict=True)), "buffer_fill": fill}
         return out
+
+    def draw(self, buffer: ReplayBuffer) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One optimiser step's slots of the buffer and their importance weights (None: uniform draws):
+        `batch_size` env steps."""
+        return buffer.draw(self.config.algo.batch_size, self.generator, self.beta)
 
     def loss(self, storage, index, weight, noise, t):
         """`(total, {group: terms [len(term_names)]}, {group: |TD error| [k, n]})` of the env steps `index`
@@ -312,8 +321,13 @@ class _RandomWhileWarm(nn.Module):
         super().__init__()
         self.policy, self.flag = policy, flag
 
-    def forward(self, observation: torch.Tensor, action_mask: torch.Tensor | None = None) -> RandomWhile:
-        return RandomWhile(self.policy(observation, action_mask), self.flag)
+    def forward(
+        self, observation: torch.Tensor, action_mask: torch.Tensor | None = None, hidden: torch.Tensor | None = None
+    ) -> RandomWhile | tuple[RandomWhile, torch.Tensor]:
+        if hidden is None:
+            return RandomWhile(self.policy(observation, action_mask), self.flag)
+        dist, hidden = self.policy(observation, action_mask, hidden)  # a recurrent policy's state moves on
+        return RandomWhile(dist, self.flag), hidden
 
 
 def split(batch: dict, groups) -> tuple[dict, dict, torch.Tensor | None, torch.Tensor | None]:

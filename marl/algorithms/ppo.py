@@ -115,11 +115,12 @@ class PPOConfig(AlgorithmConfig):
     chunk_length: int = 16
     """With --model gru: the rollout is cut into chunks of this many steps of one env, each trained from
     the hidden state it was collected with, minibatch_size // chunk_length chunks per minibatch (gradients
-    flow back through a chunk's steps). Must divide rollout_length."""
+    flow back through a chunk's steps). Must divide rollout_length. (iql, vdn, qmix: each optimiser step
+    draws batch_size // chunk_length chunks of this many consecutive steps of one env from the replay buffer.)"""
     burn_in: int = 0
     """With --model gru: steps before each chunk run through the GRU, without a loss, from the state stored
     there, to refresh the chunk's starting state for the current weights (a chunk fewer steps into the
-    rollout starts from its stored state)."""
+    rollout starts from its stored state; iql, vdn, qmix: their chunks are drawn with their burn-in steps)."""
 
     # Every group is updated in the same minibatch steps (overlapped or not).
     run_wide = ("epochs", "minibatch_size", "overlap_critic", "chunk_length", "burn_in")

@@ -31,6 +31,17 @@ and mixer) move by Polyak averaging every step (`tau`), or are copied every `tar
 steps (`target_update hard`). Logged: `loss`, `q_value` (mean chosen Q of the agents), `q_total` (the
 mixed value; IQL: the same as `q_value`), `td_error` (mean |Q - y|), `epsilon`, the gradient norms.
 
+Recurrent Q-networks (`--model gru`, `RecurrentQ`): a GRU reads the observations and the MLP maps its
+state to the Q values; acting carries each env's state `[B, n, h]`, zeroed where its episode ended, and
+the buffer stores with every step the state the net acted from (and `is_init`). An optimiser step then
+draws `batch_size // chunk_length` chunks of `burn_in + chunk_length` consecutive steps of one env
+(`ReplayBuffer.draw_chunks`, uniformly), unrolls the online and target nets over each from its first
+step's stored state, zeroed inside the chunk where an episode starts (`is_init`), and takes the loss on the
+steps after the burn-in. A step's next values come from one more GRU step on its true next observation from
+the state after the step (so a truncated step bootstraps from its own episode). Before any update the
+unrolled Q values are those acted on (bit for bit with shared weights; per-agent weights' batched matmul
+may round a row by its position in the batch).
+
 Each group may take its own of the three (`--group NAME.algo=iql`), and its own options.
 Actor-critic options of the shared config (`critic_scope`, `shared_value`) do not apply and are refused.
 """
@@ -39,7 +50,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
@@ -59,7 +70,7 @@ from marl.algorithms.offpolicy import (
 from marl.config import TrainConfig
 from marl.core.distributions import EpsilonGreedy, head_size
 from marl.core.models import action_features, flat_observation, observation_size
-from marl.core.networks import MultiAgentMLP
+from marl.core.networks import MultiAgentGRU, MultiAgentMLP
 from marl.core.replay import ReplayBuffer, gather
 from marl.optim.update_step import Trainable, adam
 
@@ -92,6 +103,15 @@ class QConfig(OffPolicyConfig):
     n_step: int = 1
     """TD(n) targets: n rewards, discounted, then the bootstrap (cut short where the episode ends or the
     buffer holds no later step)."""
+    chunk_length: int = 16
+    """With --model gru: each optimiser step trains on batch_size // chunk_length chunks of this many
+    consecutive steps of one env, drawn from the buffer, each unrolled from the hidden state it was acted from."""
+    burn_in: int = 0
+    """With --model gru: steps before each chunk run through the GRU, without a loss, from the state stored
+    there, to refresh the chunk's starting state for the current weights."""
+
+    run_wide = (*OffPolicyConfig.run_wide, "chunk_length", "burn_in")  # one draw of chunks for every group
+    recurrent: ClassVar[bool] = True
 
     def check(self) -> None:
         super().check()
@@ -103,9 +123,41 @@ class QConfig(OffPolicyConfig):
         for name in ("exploration_eps_init", "exploration_eps_end", "exploration_anneal"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        for name in ("target_update_every", "mixing_embed_dim", "n_step"):
+        for name in ("target_update_every", "mixing_embed_dim", "n_step", "chunk_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.burn_in < 0:
+            raise ValueError(f"burn_in must be >= 0, got {self.burn_in}")
+
+    def check_train(self, config: TrainConfig) -> None:
+        super().check_train(config)
+        if config.uses_gru():
+            self._check_chunks(config)
+
+    def _check_chunks(self, config: TrainConfig) -> None:
+        window, B = self.burn_in + self.chunk_length, config.env.num_envs
+        if self.prioritized:
+            raise ValueError(
+                "--model gru: Q-learning draws chunks of steps uniformly (a prioritized buffer keeps one priority "
+                "per step, not per chunk): drop --prioritized, or pass --model mlp"
+            )
+        if self.batch_size < self.chunk_length:
+            raise ValueError(
+                f"--model gru: batch_size ({self.batch_size}) holds batch_size // chunk_length whole chunks; it is "
+                f"less than one chunk (chunk_length {self.chunk_length}): pass --chunk-length {self.batch_size} or less"
+            )
+        if window > config.run.rollout_length:
+            raise ValueError(
+                f"--model gru: a chunk with its burn-in is {window} steps of one env (burn_in {self.burn_in} + "
+                f"chunk_length {self.chunk_length}), more than an iteration collects (rollout_length "
+                f"{config.run.rollout_length}): pass a shorter --chunk-length or --burn-in, or a longer rollout"
+            )
+        if (window - 1) * B >= self.buffer_size:
+            raise ValueError(
+                f"--model gru: a chunk of {window} steps of one env spans {(window - 1) * B + 1} slots of the buffer "
+                f"({B} envs write each step), more than buffer_size ({self.buffer_size}) holds: pass a larger "
+                "--buffer-size or shorter chunks"
+            )
 
 
 def heads(spec: GroupSpec) -> tuple[int, ...]:
@@ -113,24 +165,75 @@ def heads(spec: GroupSpec) -> tuple[int, ...]:
     return spec.action.nvec if isinstance(spec.action, MultiDiscrete) else (spec.action.n,)
 
 
+class RecurrentQ(nn.Module):
+    """A recurrent Q-network: a GRU (`MultiAgentGRU`, state `[*B, n, gru_hidden]`) reads the observations
+    `[*B, n, d]` and an MLP maps its state to the Q values `[*B, n, out_features]`."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        n_agents: int,
+        hidden,
+        activation: str,
+        share_params: bool,
+        gru_hidden: int,
+    ) -> None:
+        super().__init__()
+        self.gru = MultiAgentGRU(in_features, gru_hidden, n_agents, share_params)
+        self.mlp = MultiAgentMLP(gru_hidden, out_features, n_agents, hidden, activation, share_params)
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step (acting): the Q values of `x` from state `h`, and the next state."""
+        h = self.gru(x, h)
+        return self.mlp(h), h
+
+    def unroll(self, x: torch.Tensor, h0: torch.Tensor, reset: torch.Tensor, burn_in: int) -> torch.Tensor:
+        """The states after each step of chunks `x` `[W, k, n, d]` from their first step's state `h0` `[k, n, h]`,
+        zeroed before step t where `reset[t]` (`[W, k]`): `[W - burn_in, k, n, h]`, the first `burn_in` steps
+        run without a gradient and left out."""
+        if burn_in:
+            with torch.no_grad():
+                h0 = self.gru.scan(x[:burn_in], h0, reset[:burn_in])[-1]
+        return self.gru.scan(x[burn_in:], h0, reset[burn_in:])
+
+    def next_values(self, next_x: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+        """The Q values at each step's true next observation `next_x` `[L, k, n, d]`: one GRU step from the
+        state after the step, `states` `[L, k, n, h]` (where the episode goes on, that is the next step's
+        state; where it ended, the state of the episode the observation ends)."""
+        return self.mlp(self.gru(next_x, states))
+
+
 class QPolicy(nn.Module):
     """A group's Q-network, `[*B, n, *obs_shape] -> [*B, n, sum(nvec)]` (`values`), acting ε-greedily:
-    `forward(observation, mask)` is an `EpsilonGreedy` with `epsilon`, a 0-d buffer the algorithm anneals."""
+    `forward(observation, mask)` is an `EpsilonGreedy` with `epsilon`, a 0-d buffer the algorithm anneals.
+    With `gru_hidden` the network is a `RecurrentQ`: a call takes the hidden state `[*B, n, gru_hidden]` and
+    returns `(EpsilonGreedy, next hidden state)`."""
 
-    def __init__(self, spec: GroupSpec, hidden, activation: str, share_params: bool) -> None:
+    def __init__(
+        self, spec: GroupSpec, hidden, activation: str, share_params: bool, gru_hidden: int | None = None
+    ) -> None:
         super().__init__()
         self.spec, self.nvec, self.heads = spec, heads(spec), isinstance(spec.action, MultiDiscrete)
-        self.net = MultiAgentMLP(
-            observation_size(spec), head_size(spec.action), spec.n_agents, hidden, activation, share_params
-        )
+        sizes = (observation_size(spec), head_size(spec.action), spec.n_agents, hidden, activation, share_params)
+        self.recurrent = gru_hidden is not None
+        self.net = RecurrentQ(*sizes, gru_hidden) if self.recurrent else MultiAgentMLP(*sizes)
         self.register_buffer("epsilon", torch.zeros(()))
 
     def values(self, observation: torch.Tensor) -> torch.Tensor:
+        """An MLP Q-network's values (a recurrent one's need its state: `forward`, `RecurrentQ.unroll`)."""
         return self.net(flat_observation(observation, self.spec))
 
-    def forward(self, observation: torch.Tensor, action_mask: torch.Tensor | None = None) -> EpsilonGreedy:
+    def forward(
+        self, observation: torch.Tensor, action_mask: torch.Tensor | None = None, hidden: torch.Tensor | None = None
+    ) -> EpsilonGreedy | tuple[EpsilonGreedy, torch.Tensor]:
         mask = action_mask if self.spec.has_action_mask else None
-        return EpsilonGreedy(self.values(observation), self.epsilon, mask, self.nvec, self.heads)
+        if not self.recurrent:
+            return EpsilonGreedy(self.values(observation), self.epsilon, mask, self.nvec, self.heads)
+        if hidden is None:
+            raise ValueError("a recurrent Q-network (model gru) acts from its hidden state: pass hidden=[*B, n, h]")
+        q, hidden = self.net(flat_observation(observation, self.spec), hidden)
+        return EpsilonGreedy(q, self.epsilon, mask, self.nvec, self.heads), hidden
 
 
 def chosen_values(q: torch.Tensor, action: torch.Tensor, nvec: tuple[int, ...]) -> torch.Tensor:
@@ -213,13 +316,23 @@ def n_step_returns(
     return total, steps.long(), (gamma**steps).unsqueeze(-1)
 
 
+def gather_chunks(storage, index: torch.Tensor, burn_in: int) -> tuple[dict, dict]:
+    """The buffer's `storage` at chunks' slots `index` `[W, C]` (`ReplayBuffer.draw_chunks`): the steps after
+    each chunk's first `burn_in`, which the loss reads, and the whole window, which the recurrent nets unroll;
+    both gathered as `marl.core.replay.gather` does, time-major (rows `[j * C, (j + 1) * C)` are step j)."""
+    window = gather(storage, index.flatten())
+    steps = index[burn_in:].numel()
+    main = {k: {n: v[-steps:] for n, v in d.items()} if isinstance(d, dict) else d[-steps:] for k, d in window.items()}
+    return main, window
+
+
 @dataclass
 class QLearner:
     """Everything one group learns with (a mixer and its target for QMIX only)."""
 
     algo: QConfig
     policy: QPolicy
-    target_q: MultiAgentMLP
+    target_q: MultiAgentMLP | RecurrentQ
     mixer: QMixer | None
     target_mixer: QMixer | None
     optimizer: torch.optim.Adam
@@ -251,7 +364,8 @@ class QLearning(OffPolicy):
         self.learners: dict[str, QLearner] = {}
         for g, spec in self.groups.items():
             algo, model = config.for_group(g)  # each group's algo may differ (--group NAME.algo=iql)
-            policy = QPolicy(spec, model.hidden, model.activation, model.share_params).to(device)
+            gru = model.gru_hidden if model.model == "gru" else None
+            policy = QPolicy(spec, model.hidden, model.activation, model.share_params, gru).to(device)
             mixer = None
             mixing = algo.algo == "qmix"
             if mixing:
@@ -271,6 +385,7 @@ class QLearning(OffPolicy):
             )
             for g, lr in self.learners.items()
         }
+        self.chunked = self._trains_on_chunks()  # with a recurrent group every group trains on the chunks drawn
         # Optimiser steps taken: the clock of the hard target copies (saved with the learners' state),
         # advanced in place by the compiled step.
         self.updates = torch.zeros((), dtype=torch.int64, device=device)
@@ -280,6 +395,47 @@ class QLearning(OffPolicy):
             g: Trainable(self.nets(lr), lr.optimizer, lr.algo.max_grad_norm) for g, lr in self.learners.items()
         }
         self._build_step()
+
+    def _trains_on_chunks(self) -> bool:
+        """Whether any group's Q-network is recurrent (then every group trains on chunks of steps), after
+        refusing what chunks cannot serve."""
+        recurrent = [g for g, lr in self.learners.items() if lr.policy.recurrent]
+        if not recurrent:
+            return False
+        if self.member:
+            raise ValueError(
+                f"--model gru: group(s) {recurrent} train Q-learning on chunks of steps, which a run mixing "
+                "algorithms (--group NAME.algo=...) does not draw: pass --model mlp for them"
+            )
+        for g, lr in self.learners.items():
+            _, model = self.config.for_group(g)
+            if lr.algo.n_step > 1:
+                raise ValueError(
+                    f"--model gru: group {g!r} has n_step {lr.algo.n_step}; Q-learning on chunks takes TD(0) targets "
+                    "(n_step 1)"
+                )
+            if model.model == "gru" and model.gru_nets == "critic":
+                raise ValueError(
+                    f"--model gru: group {g!r} has gru_nets critic; Q-learning has no critic, its Q-network is the "
+                    "recurrent net: pass --gru-nets policy (the default) or both"
+                )
+        return True
+
+    def acting_hidden(self) -> dict[str, tuple[int, int]]:
+        return {
+            g: (lr.policy.spec.n_agents, lr.policy.net.gru.hidden_size)
+            for g, lr in self.learners.items()
+            if lr.policy.recurrent
+        }
+
+    def draw(self, buffer: ReplayBuffer) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Uniform or prioritized env steps `[batch_size]`; with recurrent groups chunks' slots `[W, C]`,
+        `W = burn_in + chunk_length` steps of one env each, `C = batch_size // chunk_length` chunks."""
+        if not self.chunked:
+            return super().draw(buffer)
+        algo = self.config.algo
+        count, length = algo.batch_size // algo.chunk_length, algo.burn_in + algo.chunk_length
+        return buffer.draw_chunks(count, length, self.env.num_envs, self.generator), None
 
     @staticmethod
     def nets(learner: QLearner) -> dict[str, nn.Module]:
@@ -307,7 +463,10 @@ class QLearning(OffPolicy):
             lr.policy.epsilon.fill_(epsilon)
 
     def loss(self, storage, index, weight, noise, t):
-        return self.losses(gather(storage, index), weight, noise, t, {}, storage, index)  # no next actions read
+        if index.dim() == 1:
+            return self.losses(gather(storage, index), weight, noise, t, {}, storage, index)  # no next actions read
+        main, window = gather_chunks(storage, index, self.config.algo.burn_in)
+        return self.losses(main, weight, noise, t, {}, storage, index, window)
 
     def next_actions(self, batch, noise, t):
         """The greedy allowed actions of the online Q-networks at the next observations (what the
@@ -329,20 +488,20 @@ class QLearning(OffPolicy):
                 for g, lr in self.learners.items()
             }
 
-    def losses(self, batch, weight, noise, t, next_actions, storage, index):
-        """The next actions of other groups do not enter Q-learning's targets."""
+    def losses(self, batch, weight, noise, t, next_actions, storage, index, window=None):
+        """The next actions of other groups do not enter Q-learning's targets. With chunks (`index`
+        `[W, C]`), `batch` holds the steps after the burn-in, `[L * C, ...]`, and `window` all `W * C`."""
         total, terms, priority = 0.0, {}, {}
         for g, lr in self.learners.items():
             data, nvec, gamma = batch[g], lr.policy.nvec, lr.algo.gamma
-            q = chosen_values(lr.policy.values(data["observation"]), data["action"], nvec)  # [k, n]
             reward, terminated, after = data["reward"], data["terminated"], batch
             if lr.algo.n_step > 1:
                 reward, terminated, after, gamma = self._n_step(storage, index, g, lr.algo)
-            with torch.no_grad():
-                next_obs = flat_observation(after[g]["next_observation"], lr.policy.spec)
-                online = lr.policy.net(next_obs) if lr.algo.double_q else None
-                next_mask = after[g].get("next_action_mask")
-                next_q = next_values(lr.target_q(next_obs), online, next_mask, nvec)  # [k, n]
+            if lr.policy.recurrent:
+                values, next_q = self._unrolled_values(lr, g, batch, window, index.shape)
+            else:
+                values, next_q = self._values(lr, g, data, after)
+            q = chosen_values(values, data["action"], nvec)  # [k, n]
             if lr.algo.algo == "iql":
                 value = q
             else:
@@ -362,6 +521,35 @@ class QLearning(OffPolicy):
             terms[g] = torch.stack([loss.detach(), q.detach().mean(), q_total, error.mean(), lr.policy.epsilon])
             priority[g] = error.expand_as(q)  # a mixer's one error per env step, for each agent
         return total, terms, priority
+
+    @staticmethod
+    def _values(lr: QLearner, g: str, data: dict, after: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """An MLP Q-network's values at the steps' observations `[k, n, sum(nvec)]`, and the target values of
+        the best next actions `[k, n]` at the observations `after` them (the next ones, or n steps on)."""
+        values = lr.policy.values(data["observation"])
+        with torch.no_grad():
+            next_obs = flat_observation(after[g]["next_observation"], lr.policy.spec)
+            online = lr.policy.net(next_obs) if lr.algo.double_q else None
+            next_q = next_values(lr.target_q(next_obs), online, after[g].get("next_action_mask"), lr.policy.nvec)
+        return values, next_q
+
+    def _unrolled_values(
+        self, lr: QLearner, g: str, batch: dict, window: dict, shape
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_values` of a recurrent Q-network on chunks `shape` `[W, C]`: the online and target nets unrolled over
+        the `window`'s steps from the first step's stored state; `[L * C, n, sum(nvec)]` and `[L * C, n]`."""
+        W, C = shape
+        spec, burn_in = lr.policy.spec, self.config.algo.burn_in
+        x = flat_observation(window[g]["observation"], spec).unflatten(0, (W, C))  # [W, C, n, d]
+        h0, reset = window[g]["hidden"][:C], window["is_init"].view(W, C)  # [C, n, h], [W, C]
+        states = lr.policy.net.unroll(x, h0, reset, burn_in)  # [L, C, n, h]
+        values = lr.policy.net.mlp(states).flatten(0, 1)
+        with torch.no_grad():
+            next_x = flat_observation(batch[g]["next_observation"], spec).unflatten(0, (W - burn_in, C))
+            online = lr.policy.net.next_values(next_x, states.detach()).flatten(0, 1) if lr.algo.double_q else None
+            target = lr.target_q.next_values(next_x, lr.target_q.unroll(x, h0, reset, burn_in)).flatten(0, 1)
+            next_q = next_values(target, online, batch[g].get("next_action_mask"), lr.policy.nvec)
+        return values, next_q
 
     def see_buffer(self, buffer: ReplayBuffer) -> None:
         self.position = buffer.position  # where the buffer writes next: n-step returns stop before it

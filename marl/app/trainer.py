@@ -115,12 +115,13 @@ class Trainer:
         if self.algorithm.collects != "transitions":
             return None
         capacity, prioritized = self.algorithm.replay()
-        nbytes = replay_nbytes(self.env.groups, capacity, self.env.state_spec, prioritized is not None)
+        hidden = self.algorithm.acting.hidden  # recurrent groups' states are stored with their steps
+        nbytes = replay_nbytes(self.env.groups, capacity, self.env.state_spec, prioritized is not None, hidden)
         if self.world.is_main:
             kind = "prioritized" if prioritized else "uniform"
             ranks = f" on each of {self.world.size} ranks" if self.world.size > 1 else ""
             print(f"replay buffer: {capacity:,} env steps, {kind}, {format_bytes(nbytes)} on {self.device}{ranks}")
-        return ReplayBuffer.for_env(self.env, capacity, prioritized=prioritized)
+        return ReplayBuffer.for_env(self.env, capacity, prioritized=prioritized, hidden=hidden)
 
     def _collect(self) -> TensorDict:
         # With an algorithm that overlaps, every batch is collected on one intra-op thread, as it collects ahead.

@@ -3,7 +3,9 @@
 Storage is preallocated ring storage of `capacity` env steps. Per group (`[capacity, n, ...]`):
 `observation`, `next_observation` (the true one, before any auto-reset), `action` (the policy's raw action),
 `reward`, `terminated`, `done` (`[capacity, n]`, as `marl.core.rollout` stores them), and `action_mask`
-where the group has one; at the root `state` and `next_state` where the env has a global state. Slot `i`
+where the group has one; at the root `state` and `next_state` where the env has a global state; with
+recurrent groups (`hidden`) their `hidden` (the state each step was acted from) and the root's `is_init`,
+for chunks of consecutive steps of one env (`draw_chunks`). Slot `i`
 of every tensor is the same env step, so one sampled index gives every group's view of that step (MADDPG
 and QMIX critics read the other agents' observations and actions).
 
@@ -75,13 +77,16 @@ class Prioritized:
 
 
 def replay_nbytes(
-    groups: Mapping[str, GroupSpec], capacity: int, state_spec: Box | None = None, prioritized: bool = False
+    groups: Mapping[str, GroupSpec],
+    capacity: int,
+    state_spec: Box | None = None,
+    prioritized: bool = False,
+    hidden: Mapping[str, tuple[int, int]] | None = None,
 ) -> int:
     """Bytes a `ReplayBuffer` of these specs and `capacity` allocates (storage, and the sum tree when
     prioritized), computed before allocating anything."""
-    per_step = sum(
-        math.prod(shape) * _itemsize(dtype) for shape, dtype in transition_layout(groups, state_spec).values()
-    )
+    layout = transition_layout(groups, state_spec, hidden=hidden)
+    per_step = sum(math.prod(shape) * _itemsize(dtype) for shape, dtype in layout.values())
     return capacity * per_step + (sum_tree_nbytes(capacity) if prioritized else 0)
 
 
@@ -140,6 +145,9 @@ class ReplayBuffer:
         check_values: also check the values of `update_priority`'s arguments (non-negative, finite
             priorities; indices of stored items). That reads the device from the host: a sync per call.
         backend: the sum tree's implementation (`kernels.sum_tree`): `"auto"`, `"triton"`, `"torch"`.
+        hidden: recurrent groups -> the shape `(n, h)` of one env step's hidden state (`Acting.hidden`):
+            their `hidden` (the state each step was acted from) and the root's `is_init` are stored too,
+            for training on chunks of consecutive steps (`draw_chunks`).
 
     Raises `MemoryError` before allocating when `nbytes` exceeds the memory free on `device`.
     """
@@ -154,6 +162,7 @@ class ReplayBuffer:
         prioritized: Prioritized | None = None,
         check_values: bool = False,
         backend: str = "auto",
+        hidden: Mapping[str, tuple[int, int]] | None = None,
     ) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"ReplayBuffer: capacity must be a positive int, got {capacity!r}")
@@ -168,8 +177,9 @@ class ReplayBuffer:
         self.prioritized = prioritized
         self.check_values = check_values
         self.backend = backend
-        self.layout = transition_layout(self.groups, state_spec)
-        self.nbytes = replay_nbytes(self.groups, capacity, state_spec, prioritized is not None)
+        self.hidden = dict(hidden or {})
+        self.layout = transition_layout(self.groups, state_spec, hidden=self.hidden)
+        self.nbytes = replay_nbytes(self.groups, capacity, state_spec, prioritized is not None, self.hidden)
         self._check_fits()
         try:
             self.storage = {
@@ -336,6 +346,41 @@ class ReplayBuffer:
         index, leaf = sum_tree_find(self.tree, fraction, backend=self.backend)
         # (N P_i)^-beta / max_j (N P_j)^-beta = (min_j p_j / p_i)^beta: N and the total cancel.
         return index, leaf.amin().div(leaf).pow_(beta).float()
+
+    @torch.no_grad()
+    def draw_chunks(
+        self, count: int, length: int, stride: int, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """`count` chunks of `length` consecutive steps of one env each, drawn uniformly with replacement
+        over the chunks the buffer holds whole: their slots `[length, count]` (row j: every chunk's step j).
+
+        The buffer is extended with time-major `[T, stride]` batches of the same `stride` envs, so an env's
+        next step sits `stride` slots after its step (modulo the capacity), and a chunk that starts at slot
+        `s` is `s, s + stride, ..., s + (length - 1) * stride`. A chunk is whole when its last step is
+        stored: its start is one of the `len(self) - (length - 1) * stride` oldest stored steps, so no chunk
+        runs past the write position into older, overwritten, steps. Uniform only: a prioritized buffer
+        keeps priorities per step, not per chunk."""
+        for name, value in (("count", count), ("length", length), ("stride", stride)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"draw_chunks: {name} must be a positive int, got {value!r}")
+        if self.tree is not None:
+            raise ValueError(
+                "draw_chunks: chunks are drawn uniformly; this buffer is prioritized (priorities per step)"
+            )
+        span = (length - 1) * stride + 1  # slots from a chunk's first step to its last
+        starts = self._count - span + 1  # chunks held whole
+        if starts < 1:
+            raise ValueError(
+                f"draw_chunks: a chunk of {length} steps of one env spans {span} slots ({stride} envs per step), "
+                f"more than the {self._count} env steps stored (capacity {self.capacity}); extend the buffer "
+                "first, or draw shorter chunks"
+            )
+        if generator is not None and torch.device(generator.device).type != self.device.type:
+            raise ValueError(f"draw_chunks: the generator is on {generator.device}, expected {self.device}")
+        start = torch.randint(starts, (count,), generator=generator, device=self.device)  # from the oldest step
+        oldest = self.position - self.size  # the oldest stored step's slot, before the modulo
+        offsets = self._arange(length).mul(stride).unsqueeze(-1)  # [length, 1]
+        return (offsets + (start + oldest)).remainder_(self.capacity)  # [length, count]
 
     def gather(self, index: torch.Tensor) -> dict:
         """The stored env steps `index` (`[k]`, from `draw`): `{group: {key: [k, ...]}}` and the root keys."""

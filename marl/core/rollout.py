@@ -47,11 +47,17 @@ class Acting:
 
 
 def transition_layout(
-    groups: Mapping, state_spec=None, log_prob: bool = False
+    groups: Mapping,
+    state_spec=None,
+    log_prob: bool = False,
+    hidden: Mapping[str, tuple[int, int]] | None = None,
+    episode_starts: bool = False,
 ) -> dict[tuple[str, ...], tuple[tuple[int, ...], torch.dtype]]:
     """What one env step of a batch holds: `{key: (shape without the batch dims, dtype)}`, keys `(group,
     name)` or `(name,)` at the root (the module docstring lists them). The rollout buffer stores it
-    `[T, B, ...]` and the replay buffer (`marl.core.replay`) `[capacity, ...]`, so one extends the other."""
+    `[T, B, ...]` and the replay buffer (`marl.core.replay`) `[capacity, ...]`, so one extends the other.
+    `hidden` (`Acting.hidden`: recurrent group -> `(n, h)`) adds those groups' `hidden` and, with
+    `episode_starts` too, the root's `is_init`."""
     layout: dict[tuple[str, ...], tuple[tuple[int, ...], torch.dtype]] = {}
     for g, spec in groups.items():
         n, observation = spec.n_agents, (spec.n_agents, *spec.observation.shape)
@@ -69,6 +75,10 @@ def transition_layout(
     if state_spec is not None:
         layout[("state",)] = (tuple(state_spec.shape), torch.float32)
         layout[("next_state",)] = (tuple(state_spec.shape), torch.float32)
+    for g, shape in (hidden or {}).items():
+        layout[(g, "hidden")] = (tuple(shape), torch.float32)
+    if hidden or episode_starts:
+        layout[("is_init",)] = ((), torch.bool)
     return layout
 
 
@@ -204,15 +214,13 @@ class Collector:
     def _allocate(self) -> TensorDict:
         T, B = self.T, self.env.num_envs
         data: dict = {}
-        for key, (shape, dtype) in transition_layout(
-            self.env.groups, self.env.state_spec, self.acting.log_prob
-        ).items():
+        acting = self.acting
+        layout = transition_layout(
+            self.env.groups, self.env.state_spec, acting.log_prob, acting.hidden, acting.episode_starts
+        )
+        for key, (shape, dtype) in layout.items():
             where = data.setdefault(key[0], {}) if len(key) == 2 else data
             where[key[-1]] = torch.zeros(T, B, *shape, dtype=dtype)
-        for g, shape in self.acting.hidden.items():
-            data[g]["hidden"] = torch.zeros(T, B, *shape)
-        if self.acting.hidden or self.acting.episode_starts:
-            data["is_init"] = torch.zeros(T, B, dtype=torch.bool)
         return TensorDict(data, batch_size=[T, B]).to(self.device)
 
     def hidden_state(self) -> dict:

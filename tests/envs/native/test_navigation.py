@@ -161,3 +161,18 @@ def test_goal_visible_steps_hides_the_goal_after_an_episodes_first_steps():
         assert torch.equal(a[..., [0, 1, 2, 3, *range(6, 18)]], b[..., [0, 1, 2, 3, *range(6, 18)]])
     with pytest.raises(ValueError, match="goal_visible_steps must be >= 0"):
         envs.make("navigation", num_envs=1, goal_visible_steps=-1)
+
+
+def test_discrete_moves_step_as_their_unit_forces():
+    moves = torch.tensor([[0.0, 0.0], [-1.0, 0.0], [1.0, 0.0], [0.0, -1.0], [0.0, 1.0]])  # no-op, left, right, down, up
+    discrete = envs.make("navigation", num_envs=6, seed=3, discrete_actions=True)
+    forces = envs.make("navigation", num_envs=6, seed=3)
+    assert discrete.groups["agent"].action.n == 5
+    discrete.reset(), forces.reset()
+    choice = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        action = torch.randint(5, (6, 3), generator=choice)
+        _, obs = discrete.step({"agent": action})
+        _, expected = forces.step({"agent": moves[action]})
+        assert torch.equal(obs["agent", "observation"], expected["agent", "observation"])
+    envs.check_env(envs.make("navigation", num_envs=5, seed=0, discrete_actions=True))  # the env contract

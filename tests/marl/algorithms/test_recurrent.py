@@ -146,9 +146,10 @@ def test_gru_options_are_checked_at_the_config(tmp_path):
 
     config = gru_config(tmp_path)
     with pytest.raises(
-        ValueError, match=r"--algo iql trains MLPs only; recurrent networks train with --algo ippo or mappo"
+        ValueError,
+        match=r"--algo masac trains MLPs only; recurrent networks train with --algo ippo or iql or mappo or qmix or vdn",
     ):
-        dataclasses.replace(config, algo=algorithms.default_config("iql"))
+        dataclasses.replace(config, algo=algorithms.default_config("masac"))
     with pytest.raises(ValueError, match=r"chunk_length \(7\) must divide rollout_length \(24\)"):
         dataclasses.replace(config, algo=dataclasses.replace(config.algo, chunk_length=7))
     with pytest.raises(ValueError, match=r"minibatch_size \(4\) is less than one chunk"):
@@ -163,10 +164,10 @@ def test_gru_options_are_checked_at_the_config(tmp_path):
     with pytest.raises(ValueError, match="burn_in >= 0"):
         PPOConfig(burn_in=-1)
     # A group's override to gru is refused by an MLP-only algorithm too, its own where it has one.
-    with pytest.raises(ValueError, match=r"--model gru \(group 'agent'\): --algo iql trains MLPs only"):
-        TrainConfig(algo=algorithms.default_config("iql"), group_overrides={"agent": {"model": "gru"}})
-    with pytest.raises(ValueError, match=r"--model gru \(group 'speaker'\): --algo iql trains MLPs only"):
-        overrides = {"speaker": {"algo": "iql", "model": "gru"}}
+    with pytest.raises(ValueError, match=r"--model gru \(group 'agent'\): --algo masac trains MLPs only"):
+        TrainConfig(algo=algorithms.default_config("masac"), group_overrides={"agent": {"model": "gru"}})
+    with pytest.raises(ValueError, match=r"--model gru \(group 'listener'\): --algo maddpg trains MLPs only"):
+        overrides = {"listener": {"algo": "maddpg", "model": "gru"}}
         TrainConfig(algo=algorithms.default_config("masac"), group_overrides=overrides)
 
 
