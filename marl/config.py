@@ -132,7 +132,8 @@ class RunConfig:
     """Train this many seeds in one process: seed, seed + 1, ... (as --seeds)."""
     sweep: tuple[str, ...] = ()
     """Cross the seeds with values of continuous algorithm options (`--sweep lr=1e-4,1e-3 clip_eps=0.1,0.2`):
-    one run per seed and combination, all in one process (PPO: lr, entropy_coef, clip_eps, value_coef)."""
+    one run per seed and combination, all in one process (PPO: lr, entropy_coef, clip_eps, value_coef, gamma,
+    lmbda)."""
     device: str = "auto"
     """cpu, cuda, cuda:N, or auto (CUDA when present)."""
     log_dir: str = "runs"
