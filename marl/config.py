@@ -108,6 +108,7 @@ class ModelConfig:
         return self.model == "gru" and self.gru_nets in ("both", net)
 
 
+WANDB_MODES = ("online", "offline", "disabled")
 MAX_SEED = 2**63 - 1  # torch's generators take a signed 64-bit seed; PettingZoo's envs refuse negative ones
 
 
@@ -132,7 +133,8 @@ class RunConfig:
     """Train this many seeds in one process: seed, seed + 1, ... (as --seeds)."""
     sweep: tuple[str, ...] = ()
     """Cross the seeds with values of continuous algorithm options (`--sweep lr=1e-4,1e-3 clip_eps=0.1,0.2`):
-    one run per seed and combination, all in one process (PPO: lr, entropy_coef, clip_eps, value_coef)."""
+    one run per seed and combination, all in one process (PPO: lr, entropy_coef, clip_eps, value_coef, gamma,
+    lmbda)."""
     device: str = "auto"
     """cpu, cuda, cuda:N, or auto (CUDA when present)."""
     log_dir: str = "runs"
@@ -157,6 +159,19 @@ class RunConfig:
     """Show a progress bar."""
     tensorboard: bool = True
     """Also log to TensorBoard when it is installed."""
+    wandb: bool = False
+    """Also log to Weights & Biases (pip install "vecmarl[wandb]"): one W&B run, or with several seeds one per
+    member, grouped under the run's name; each logs metrics.csv's columns, step = frames."""
+    wandb_project: str = "vecmarl"
+    """With --wandb: the W&B project."""
+    wandb_entity: str = ""
+    """With --wandb: the W&B user or team owning the project; default your W&B default entity."""
+    wandb_mode: str = ""
+    """With --wandb: online; offline (no network: W&B's files go to the run folder, upload them later with
+    `wandb sync`); or disabled. Default: WANDB_MODE, else online."""
+    wandb_name: str = ""
+    """With --wandb: the W&B run's name; with several seeds, their group's (each member's run is
+    NAME/seed_<s>...). Default: the run folder's name."""
 
     def __post_init__(self) -> None:
         _check_finite(self)
@@ -166,6 +181,10 @@ class RunConfig:
         if self.rollout_length % self.compile_unroll:
             raise ValueError(
                 f"compile_unroll ({self.compile_unroll}) must divide rollout_length ({self.rollout_length})"
+            )
+        if self.wandb_mode not in ("", *WANDB_MODES):
+            raise ValueError(
+                f"wandb_mode must be one of {list(WANDB_MODES)} (or empty: WANDB_MODE, else online), got {self.wandb_mode!r}"
             )
         check_seed(self.seed)
         object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))

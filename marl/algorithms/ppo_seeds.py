@@ -12,7 +12,8 @@ runs' Adams. The critic passes and each step's forward and backward go through t
 
 A population (`--sweep lr=1e-4,1e-3`) gives each member its own values of `SWEEPABLE` options, as `[S]`
 tensors: the loss reads them (vmapped, one value per member), and a swept learning rate scales each
-member's Adam step (Adam then steps with lr 1).
+member's Adam step (Adam then steps with lr 1). A swept `gamma` or `lmbda` is each member's scalar to the
+GAE kernel, called on its block of env columns (one call per member, not per env or step).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from marl.core.members import MemberPolicy, Members, clip_members_, join, split
 from marl.core.rollout import Acting, observations
 from marl.optim.update_step import adam
 
-SWEEPABLE = ("lr", "entropy_coef", "clip_eps", "value_coef")
+SWEEPABLE = ("lr", "entropy_coef", "clip_eps", "value_coef", "gamma", "lmbda")
+DISCOUNTS = ("gamma", "lmbda")  # swept, read by GAE (`_gae`), not by the loss
 CHUNK_ROWS = 4096  # env steps of all members per chunk of the advantages' critic passes (`_in_chunks`)
 UPDATE_CHUNK_ROWS = 2048  # minibatch frames of all members per chunk of a step's forward and backward (`step`)
 
@@ -72,7 +74,10 @@ class SeededPPO(Algorithm):
             torch.manual_seed(seed)  # as a single run with this seed seeds the init of its networks
             singles.append(PPO(member, env, device, world, generator))
         # Each member's values of the swept options the loss reads, [S]; a swept lr scales the Adam steps.
-        self.swept = {n: torch.tensor(v, device=device) for n, v in sweep.items() if n != "lr"} or None
+        self.swept = {
+            n: torch.tensor(v, device=device) for n, v in sweep.items() if n not in ("lr", *DISCOUNTS)
+        } or None
+        self.discounts = {n: v for n, v in sweep.items() if n in DISCOUNTS}  # each member's gamma, lmbda
         self.member_lr = torch.tensor(sweep["lr"], device=device) if "lr" in sweep else None
         self.template = singles[0]  # its nets run every member's tensors (`Members`)
         self.members = Members([_nets(single) for single in singles])
@@ -137,21 +142,29 @@ class SeededPPO(Algorithm):
             values = self._in_chunks(value, obs, state)  # [S, T, B, n]
             next_values = self._in_chunks(value, next_obs, next_state)
             data = batch[g]
-            advantage, target = kernels.gae(
-                data["reward"],
-                join(values, 1),
-                join(next_values, 1),
-                data["done"],
-                data["terminated"],
-                gamma=learner.algo.gamma,
-                lmbda=learner.algo.lmbda,
-            )
+            advantage, target = self._gae(learner.algo, data, join(values, 1), join(next_values, 1))
             data.update({"value": join(values, 1), "advantage": advantage, "value_target": target})
             wide = split(target.double(), S, 1).flatten(1)  # [S, T * B * n]
             moments = (wide.new_full((S,), wide.shape[1]), wide.sum(1), wide.square().sum(1))
             self.members.broadcast(learner.critic.update_moments, *moments)
             explained[g] = vmap(explained_variance)(values, split(target, S, 1))
         return explained
+
+    def _gae(self, algo, data: TensorDict, value: torch.Tensor, next_value: torch.Tensor):
+        """`kernels.gae` over the `[T, S * B, ...]` batch of a group (its `algo` config): one call, or with a
+        swept gamma or lmbda one per member on its `[T, B, ...]` block of env columns (views), with its own
+        values, as its single run calls it."""
+        inputs = (data["reward"], value, next_value, data["done"], data["terminated"])
+        if not self.discounts:
+            return kernels.gae(*inputs, gamma=algo.gamma, lmbda=algo.lmbda)
+        S = self.count
+        gammas = self.discounts.get("gamma", (algo.gamma,) * S)
+        lmbdas = self.discounts.get("lmbda", (algo.lmbda,) * S)
+        blocks = [split(x, S, 1) for x in inputs]  # [S, T, B, ...] each
+        parts = [
+            kernels.gae(*(x[k] for x in blocks), gamma=gammas[k], lmbda=lmbdas[k]) for k in range(S)
+        ]  # S x (advantage, value_target) [T, B, ...]
+        return tuple(join(torch.stack(out), 1) for out in zip(*parts))
 
     def _in_chunks(self, fn, obs: dict, state):
         """`self.members(fn, obs, state)` over `[S, T, B, ...]` inputs, a few steps `T` at a time: every

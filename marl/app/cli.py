@@ -31,6 +31,7 @@ from marl.config import SECTIONS, TrainConfig, field_names, import_modules
 # Options that are not plain fields on the command line.
 SPECIAL = {"env_options", "group_overrides"}
 RESUMABLE = {"total_frames", "checkpoint_every", "progress", "tensorboard", "device", "save_buffer"}
+RESUMABLE |= {"wandb", "wandb_project", "wandb_entity", "wandb_mode", "wandb_name"}  # logging only
 
 
 def _parse_value(text: str) -> Any:

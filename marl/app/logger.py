@@ -1,4 +1,5 @@
-"""Run logging: a CSV file per run (TensorBoard too when installed), a progress bar and a summary."""
+"""Run logging: a CSV file per run (TensorBoard too when installed, Weights & Biases with --wandb), a progress bar
+and a summary."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from marl.app.wandb_logging import WandbLog, WandbRun
+
 
 class RunLogger:
     """Appends one row per iteration to `run_dir/metrics.csv` (or `csv_name`) and mirrors it to TensorBoard
-    (step: frames). `start_frames`: the frames of the checkpoint a run resumes from (0 for a new run)."""
+    and to the W&B run `wandb` (step: frames). `start_frames`: the frames of the checkpoint a run resumes
+    from (0 for a new run)."""
 
     def __init__(
         self,
@@ -22,6 +26,7 @@ class RunLogger:
         progress: bool = True,
         tensorboard: bool = True,
         csv_name: str = "metrics.csv",
+        wandb: WandbRun | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -41,6 +46,7 @@ class RunLogger:
                 self._writer = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=purge_step)
             except ImportError:
                 pass
+        self._wandb = WandbLog(self.run_dir, wandb) if wandb is not None else None
         self.bar = tqdm(
             total=total_frames,
             initial=start_frames,
@@ -62,6 +68,8 @@ class RunLogger:
             for key, value in row.items():
                 if key != "frames" and isinstance(value, (int, float)) and math.isfinite(value):
                     self._writer.add_scalar(key, value, int(row["frames"]))
+        if self._wandb is not None:
+            self._wandb.log(row)
         returns = [v for k, v in row.items() if k.endswith("/episode_return") and math.isfinite(v)]
         postfix = {"frames/s": f"{row['frames_per_s']:,.0f}"}
         if returns:
@@ -69,10 +77,13 @@ class RunLogger:
         self.bar.set_postfix(postfix, refresh=False)
         self.bar.update(int(row["frames"]) - self.bar.n)
 
-    def close(self) -> None:
+    def close(self, exit_code: int = 0) -> None:
+        """`exit_code` not 0: the training died (its W&B run is marked failed)."""
         self.bar.close()
         if self._writer is not None:
             self._writer.close()
+        if self._wandb is not None:
+            self._wandb.close(exit_code)
 
 
 class NoLogger:
@@ -81,7 +92,7 @@ class NoLogger:
     def log(self, row: dict[str, float]) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, exit_code: int = 0) -> None:
         pass
 
 

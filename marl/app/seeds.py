@@ -22,7 +22,8 @@ import torch
 
 from marl import algorithms
 from marl.app.logger import RunLogger
-from marl.config import Member, RunConfig, TrainConfig
+from marl.app.wandb_logging import wandb_run
+from marl.config import Member, TrainConfig
 from marl.core.replay import format_bytes, free_bytes
 from marl.core.rollout import transition_layout
 
@@ -201,12 +202,21 @@ def aggregate_row(row: dict) -> dict[str, float]:
 
 
 class PopulationLogger:
-    """Each member's row to its own `seed_<s>/metrics.csv`; the aggregate to `aggregate.csv` (and TensorBoard),
-    with the progress bar."""
+    """Each member's row to its own `seed_<s>/metrics.csv` (and with --wandb its own W&B run, all in one group
+    named after the run); the aggregate to `aggregate.csv` (and TensorBoard), with the progress bar."""
 
-    def __init__(self, run_dir: Path, members: Sequence[Member], run: RunConfig, start_frames: int) -> None:
+    def __init__(self, run_dir: Path, members: Sequence[Member], config: TrainConfig, start_frames: int) -> None:
+        run = config.run
+        group = run.wandb_name or Path(run_dir).name
         self.members = [
-            RunLogger(member_dir(run_dir, m), run.total_frames, start_frames, progress=False, tensorboard=False)
+            RunLogger(
+                member_dir(run_dir, m),
+                run.total_frames,
+                start_frames,
+                progress=False,
+                tensorboard=False,
+                wandb=wandb_run(run, f"{group}/{m.name}", group, member_config(config, m).to_dict()),
+            )
             for m in members
         ]
         self.aggregate = RunLogger(
@@ -219,9 +229,9 @@ class PopulationLogger:
             logger.log({**shared, **member})
         self.aggregate.log(aggregate_row(row))
 
-    def close(self) -> None:
+    def close(self, exit_code: int = 0) -> None:
         for logger in (*self.members, self.aggregate):
-            logger.close()
+            logger.close(exit_code)
 
 
 # ---- summary ----------------------------------------------------------------------------------------

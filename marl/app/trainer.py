@@ -37,6 +37,7 @@ from marl.app import distributed, seeds
 from marl.app.build import build_algorithm, check_group_overrides, make_env, resolve_device
 from marl.app.checkpoint import load_checkpoint, save_checkpoint
 from marl.app.logger import NoLogger, RunLogger, drop_rows_after
+from marl.app.wandb_logging import check_installed, wandb_run
 from marl.config import TrainConfig
 from marl.core.replay import ReplayBuffer, format_bytes, replay_nbytes
 from marl.core.rollout import Collector
@@ -62,6 +63,8 @@ class Trainer:
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
         if not resuming:  # rank 0 writes the run folder; every rank stops if it holds a run
             self.world.check_on_main(lambda: check_fresh_run_dir(self.run_dir))
+        if config.run.wandb and self.world.is_main:
+            check_installed()
         self.device = canonical_device(device)  # as its tensors report it: `cpu:0` is `cpu`
         torch.manual_seed(config.run.seed)
         self.members = config.run.members()
@@ -189,9 +192,11 @@ class Trainer:
         `checkpoint_every` iterations and at the end; returns the logged rows."""
         run = self.config.run
         if self.world.is_main and len(self.members) > 1:
-            logger = seeds.PopulationLogger(self.run_dir, self.members, run, self.frames)
+            logger = seeds.PopulationLogger(self.run_dir, self.members, self.config, self.frames)
         elif self.world.is_main:
-            logger = RunLogger(self.run_dir, run.total_frames, self.frames, run.progress, run.tensorboard)
+            name = run.wandb_name or self.run_dir.name
+            wandb = wandb_run(run, name, None, self.config.to_dict())
+            logger = RunLogger(self.run_dir, run.total_frames, self.frames, run.progress, run.tensorboard, wandb=wandb)
         else:
             logger = NoLogger()
         rows = []
@@ -205,12 +210,12 @@ class Trainer:
                 if self.iteration % run.checkpoint_every == 0 or self.frames >= run.total_frames:
                     self.save()
         except KeyboardInterrupt:
-            logger.close()
+            logger.close(exit_code=1)
             if self.world.is_main:
                 print(f"\ninterrupted at iteration {self.iteration}; {self._last_checkpoint_text()}")
             raise
         except Exception:
-            logger.close()
+            logger.close(exit_code=1)
             if self.world.is_main:
                 print(f"\nthe run failed at iteration {self.iteration + 1}; {self._last_checkpoint_text()}")
             raise

@@ -183,6 +183,24 @@ def test_each_member_of_a_sweep_trains_as_the_single_run_with_its_seed_and_value
             assert_rows_match(batched_k.train_iteration()["members"][k], single_trainer.train_iteration())
 
 
+def test_members_of_a_gamma_and_lambda_sweep_train_as_single_runs_with_their_discounts(tmp_path):
+    """GAE reads each member's own gamma and lmbda: member `seed_3-gamma_0.9-lmbda_0.95` trains as `marl train
+    --seed 3 --gamma 0.9 --lmbda 0.95`."""
+    config = tiny_config(tmp_path)
+    population = with_run(config, seeds=(3,), sweep=("gamma=0.9,0.99", "lmbda=0.8,0.95"))
+    batched = Trainer(population, run_dir=tmp_path / "sweep")
+    checked = (1, 2)  # gamma 0.9 with lmbda 0.95; gamma 0.99 with lmbda 0.8
+    assert [batched.members[k].name for k in checked] == ["seed_3-gamma_0.9-lmbda_0.95", "seed_3-gamma_0.99-lmbda_0.8"]
+    singles = []
+    for k in checked:
+        algo = dataclasses.replace(config.algo, **dict(batched.members[k].values))
+        singles.append(Trainer(dataclasses.replace(with_run(config, seed=3), algo=algo), run_dir=tmp_path / f"s{k}"))
+    for _ in range(2):
+        members = batched.train_iteration()["members"]
+        for k, single in zip(checked, singles):
+            assert_rows_match(members[k], single.train_iteration())
+
+
 def test_a_sweep_summary_ranks_the_values_and_bad_sweeps_are_refused(tmp_path, capsys):
     argv = [*tiny_argv(tmp_path), "--num-seeds", "2", "--sweep", "lr=0.0001,0.03"]
     assert main(["train", *argv]) == 0
@@ -191,8 +209,9 @@ def test_a_sweep_summary_ranks_the_values_and_bad_sweeps_are_refused(tmp_path, c
     assert (tmp_path / "run" / "seed_1-lr_0.03" / "checkpoint.pt").exists()
     checkpoint = str(tmp_path / "run" / "checkpoint.pt")
     assert main(["eval", "--checkpoint", checkpoint, "--member", "seed_1-lr_0.03", "--episodes", "2"]) == 0
-    assert main(["train", *tiny_argv(tmp_path / "b"), "--sweep", "gamma=0.9,0.99"]) == 2
-    assert "--sweep takes PPO's options lr, entropy_coef, clip_eps, value_coef, not gamma" in capsys.readouterr().err
+    assert main(["train", *tiny_argv(tmp_path / "b"), "--sweep", "max_grad_norm=0.5,1"]) == 2
+    message = "--sweep takes PPO's options lr, entropy_coef, clip_eps, value_coef, gamma, lmbda, not max_grad_norm"
+    assert message in capsys.readouterr().err
     assert main(["train", *tiny_argv(tmp_path / "b"), "--sweep", "lr=1e-3,x"]) == 2
     assert "--sweep takes OPTION=V1,V2,..." in capsys.readouterr().err
 
