@@ -12,6 +12,14 @@ if not CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 INTERPRETER = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")  # as triton reads it
 
+# One intra-op thread per test process (and its subprocesses), unless the caller chose: the suite's ops are
+# small, and on a CPU other jobs share, a second thread waiting for a busy core made the learning tests
+# two to ten times slower (a shared 2-core machine: the VDN-on-spread test 15 s with one thread, 30 s with
+# two; 419 s with two under three other jobs).
+if not CUDA and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 # `.ci/run` installs every extra the tests use (VMAS, PettingZoo, mpe2, TensorBoard, matplotlib): there a
 # test that `importorskip`s one must fail, not skip, or a broken install would pass CI unseen.
 MISSING_EXTRA_FAILS = os.environ.get("VECMARL_CI") == "1"
