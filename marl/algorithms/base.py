@@ -97,6 +97,14 @@ class Algorithm:
     def load_state_dict(self, state: dict) -> None:
         raise NotImplementedError
 
+    def env_state_dict(self) -> dict:
+        """What the algorithm carries per env of this process from one iteration to the next (a recurrent
+        critic's state): saved per rank under torchrun, as the envs are, and not loaded by `marl eval`."""
+        return {}
+
+    def load_env_state_dict(self, state: dict) -> None:
+        """Restore `env_state_dict()` (the same envs: same count, same rank)."""
+
     @classmethod
     def label(cls, config: TrainConfig, groups: Mapping) -> str:
         """The name `marl train` prints for what trains `groups` under `config`."""

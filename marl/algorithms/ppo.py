@@ -632,7 +632,6 @@ class PPO(Algorithm):
                 "policy": lr.policy.state_dict(),
                 "critic": lr.critic.state_dict(),
                 "optimizer": lr.optimizer.state_dict(),
-                **({"critic_hidden": self.critic_hidden[g]} if g in self.critic_hidden else {}),
             }
             for g, lr in self.learners.items()
         }
@@ -642,10 +641,13 @@ class PPO(Algorithm):
             lr.policy.load_state_dict(state[g]["policy"])
             lr.critic.load_state_dict(state[g]["critic"])
             lr.optimizer.load_state_dict(state[g]["optimizer"])
-            if g in self.critic_hidden and "critic_hidden" in state[g]:
-                # A recurrent critic's state per env; `marl eval` runs other envs and leaves it.
-                if state[g]["critic_hidden"].shape == self.critic_hidden[g].shape:
-                    self.critic_hidden[g].copy_(state[g]["critic_hidden"])
+
+    def env_state_dict(self) -> dict:
+        return {"critic_hidden": self.critic_hidden}  # a recurrent critic's state per env [B, m, h]
+
+    def load_env_state_dict(self, state: dict) -> None:
+        for g, hidden in state.get("critic_hidden", {}).items():
+            self.critic_hidden[g].copy_(hidden)
 
     @classmethod
     def label(cls, config: TrainConfig, groups) -> str:

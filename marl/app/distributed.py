@@ -41,7 +41,7 @@ TIMEOUT_VARIABLE = "MARL_DIST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 600.0
 SEED_STRIDE = 1000
 # The checkpoint entries that differ between ranks: the rest (networks, optimisers, counters) is shared.
-RANK_KEYS = ("generator", "env", "obs", "stats", "hidden", "buffer")
+RANK_KEYS = ("generator", "env", "obs", "stats", "hidden", "algorithm_envs", "buffer")
 
 
 def launcher(size: int, local_size: int) -> str:

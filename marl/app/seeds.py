@@ -164,6 +164,7 @@ def member_state(trainer, state: dict, k: int) -> dict:
         "env": env,
         "obs": envs_rows(state["obs"]),
         "hidden": envs_rows(state["hidden"]),
+        "algorithm_envs": envs_rows(state["algorithm_envs"]),
         "stats": {"running": envs_rows(stats["running"]), "length": envs_rows(stats["length"]), **sums},
         "buffer": None,
         "pending": None,

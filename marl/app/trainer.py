@@ -252,6 +252,7 @@ class Trainer:
             "obs": self.collector.obs,
             "stats": self.collector.stats.state_dict(),
             "hidden": self.collector.hidden_state(),  # recurrent policies' states, per env
+            "algorithm_envs": self.algorithm.env_state_dict(),  # e.g. a recurrent critic's states, per env
             # The replay buffer, with --save-buffer (it can be large).
             "buffer": self.buffer.state_dict() if self.buffer is not None and self.config.run.save_buffer else None,
             # The next batch, when the update collected it ahead (its episodes are in `stats`).
@@ -285,6 +286,8 @@ class Trainer:
             self.collector.stats.load_state_dict(state["stats"])
             if "hidden" in state:
                 self.collector.load_hidden_state(state["hidden"])
+            if "algorithm_envs" in state:
+                self.algorithm.load_env_state_dict(state["algorithm_envs"])
         else:
             print("this env cannot save its state: resumed training starts new episodes")
         if state.get("pending") is not None:

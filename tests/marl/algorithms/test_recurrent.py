@@ -10,6 +10,7 @@ import torch
 
 from envs.sync import forbid_host_sync
 from marl.algorithms.ppo import PER_CHUNK, PPOConfig
+from marl.app.distributed import RANK_KEYS
 from marl.app.evaluate import evaluate
 from marl.app.trainer import Trainer
 from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
@@ -111,6 +112,17 @@ def test_resume_continues_with_the_saved_hidden_states(tmp_path):
     assert torch.equal(straight.collector.hidden["agent"], resumed.collector.hidden["agent"])
     assert torch.equal(straight.collector.is_init, resumed.collector.is_init)
     assert torch.equal(a.critic_hidden["agent"], b.critic_hidden["agent"])
+
+
+def test_the_critics_state_is_saved_with_the_envs_so_each_rank_keeps_its_own(tmp_path):
+    """A recurrent critic's state belongs to this process's envs: the checkpoint keeps it beside them (under
+    torchrun, per rank, `RANK_KEYS`), not with the weights every rank shares, and `marl eval` ignores it."""
+    trainer = Trainer(gru_config(tmp_path, gru_nets="both"))
+    trainer.train_iteration()
+    state = trainer.state_dict()
+    assert "algorithm_envs" in RANK_KEYS
+    assert torch.equal(state["algorithm_envs"]["critic_hidden"]["agent"], trainer.algorithm.critic_hidden["agent"])
+    assert all("critic_hidden" not in group for group in state["algorithm"].values())
 
 
 def test_collect_and_update_never_sync_with_the_host(tmp_path):
