@@ -16,9 +16,10 @@ they start identical); rank `r`'s envs and sampling are seeded like a single-pro
 `seed + 1000 * r`.
 
 Checkpoints: rank 0 writes one file: its own checkpoint plus `world_size` and `ranks`, each rank's
-sampling generator, env state, current observations and running episode statistics (gathered from
-every rank; rank 0's repeated). On `--resume` every rank reads that file and takes its own entry, so
-the file must be readable at the same path on every node (a shared file system).
+sampling generator, env state, current observations, running episode statistics, recurrent nets' states
+and replay buffer (`RANK_KEYS`, gathered from every rank; rank 0's repeated). On `--resume` every rank
+reads that file and takes its own entry, so the file must be readable at the same path on every node (a
+shared file system).
 
 A rank that dies or hangs: torchrun stops the other ranks when one exits with an error; a rank left
 waiting on a collective (a hung rank, a lost node) raises after `MARL_DIST_TIMEOUT` seconds (default
