@@ -154,13 +154,16 @@ class MultiAgentEnv:
             g: spec.action.bounds(self.device) for g, spec in self.groups.items() if isinstance(spec.action, Box)
         }
         self.compiled = compile
+        self._init_state()
+        self._state_names = tuple(self._state_tensors())
+        self.state_in_place = False
         if compile:
+            self.hold_state_in_place()
             cudagraphs.mark_static(self.static_tensors(), self.device)
             # Instance attributes shadow the methods; a compiler failure falls back to eager, once.
-            self._step = maybe_compile(self._step, True, self.device)
-            self._observe = maybe_compile(self._observe, True, self.device)
-            self._reset = maybe_compile(self._reset, True, self.device)
-        self._init_state()
+            self._step = maybe_compile(self._step, True, self.device, name=f"{self.name} step")
+            self._observe = maybe_compile(self._observe, True, self.device, name=f"{self.name} observe")
+            self._reset = maybe_compile(self._reset, True, self.device, name=f"{self.name} reset")
         self._reset(torch.ones(num_envs, dtype=torch.bool, device=self.device))
 
     # ---- what an env author writes -------------------------------------------------------------
@@ -287,29 +290,81 @@ class MultiAgentEnv:
         return sample_actions(self.groups, self.num_envs, self.device, generator, obs)
 
     def static_tensors(self) -> list[torch.Tensor]:
-        """The tensors a step updates in place, at fixed addresses (step counts, the random stream's state).
-        A compiled step that mutates them replays as a CUDA graph only when they are marked static
+        """The tensors a compiled step updates in place, at fixed addresses: the state tensors (see
+        `hold_state_in_place`), the step counts and the random stream's state. A compiled step that
+        mutates them replays as a CUDA graph only when they are marked static
         (`envs.cudagraphs.mark_static`): the env does so when it compiles itself, the rollout when it
         compiles the env's step into its own."""
-        return [self.step_count, self.rng.key, self.rng.counter]
+        tensors = [self.step_count, self.rng.key, self.rng.counter]
+        for value in self._state_tensors().values():
+            tensors += value.values() if isinstance(value, dict) else [value]
+        return list({id(t): t for t in tensors}.values())
 
-    def state_dict(self) -> dict:
-        """Everything needed to continue exactly where the env is: its tensors (attributes holding a
-        tensor or a dict of tensors), step counters and random stream."""
-        state = {
+    def hold_state_in_place(self) -> None:
+        """From now on `_step` and `_reset` leave every state tensor where it was: what they assign to a
+        state attribute (`self.pos = ...`) is copied into the tensor it held before. Compiled steps need
+        this: on CUDA a graph's outputs live in memory that the next compiled call overwrites, so state
+        kept from one call to the next must be an input written in place (inside the graph, where the
+        copy fuses into the kernel that computes it), never an output. The env calls it when it
+        compiles itself, the rollout when it compiles the env's step into its own."""
+        if not self.state_in_place:
+            self.state_in_place = True
+            self._step = self._holding_state(self._step)
+            self._reset = self._holding_state(self._reset)
+
+    def _holding_state(self, method):
+        def call(*args):
+            before = {name: getattr(self, name) for name in self._state_names}
+            before = {name: dict(value) if isinstance(value, dict) else value for name, value in before.items()}
+            result = method(*args)
+            for name, held in before.items():
+                now = getattr(self, name)
+                if isinstance(held, dict):
+                    for key, tensor in held.items():
+                        self._write_back(f"{name}[{key!r}]", tensor, now[key])
+                    setattr(self, name, held)
+                else:
+                    self._write_back(name, held, now)
+                    setattr(self, name, held)
+            return result
+
+        return call
+
+    def _write_back(self, name: str, held: torch.Tensor, now: torch.Tensor) -> None:
+        if now is held:
+            return
+        if now.shape != held.shape or now.dtype != held.dtype or now.device != held.device:
+            raise EnvOutputError(
+                f"{self.name}: state tensor {name} changed from {held.dtype} {tuple(held.shape)} on {held.device} "
+                f"to {now.dtype} {tuple(now.shape)} on {now.device}: a state tensor keeps its shape, dtype and "
+                "device (allocate it so in _init_state)"
+            )
+        held.copy_(now)
+
+    def _state_tensors(self) -> dict[str, torch.Tensor | dict[str, torch.Tensor]]:
+        """The attributes holding a tensor or a dict of tensors."""
+        return {
             name: value
             for name, value in vars(self).items()
             if isinstance(value, torch.Tensor)
             or (isinstance(value, dict) and value and all(isinstance(v, torch.Tensor) for v in value.values()))
         }
-        return {"tensors": state, "rng": self.rng.state_dict(), "seed": self.seed}
+
+    def state_dict(self) -> dict:
+        """Everything needed to continue exactly where the env is: its tensors (attributes holding a
+        tensor or a dict of tensors), step counters and random stream."""
+        return {"tensors": self._state_tensors(), "rng": self.rng.state_dict(), "seed": self.seed}
 
     def load_state_dict(self, state: dict) -> None:
         static = {id(tensor) for tensor in self.static_tensors()}
         for name, value in state["tensors"].items():
             held = getattr(self, name, None)
             if isinstance(value, dict):
-                setattr(self, name, {k: v.to(self.device) for k, v in value.items()})
+                if isinstance(held, dict) and held.keys() == value.keys() and all(id(held[k]) in static for k in held):
+                    for k, tensor in held.items():
+                        tensor.copy_(value[k])  # keeps its address (see `static_tensors`)
+                else:
+                    setattr(self, name, {k: v.to(self.device) for k, v in value.items()})
             elif id(held) in static:
                 held.copy_(value)  # keeps its address (see `static_tensors`)
             else:

@@ -13,6 +13,7 @@ import warnings
 from collections.abc import Callable
 
 import torch
+from torch.utils._pytree import tree_map_only
 
 from envs import cudagraphs
 
@@ -65,7 +66,11 @@ def maybe_compile(
 def _watched(compiled: Callable, name: str) -> Callable:
     def call(*args, **kwargs):
         with cudagraphs.watching(name):
-            return compiled(*args, **kwargs)
+            result = compiled(*args, **kwargs)
+        # A CUDA graph's outputs live in its memory pool, which the next compiled call (of any function)
+        # overwrites: what it returns is copied out. State kept between calls is written in place instead
+        # (`MultiAgentEnv.hold_state_in_place`, the rollout's held observation), which copies nothing.
+        return tree_map_only(torch.Tensor, torch.clone, result)
 
     return call
 
@@ -91,8 +96,8 @@ def _warn(fn: Callable, error: Exception) -> None:
     global _warned
     if not _warned:
         warnings.warn(
-            f"torch.compile could not compile {getattr(fn, '__qualname__', fn)} ({type(error).__name__}: "
-            f"{str(error).splitlines()[0] if str(error) else ''}); running eagerly instead",
+            f"torch.compile could not compile {getattr(fn, '__qualname__', fn)} ({cudagraphs.describe_error(error)}); "
+            "running eagerly instead",
             RuntimeWarning,
             stacklevel=3,
         )

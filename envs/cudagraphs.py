@@ -33,9 +33,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import traceback
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -148,8 +150,29 @@ def report(name: str) -> GraphReport:
 
 def record_fallback(name: str, error: BaseException) -> None:
     """`name`'s compile failed with `error`; it runs eagerly from now on."""
+    report(name).fallback = describe_error(error)
+
+
+def describe_error(error: BaseException) -> str:
+    """`Type: first line of the message`, and where the innermost error it wraps was raised: compiler
+    errors often carry no message (an `InductorError` around a bare `AssertionError`), and then only the
+    place names the failure."""
     first_line = str(error).splitlines()[0] if str(error) else ""
-    report(name).fallback = f"{type(error).__name__}: {first_line}"
+    text = f"{type(error).__name__}: {first_line}".rstrip(": ")
+    inner, seen = error, {id(error)}
+    while True:  # torch's InductorError keeps the original as `inner_exception`, others chain it
+        nested = getattr(inner, "inner_exception", None) or inner.__cause__ or inner.__context__
+        if not isinstance(nested, BaseException) or id(nested) in seen:
+            break
+        inner = nested
+        seen.add(id(inner))
+    frames = traceback.extract_tb(inner.__traceback__)
+    if frames:
+        frame = frames[-1]
+        path = Path(frame.filename)
+        where = "/".join(path.parts[-3:]) if "site-packages" in path.parts else str(path)
+        text += f" (raised at {where}:{frame.lineno} in {frame.name})"
+    return text
 
 
 class _SkipHandler(logging.Handler):

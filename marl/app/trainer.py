@@ -282,7 +282,7 @@ class Trainer:
             self.generator.set_state(state["generator"])
         if state["env"] is not None:
             self.env.load_state_dict(state["env"])
-            self.collector.obs = _to_device(state["obs"], self.device)
+            self.collector.load_obs(state["obs"])
             self.collector.stats.load_state_dict(state["stats"])
             if "hidden" in state:
                 self.collector.load_hidden_state(state["hidden"])

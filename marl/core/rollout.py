@@ -187,7 +187,9 @@ class Collector:
         self.leaves = {g: {k: self.buffer[g, k] for k in self.buffer[g].keys()} for g in env.groups}
         self.state_leaves = {k: self.buffer[k] for k in ("state", "next_state") if k in self.buffer.keys()}
         self.is_init_leaf = self.buffer.get("is_init", None)  # [T, B] with recurrent policies
-        self.obs = env.reset_data(seed=seed)  # nested dicts of tensors
+        # The observation acted on next (nested dicts of tensors), at fixed addresses: each call of the
+        # steps writes the next one into it (see `_steps_eager`).
+        self.obs = _clone_tree(env.reset_data(seed=seed))
         members = len(generator) if isinstance(generator, list) else 1
         self.stats = EpisodeStats(env.groups, env.num_envs, env.device, members)
         # Recurrent policies' states between steps, and whether each env's next step starts an episode.
@@ -207,7 +209,8 @@ class Collector:
             # The step writes the buffer, the episode statistics and the env's counters in place: on CUDA
             # torch records no graph that mutates an input not marked static.
             written = (*self.buffer.values(include_nested=True, leaves_only=True), *self.stats.tensors())
-            written = (*written, *self.hidden.values(), self.is_init)
+            written = (*written, *self.hidden.values(), self.is_init, *_leaves(self.obs))
+            env.hold_state_in_place()
             cudagraphs.mark_static((*written, *env.static_tensors()), self.device)
         self._steps = maybe_compile(self._steps_eager, compile and env.traceable, self.device, name="rollout step")
 
@@ -240,8 +243,12 @@ class Collector:
         noise = {g: self._noise(env.groups[g].action, (self.T, B, env.groups[g].n_agents)) for g in self.policies}
         # Steps are addressed by a tensor index, so the compiled steps are one graph for every t.
         for t in torch.arange(self.T, device=self.device).view(-1, self.unroll, 1):  # [unroll, 1] each
-            self.obs = self._steps(t, self.obs, noise)
+            self._steps(t, noise)
         return self.buffer
+
+    def load_obs(self, obs: dict) -> None:
+        """Continue from `obs` (a checkpoint's `self.obs`), written into the held observation."""
+        _copy_tree_(self.obs, obs)
 
     def _noise(self, spec, shape: tuple[int, ...]) -> torch.Tensor:
         if isinstance(self.generator, list):  # each member's block from its own generator
@@ -250,11 +257,13 @@ class Collector:
             )
         return draw_noise(spec, shape, self.generator, self.device)
 
-    def _steps_eager(self, t: torch.Tensor, obs: dict, noise: dict[str, torch.Tensor]) -> dict:
-        """`_step_eager` for each index in `t` (`[unroll, 1]`); returns the last next `obs`."""
+    def _steps_eager(self, t: torch.Tensor, noise: dict[str, torch.Tensor]) -> None:
+        """`_step_eager` for each index in `t` (`[unroll, 1]`), from `self.obs`; the last next obs is
+        written into `self.obs` (in place: a compiled call's outputs do not outlive the next call on CUDA)."""
+        obs = self.obs
         for step in t:
             obs = self._step_eager(step, obs, noise)
-        return obs
+        _copy_tree_(self.obs, obs)
 
     def _step_eager(self, t: torch.Tensor, obs: dict, noise: dict[str, torch.Tensor]) -> dict:
         """Act on `obs` with step `t`'s noise (`noise[g]` is `[T, B, n, head]`), write step `t` of the
@@ -299,6 +308,29 @@ class Collector:
             for g, hidden in next_hidden.items():  # a finished episode's state is not the next one's
                 self.hidden[g].copy_(hidden.masked_fill(done[:, None, None], 0.0))
         return obs
+
+
+def _leaves(tree: dict) -> list[torch.Tensor]:
+    return [leaf for value in tree.values() for leaf in (_leaves(value) if isinstance(value, dict) else [value])]
+
+
+def _clone_tree(tree: dict) -> dict:
+    return {k: _clone_tree(v) if isinstance(v, dict) else v.clone() for k, v in tree.items()}
+
+
+def _copy_tree_(into: dict, tree: dict) -> None:
+    """Copy the tensors of `tree` into those of `into` (same keys, shapes and dtypes)."""
+    if into.keys() != tree.keys():
+        raise ValueError(f"expected the keys {sorted(into)}, got {sorted(tree)}")
+    for k, held in into.items():
+        if isinstance(held, dict):
+            _copy_tree_(held, tree[k])
+        elif held.shape != tree[k].shape or held.dtype != tree[k].dtype:
+            raise ValueError(
+                f"{k!r}: expected {held.dtype} {tuple(held.shape)}, got {tree[k].dtype} {tuple(tree[k].shape)}"
+            )
+        elif tree[k] is not held:
+            held.copy_(tree[k])
 
 
 def _write(buffer: torch.Tensor, t: torch.Tensor, value: torch.Tensor) -> None:

@@ -124,9 +124,34 @@ def test_a_compile_failure_is_reported_as_a_fallback(monkeypatch):
     assert torch.equal(step(torch.ones(2)), torch.full((2,), 2.0))  # run eagerly
     report = cudagraphs.reports()["update step"]
     assert report.decided and not report.captured
-    assert report.describe() == (
-        "update step: not captured: the compile failed and it runs eagerly (RuntimeError: Inductor failed)"
+    assert report.describe().startswith(
+        "update step: not captured: the compile failed and it runs eagerly (RuntimeError: Inductor failed "
+        f"(raised at {__file__}:"
     )
+
+
+class WrappingError(RuntimeError):
+    """Like torch's InductorError: the original error kept as `inner_exception`."""
+
+    def __init__(self, inner: BaseException) -> None:
+        super().__init__(f"AssertionError: {inner}")
+        self.inner_exception = inner
+
+
+def fail_deep_inside():
+    raise AssertionError  # bare, as compilers' failed asserts often are
+
+
+def test_a_bare_compiler_assertion_is_described_by_where_it_was_raised():
+    try:
+        try:
+            fail_deep_inside()
+        except AssertionError as inner:
+            raise WrappingError(inner) from None
+    except WrappingError as error:
+        described = cudagraphs.describe_error(error)
+    line = fail_deep_inside.__code__.co_firstlineno + 1
+    assert described == f"WrappingError: AssertionError (raised at {__file__}:{line} in fail_deep_inside)"
 
 
 def test_announce_prints_the_captured_warns_for_the_skipped_and_keeps_the_undecided(capsys):

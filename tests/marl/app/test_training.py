@@ -175,9 +175,14 @@ def test_compiled_training_matches_eager(tmp_path):
         config = small_config(tmp_path, compile=compile, compile_unroll=2 if compile else 1)
         config = dataclasses.replace(config, algo=dataclasses.replace(config.algo, lr_schedule="linear"))
         trainer = Trainer(config, run_dir=tmp_path / f"compile-{compile}")
+        held = [trainer.collector.obs["agent"]["observation"], *trainer.env.static_tensors()]
         with torch._dynamo.config.patch(error_on_recompile=True):
             rows = [trainer.train_iteration() for _ in range(3)]
         runs[compile] = (trainer, rows)
+        # What is kept between compiled calls stays where it was (CUDA graphs overwrite their outputs).
+        assert trainer.collector.obs["agent"]["observation"] is held[0]
+        if compile:  # eager, the env assigns its state anew
+            assert [id(t) for t in trainer.env.static_tensors()] == [id(t) for t in held[1:]]
     (eager, eager_rows), (compiled, compiled_rows) = runs[False], runs[True]
     aot = torch._dynamo.utils.counters["aot_autograd"]
     assert aot["total"] > 0 and aot["autograd_cache_bypass"] == 0, dict(aot)

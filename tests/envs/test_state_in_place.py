@@ -1,0 +1,75 @@
+"""A compiled env keeps its state tensors at fixed addresses (`MultiAgentEnv.hold_state_in_place`).
+
+On CUDA a compiled call's outputs live in the CUDA graph's memory pool and are overwritten by the next
+compiled call: state an env keeps from one step to the next (`self.pos = ...`) must be written back into
+the tensor it held. That overwrite cannot happen on the CPU, so these tests check what it needs: the
+state tensors are the same objects after every step and reset, compiled or not, and the transitions
+are those of the plain env, step for step.
+"""
+
+import pytest
+import torch
+
+import envs
+from envs.base import EnvOutputError
+from tests.envs.broken_envs import Counter
+
+NATIVE = ["navigation", "spread", "tag", "speaker_listener"]
+
+
+def state_tensors(env) -> dict[str, torch.Tensor]:
+    flat = {}
+    for name, value in env._state_tensors().items():
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        flat.update({(name, key): tensor for key, tensor in items})
+    return flat
+
+
+def run_side_by_side(plain, held, steps: int):
+    addresses = {key: (t, t.data_ptr()) for key, t in state_tensors(held).items()}
+    generator = torch.Generator().manual_seed(1)
+    resets = 0
+    for _ in range(steps):
+        action = plain.sample_actions(generator)
+        (next_a, obs_a), (next_b, obs_b) = plain.step(action), held.step(action)
+        torch.testing.assert_close(next_b.to_dict(), next_a.to_dict(), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(obs_b.to_dict(), obs_a.to_dict(), atol=1e-5, rtol=1e-5)
+        resets += int(next_a["done"].sum())
+        now = state_tensors(held)
+        assert now.keys() == addresses.keys()
+        for key, (tensor, pointer) in addresses.items():
+            assert now[key] is tensor and now[key].data_ptr() == pointer, f"{key} moved"
+    assert resets > 0  # the masked resets ran too
+
+
+@pytest.mark.parametrize("name", NATIVE)
+def test_held_state_stays_in_place_and_steps_as_the_plain_env(name):
+    plain = envs.make(name, num_envs=6, seed=3, max_steps=7)
+    held = envs.make(name, num_envs=6, seed=3, max_steps=7)
+    held.hold_state_in_place()
+    held.hold_state_in_place()  # twice is once
+    run_side_by_side(plain, held, steps=16)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # the compile fallback's warning fails the test
+def test_a_compiled_env_writes_its_state_in_place():
+    plain = envs.make("navigation", num_envs=6, seed=3, max_steps=7)
+    compiled = envs.make("navigation", num_envs=6, seed=3, max_steps=7, compile=True)
+    assert compiled.state_in_place
+    static = {id(t) for t in compiled.static_tensors()}
+    assert all(id(t) in static for t in state_tensors(compiled).values())
+    run_side_by_side(plain, compiled, steps=16)
+
+
+class Reshaping(Counter):
+    def _step(self, action):
+        reward, terminated = super()._step(action)
+        self.picks = self.picks[:, None]  # [B] -> [B, 1]
+        return reward, terminated
+
+
+def test_a_state_tensor_that_changes_shape_is_named():
+    env = Reshaping(num_envs=4, seed=0)
+    env.hold_state_in_place()
+    with pytest.raises(EnvOutputError, match=r"state tensor picks changed from torch.float32 \(4,\) .* \(4, 1\)"):
+        env.step(env.sample_actions(torch.Generator().manual_seed(0)))
