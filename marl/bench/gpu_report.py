@@ -7,8 +7,8 @@ DIR gets `report.json` (date, GPU, torch / triton / tensordict versions, and per
 time, exit status and parsed figures), `report.txt` (the same as a table) and `step_NAME.log` (each step's
 raw output). Both reports are rewritten after every step, so a run cut short keeps what it measured.
 
-The steps (`steps()`: name, share of the budget, command; sizes chosen to fit 8 minutes on an H200, not
-yet timed on one) are the tests marked `gpu`; `check_env` (host-sync checker included) on every native env
+The steps (`steps()`: name, share of the budget, command; sizes chosen to fit 8 minutes on an H200, as
+timed on one) are the tests marked `gpu`; `check_env` (host-sync checker included) on every native env
 on CUDA; GAE kernels against the reference and their bandwidth; `navigation` and `spread` env-steps/s at
 4,096, 65,536 and 262,144 envs, eager and compiled; `marl train` defaults eager and `--compile` (with the
 CUDA graph skips torch logs), and MAPPO at 65,536 envs; the replay buffer on CUDA. A step's timeout is its share of
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import csv
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -65,9 +66,15 @@ class Step:
 
 
 def parse_pytest(output: str, out: Path) -> dict:
-    summary = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed|skipped|error)", line)]
-    counts = {word: int(n) for n, word in re.findall(r"(\d+) (\w+)", summary[-1])} if summary else {}
-    return {"tests": counts}
+    # `-v` prints each test's outcome as it ends: a run cut by its timeout still says how far it came.
+    # One line per test: `tests/x.py::test PASSED [ 5%]`, or under xdist `[gw0] [ 5%] PASSED tests/x.py::test`.
+    plain = re.findall(r"^(tests/\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR)", output, re.MULTILINE)
+    xdist = re.findall(r"^\[gw\d+\] \[ *\d+%\] (PASSED|FAILED|SKIPPED|ERROR) (tests/\S+::\S+)", output, re.MULTILINE)
+    outcomes = plain + [(test, outcome) for outcome, test in xdist]
+    counts: dict[str, int] = {}
+    for _, outcome in outcomes:
+        counts[outcome.lower()] = counts.get(outcome.lower(), 0) + 1
+    return {"tests": counts, "not_passed": [f"{test} {outcome}" for test, outcome in outcomes if outcome != "PASSED"]}
 
 
 def parse_check_envs(output: str, out: Path) -> dict:
@@ -141,6 +148,18 @@ def parse_replay(output: str, out: Path) -> dict:
 # ---- the steps --------------------------------------------------------------------------------------------
 
 
+def pytest_extras() -> list[str]:
+    """Most of the GPU tests' time is Triton and Inductor compiling on the CPU, so where pytest-xdist is
+    installed they run on several processes; where pytest-timeout is, one stuck test cannot take the
+    others' time."""
+    extras = []
+    if importlib.util.find_spec("xdist") is not None:
+        extras += ["-n", str(min(8, os.cpu_count() or 1))]
+    if importlib.util.find_spec("pytest_timeout") is not None:
+        extras += ["--timeout", "90"]
+    return extras
+
+
 def native_envs() -> list[str]:
     """vecmarl's own envs (`envs.native`), not those a user's module or a test registered."""
     import envs
@@ -159,58 +178,60 @@ def steps(out: Path, minutes: float = 8.0) -> list[Step]:
     table = [
         (
             "gpu_tests",
-            0.15,
-            ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests"],
+            0.28,
+            ["python", "-m", "pytest", "-v", "--durations=0", "-o", "faulthandler_timeout=60", "-p", "no:cacheprovider"]
+            + pytest_extras()
+            + ["-m", "gpu", "tests"],
             parse_pytest,
         ),
         (
             "check_envs",
-            0.08,
+            0.04,
             ["python", "-m", "marl.bench.gpu_report", "--check-envs", *native_envs()]
             + ["--device", "cuda", "--num-envs", str(CHECK_NUM_ENVS)],
             parse_check_envs,
         ),
         (
             "kernels",
-            0.06,
+            0.12,
             ["python", "-m", "kernels.bench", "--sizes", "100x1024x3x1,128x4096x8x1,1024x4096x8x1"]
             + ["--repeats", "15", "--device", "cuda", "--json", str(out / "step_kernels.json")],
             parse_kernels,
         ),
         (
             "envs_navigation",
-            0.16,
+            0.14,
             [*env_bench, "--env", "navigation", "--json", str(out / "step_envs_navigation.json")],
             parse_env_steps,
         ),
         (
             "envs_spread",
-            0.14,
+            0.12,
             [*env_bench, "--env", "spread", "--json", str(out / "step_envs_spread.json")],
             parse_env_steps,
         ),
         (
             "train_eager",
-            0.10,
+            0.08,
             [*train, "--total-frames", str(TRAIN_FRAMES), "--run-name", "train-eager"],
             parse_train("train-eager"),
         ),
         (
             "train_compile",
-            0.17,
+            0.13,
             [*train, "--total-frames", str(TRAIN_FRAMES), "--compile", "--run-name", "train-compile"],
             parse_train("train-compile"),
         ),
         (
             "train_mappo_65536",
-            0.08,
+            0.05,
             [*train, "--algo", "mappo", "--num-envs", str(SCALE_ENVS), "--minibatch-size", str(SCALE_MINIBATCH)]
             + ["--total-frames", str(SCALE_FRAMES), "--run-name", "train-mappo-65536"],
             parse_train("train-mappo-65536"),
         ),
         (
             "replay",
-            0.06,
+            0.04,
             ["python", "-m", "marl.bench.replay", "--device", "cuda", "--capacity", "1000000"]
             + ["--batch-sizes", "128,4096", "--repeats", "20", "--json", str(out / "step_replay.json")],
             parse_replay,

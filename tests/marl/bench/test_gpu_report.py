@@ -112,8 +112,16 @@ def test_the_runner_survives_a_failing_and_a_hanging_step(tmp_path, monkeypatch,
 
 
 def test_the_parsers_read_what_the_steps_write(tmp_path):
-    assert gpu_report.parse_pytest("...\n12 passed, 3 skipped in 4.2s\n", tmp_path) == {
-        "tests": {"passed": 12, "skipped": 3}
+    verbose = (
+        "tests/kernels/test_dispatch.py::test_a[fp32] PASSED [ 33%]\n"
+        "tests/kernels/test_dispatch.py::test_a[bf16] FAILED [ 66%]\n"
+        "tests/marl/app/test_cuda_graphs.py::test_b[unroll1] PASSED [100%]\n"
+        "=== 1 failed, 2 passed in 4.2s ===\n"
+    )
+    xdist = "[gw3] [ 50%] PASSED tests/kernels/test_sum_tree.py::test_c[4096]\n[gw0] [100%] SKIPPED tests/x.py::d\n"
+    assert gpu_report.parse_pytest(verbose + xdist, tmp_path) == {
+        "tests": {"passed": 3, "failed": 1, "skipped": 1},
+        "not_passed": ["tests/kernels/test_dispatch.py::test_a[bf16] FAILED", "tests/x.py::d SKIPPED"],
     }
     run = tmp_path / "runs" / "train-compile"
     run.mkdir(parents=True)
