@@ -142,7 +142,10 @@ def parse_train(run_name: str) -> Callable[[str, Path], dict]:
 
 def parse_replay(output: str, out: Path) -> dict:
     report = json.loads((out / "step_replay.json").read_text())
-    return {f"{row['call']} {row['sampler']}": round(row["vecmarl_ms"], 4) for row in report["rows"]}
+    figures = {f"{row['call']} {row['sampler']}": round(row["vecmarl_ms"], 4) for row in report["rows"]}
+    if "profile" in report:  # its first line: host time and kernel launches per call (the table is in the log)
+        figures["profile"] = report["profile"].splitlines()[0]
+    return figures
 
 
 # ---- the steps --------------------------------------------------------------------------------------------
@@ -233,7 +236,7 @@ def steps(out: Path, minutes: float = 8.0) -> list[Step]:
             "replay",
             0.04,
             ["python", "-m", "marl.bench.replay", "--device", "cuda", "--capacity", "1000000"]
-            + ["--batch-sizes", "128,4096", "--repeats", "20", "--json", str(out / "step_replay.json")],
+            + ["--batch-sizes", "128,4096", "--repeats", "20", "--profile", "--json", str(out / "step_replay.json")],
             parse_replay,
         ),
     ]

@@ -115,24 +115,63 @@ def time_vecmarl(config: dict) -> dict[str, float]:
     """`{case key: ms}` for vecmarl's `ReplayBuffer` (this interpreter)."""
     from tensordict import TensorDict
 
+    device = torch.device(config["device"])
+    extend_shape = tuple(config["extend"])
+    batch = TensorDict(navigation_steps(extend_shape, device, seed=1), batch_size=extend_shape, device=device)
+    results = {}
+    for sampler in ("uniform", "prioritized"):
+        buffer = filled_buffer(config, sampler)
+        generator = torch.Generator(device).manual_seed(0)
+        results.update(time_buffer(buffer, batch, sampler, config, lambda k, b=buffer, g=generator: b.sample(k, g)))
+        buffer = None  # freed before the next one is allocated
+    return results
+
+
+def filled_buffer(config: dict, sampler: str):
+    """vecmarl's `ReplayBuffer` of `config["capacity"]` navigation steps, full."""
+    from tensordict import TensorDict
+
     import envs
     from marl.core.replay import Prioritized, ReplayBuffer
 
     device, capacity = torch.device(config["device"]), config["capacity"]
     groups = envs.make("navigation", num_envs=1, device="cpu", seed=0, n_agents=N_AGENTS).groups
-    extend_shape = tuple(config["extend"])
-    batch = TensorDict(navigation_steps(extend_shape, device, seed=1), batch_size=extend_shape, device=device)
-    results = {}
-    for sampler in ("uniform", "prioritized"):
-        prioritized = Prioritized(alpha=ALPHA, beta=BETA) if sampler == "prioritized" else None
-        buffer = ReplayBuffer(groups, capacity, device, prioritized=prioritized)
-        for start in range(0, capacity, FILL_CHUNK):
-            size = min(FILL_CHUNK, capacity - start)
-            buffer.extend(TensorDict(navigation_steps((size,), device, seed=start), batch_size=[size], device=device))
-        generator = torch.Generator(device).manual_seed(0)
-        results.update(time_buffer(buffer, batch, sampler, config, lambda k, b=buffer, g=generator: b.sample(k, g)))
-        buffer = None  # freed before the next one is allocated
-    return results
+    prioritized = Prioritized(alpha=ALPHA, beta=BETA) if sampler == "prioritized" else None
+    buffer = ReplayBuffer(groups, capacity, device, prioritized=prioritized)
+    for start in range(0, capacity, FILL_CHUNK):
+        size = min(FILL_CHUNK, capacity - start)
+        buffer.extend(TensorDict(navigation_steps((size,), device, seed=start), batch_size=[size], device=device))
+    return buffer
+
+
+def profile_prioritized(config: dict, k: int, calls: int = 10) -> str:
+    """Where one prioritized `update_priority(sample(k).index, ...)` spends its time: host time and kernel
+    launches per call, and torch's profiler table of the ops (top 15 by time on the host)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    device = torch.device(config["device"])
+    buffer = filled_buffer(config, "prioritized")
+    generator = torch.Generator(device).manual_seed(0)
+    priority = torch.rand(k, generator=torch.Generator().manual_seed(k)).to(device) * 10
+
+    def call():
+        buffer.update_priority(buffer.sample(k, generator)["index"], priority)
+
+    for _ in range(3):
+        call()
+    synchronize(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(calls):
+            call()
+        synchronize(device)
+    events = prof.key_averages()
+    host_us = sum(e.self_cpu_time_total for e in events) / calls
+    kernels = sum(e.count for e in events if e.device_type == torch.autograd.DeviceType.CUDA) / calls
+    sort = "self_cpu_time_total"
+    head = f"profile: update_priority(sample({k}).index, [{k}]), {calls} calls on {device}: {host_us:.0f} us of host "
+    head += "time per call" + (f", {kernels:.0f} CUDA kernels per call" if device.type == "cuda" else "")
+    return head + "\n" + events.table(sort_by=sort, row_limit=15)
 
 
 def time_torchrl(config: dict) -> tuple[dict[str, float], str]:
@@ -301,6 +340,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads on both sides (default: torch's)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--json", default=None, help="also write the report here")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile vecmarl's prioritized sample + update of the largest batch (host time, kernel launches)",
+    )
     args = parser.parse_args(argv)
     if args.capacity < max(args.batch_sizes) or args.capacity < args.extend[0] * args.extend[1]:
         parser.error("--capacity must hold the largest batch size and the extended batch")
@@ -329,6 +373,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(f"vecmarl: torch {torch.__version__}; peer: {report['peer']}")
     print(format_table(report))
+    if args.profile:
+        report["profile"] = profile_prioritized(
+            {"capacity": args.capacity, "device": args.device}, max(args.batch_sizes)
+        )
+        print(report["profile"])
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
 

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_the_replay_benchmark_prints_its_table_and_writes_the_json(tmp_path):
     out = tmp_path / "replay.json"
     argv = ["--capacity", "2048", "--extend", "4x16", "--batch-sizes", "32", "--repeats", "2", "--json", str(out)]
+    argv += ["--profile"]
     # Without Triton's interpreter, as a user runs it: the CPU takes the sum tree's torch path.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
@@ -31,6 +32,9 @@ def test_the_replay_benchmark_prints_its_table_and_writes_the_json(tmp_path):
     calls = {(row["call"], row["sampler"]) for row in report["rows"]}
     assert {("sample(32)", "uniform"), ("sample(32)", "prioritized")} <= calls
     assert all(row["vecmarl_ms"] > 0 and row["torchrl_ms"] is None for row in report["rows"])
+    # --profile: the prioritized sample + update's ops, as torch's profiler counted them over 10 calls.
+    assert report["profile"].startswith("profile: update_priority(sample(32).index, [32]), 10 calls on cpu: ")
+    assert "aten::searchsorted" in report["profile"] and report["profile"] in done.stdout
 
 
 def test_the_suite_section_reports_calls_per_second(monkeypatch, capsys):

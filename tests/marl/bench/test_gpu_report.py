@@ -151,6 +151,15 @@ def test_the_parsers_read_what_the_steps_write(tmp_path):
     }
     line = json.dumps({"env": "tag", "device": "cuda", "num_envs": 4096, "result": "ok", "seconds": 1.0})
     assert gpu_report.parse_check_envs(f"noise\n{line}\n", tmp_path)["check_env"] == {"tag": "ok"}
+    replay = {
+        "rows": [{"call": "sample(128)", "sampler": "uniform", "vecmarl_ms": 0.12345}],
+        "profile": "profile: update_priority(...): 300 us of host time per call, 40 CUDA kernels per call\n| table |",
+    }
+    (tmp_path / "step_replay.json").write_text(json.dumps(replay))
+    assert gpu_report.parse_replay("", tmp_path) == {
+        "sample(128) uniform": 0.1235,
+        "profile": "profile: update_priority(...): 300 us of host time per call, 40 CUDA kernels per call",
+    }
 
 
 def test_the_check_envs_worker_runs_check_env(capsys):
