@@ -37,20 +37,31 @@ def maybe_compile(
     if not enabled:
         return fn
     name = name or getattr(fn, "__qualname__", repr(fn))
+    retry = None
     if device.type == "cuda":
         compiled = _watched(torch.compile(fn, dynamic=False, mode="reduce-overhead"), name)
+        # Inductor's loop reordering after fusion (GPU only) asserts on a graph that mixes foreach ops with
+        # reductions over tensors of different shapes, as the fused update step does (torch issue 176591,
+        # seen on torch 2.11): one retry without it before running eagerly.
+        options = {"triton.cudagraphs": True, "loop_ordering_after_fusion": False}  # reduce-overhead, less that
+        retry = functools.partial(_watched, torch.compile(fn, dynamic=False, options=options), name)
     else:
         compiled = torch.compile(fn, dynamic=False, backend=functools.partial(_inductor_cpu, cpp_wrapper=cpp_wrapper))
-    state = {"call": compiled}
+    state = {"call": compiled, "retry": retry}
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        try:
-            return state["call"](*args, **kwargs)
-        except Exception as error:  # noqa: BLE001  (any compiler failure falls back, once, loudly)
-            if state["call"] is fn:
-                raise
-            compile_error = error
+        while True:
+            try:
+                return state["call"](*args, **kwargs)
+            except Exception as error:  # noqa: BLE001  (any compiler failure falls back, once, loudly)
+                if state["call"] is fn:
+                    raise
+                compile_error = error
+            if state["retry"] is None or type(compile_error).__name__ != "InductorError":
+                break
+            cudagraphs.record_retry(name, compile_error)
+            state["call"], state["retry"] = state["retry"](), None
         # Outside the `except`: an error `fn` raises eagerly too (the env's own, a bad input) is its own,
         # raised as is, neither blamed on torch.compile nor chained to the compiler's traceback.
         result = fn(*args, **kwargs)

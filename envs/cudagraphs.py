@@ -65,6 +65,8 @@ class GraphReport:
     """The compile error after which it runs eagerly."""
     copied_inputs: int = 0
     """Inputs of its recorded graphs that are not static: copied in before every replay."""
+    retried: str | None = None
+    """The compile error after which it was compiled again without loop reordering (`envs.compile`)."""
 
     @property
     def decided(self) -> bool:
@@ -87,7 +89,8 @@ class GraphReport:
             silent = f"; {self.silent_skips} without a CUDA op not recorded" if self.silent_skips else ""
             copied = f"; {_count(self.copied_inputs, 'input')} copied in per replay" if self.copied_inputs else ""
             of = f"{_count(self.recorded, 'CUDA graph')} of {_count(self.graphs, 'graph')}{silent}{copied}"
-            return f"{self.name}: captured ({of})"
+            retried = f"; compiled again without loop reordering after {self.retried}" if self.retried else ""
+            return f"{self.name}: captured ({of}{retried})"
         return f"{self.name}: not recorded yet ({_count(self.calls, 'call')}, {_count(self.graphs, 'graph')})"
 
 
@@ -151,6 +154,11 @@ def report(name: str) -> GraphReport:
 def record_fallback(name: str, error: BaseException) -> None:
     """`name`'s compile failed with `error`; it runs eagerly from now on."""
     report(name).fallback = describe_error(error)
+
+
+def record_retry(name: str, error: BaseException) -> None:
+    """`name`'s compile failed with `error`; it is compiled again with other options."""
+    report(name).retried = describe_error(error)
 
 
 def describe_error(error: BaseException) -> str:

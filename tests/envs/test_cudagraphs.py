@@ -130,6 +130,58 @@ def test_a_compile_failure_is_reported_as_a_fallback(monkeypatch):
     )
 
 
+class InductorError(RuntimeError):
+    """Named as torch's: the error Inductor raises when it fails."""
+
+
+def test_an_inductor_failure_on_cuda_is_compiled_again_without_loop_reordering(monkeypatch):
+    # torch issue 176591: Inductor's loop reordering after fusion asserts on the fused update step's
+    # graph on CUDA. The first compile fails like that; the retry gets the options that avoid it.
+    compiles = []
+
+    def compile_failing_first(fn, **options):
+        compiles.append(options)
+        first = len(compiles) == 1
+
+        def compiled(*args):
+            if first:
+                raise InductorError("AssertionError: ")
+            record_a_cuda_graph()
+            return fn(*args)
+
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", compile_failing_first)
+    step = envs.compile.maybe_compile(lambda x: x + 1, True, torch.device("cuda"), name="update step")
+    assert torch.equal(step(torch.ones(2)), torch.full((2,), 2.0))
+    assert compiles[0]["mode"] == "reduce-overhead"
+    assert compiles[1]["options"] == {"triton.cudagraphs": True, "loop_ordering_after_fusion": False}
+    report = cudagraphs.reports()["update step"]
+    assert report.captured and report.fallback is None
+    assert "compiled again without loop reordering after InductorError: AssertionError" in report.describe()
+    step(torch.ones(2))
+    assert len(compiles) == 2  # no third compile
+
+
+def test_an_error_that_is_not_inductors_is_not_retried(monkeypatch):
+    monkeypatch.setattr(envs.compile, "_warned", True)
+    compiles = []
+
+    def broken_compile(fn, **options):
+        compiles.append(options)
+
+        def compiled(*args):
+            raise RuntimeError("dynamo cannot trace this")
+
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    step = envs.compile.maybe_compile(lambda x: x + 1, True, torch.device("cuda"), name="update step")
+    assert torch.equal(step(torch.ones(2)), torch.full((2,), 2.0))  # eagerly, after one compile
+    assert [c.get("mode") for c in compiles] == ["reduce-overhead", None]  # the retry was built, never called
+    assert cudagraphs.reports()["update step"].fallback.startswith("RuntimeError: dynamo cannot trace this")
+
+
 class WrappingError(RuntimeError):
     """Like torch's InductorError: the original error kept as `inner_exception`."""
 
