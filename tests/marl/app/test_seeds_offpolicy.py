@@ -9,6 +9,8 @@ import torch
 from tensordict import TensorDict
 
 import envs
+from marl.algorithms.qlearning import QLearning
+from marl.app import seeds as population
 from marl.app.cli import main
 from marl.app.trainer import Trainer
 from marl.core.member_replay import MemberReplayBuffer
@@ -147,3 +149,18 @@ def test_what_populations_of_q_learners_do_not_train_is_one_clear_line(tmp_path,
     assert main(["train", *q_argv(tmp_path), "--num-seeds", "2", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_memory_line_counts_a_members_buffer_and_its_target_nets_once(tmp_path):
+    batched = Trainer(q_config(tmp_path, "qmix", seeds=SEEDS), run_dir=tmp_path / "seeds")
+    parts = population.member_nbytes(batched.config, batched.env, batched.algorithm)
+    single = Trainer(q_config(tmp_path, "qmix", seed=SEEDS[0]), run_dir=tmp_path / "single")
+    # A single run's allocated buffer; its trained nets 4 times (gradients, Adam's moments), its targets once.
+    assert parts["replay buffer"] == sum(t.numel() * t.element_size() for t in single.buffer.storage.values())
+    expected = 0
+    for learner in single.algorithm.learners.values():
+        trained = {id(p) for net in QLearning.nets(learner).values() for p in net.parameters()}
+        for module in learner.modules().values():
+            for p in module.parameters():
+                expected += (4 if id(p) in trained else 1) * p.numel() * p.element_size()
+    assert parts["nets and Adam"] == expected
