@@ -16,7 +16,7 @@ import torch
 from tensordict import TensorDictBase
 
 from envs.specs import Box, GroupSpec
-from marl.core.replay import Key, ReplayBuffer
+from marl.core.replay import Key, ReplayBuffer, format_bytes
 
 
 class MemberReplayBuffer(ReplayBuffer):
@@ -38,6 +38,12 @@ class MemberReplayBuffer(ReplayBuffer):
             raise ValueError(f"MemberReplayBuffer: members must be a positive int, got {members!r}")
         super().__init__(groups, members * capacity, device, state_spec=state_spec)
         self.members, self.capacity = members, capacity  # from here on, each member's capacity
+
+    def __repr__(self) -> str:
+        return (
+            f"MemberReplayBuffer({self.members} members x {len(self)}/{self.capacity} env steps, groups "
+            f"{list(self.groups)}, uniform, {format_bytes(self.nbytes)} in all on {self.device})"
+        )
 
     def _slotted(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.view(self.members, self.capacity, *tensor.shape[1:])  # [S, capacity, ...]

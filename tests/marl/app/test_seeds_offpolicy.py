@@ -74,6 +74,7 @@ def test_member_buffers_hold_their_own_envs_steps_in_single_run_order():
     for k, single in enumerate(singles):
         for key, tensor in single.storage.items():
             assert torch.equal(held[key][k], tensor), key
+    assert repr(buffer).startswith(f"MemberReplayBuffer(2 members x {len(singles[0])}/10 env steps")
     draws = buffer.draw_members(5, [torch.Generator().manual_seed(s) for s in SEEDS])
     for k, s in enumerate(SEEDS):
         assert torch.equal(draws[k], singles[k].draw(5, torch.Generator().manual_seed(s))[0])
