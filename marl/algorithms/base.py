@@ -191,7 +191,7 @@ def check_seeded(name: str) -> None:
     if name not in _SEEDED:
         supported = ", ".join(sorted(_SEEDED))
         raise ValueError(
-            f"several seeds in one process (--seeds, --num-seeds) train {supported} (PPO) so far, not "
+            f"several seeds in one process (--seeds, --num-seeds) train {supported} so far, not "
             f"--algo {name}: run its seeds one after another (marl train --algo {name} --seed N for each)"
         )
 

@@ -231,7 +231,10 @@ class OffPolicy(Algorithm):
 
     @property
     def acting(self) -> Acting:
-        policies = self.acting_policies()
+        return self.acting_with(self.acting_policies())
+
+    def acting_with(self, policies: dict) -> Acting:
+        """`Acting` with `policies` (per group; a population's act for every member), at random while warming up."""
         if self.config.algo.warmup_frames > 0:
             policies = {g: _RandomWhileWarm(policy, self.warm) for g, policy in policies.items()}
         return Acting(policies, hidden=self.acting_hidden())

@@ -29,10 +29,19 @@ from torch import nn
 from torch.func import vmap
 
 import kernels
-from marl.algorithms.base import Algorithm, register_seeded
+from marl.algorithms.base import register_seeded
 from marl.algorithms.ppo import LOSS_TERMS, NETS, PPO, UPDATE_KEYS, explained_variance
+from marl.algorithms.seeded import Seeded
 from marl.config import TrainConfig
-from marl.core.members import MemberPolicy, Members, clip_members_, join, split
+from marl.core.members import (
+    MemberPolicy,
+    Members,
+    clip_members_,
+    join,
+    member_lr_step,
+    member_optimizer_state,
+    split,
+)
 from marl.core.rollout import Acting, observations
 from marl.optim.update_step import adam
 
@@ -43,50 +52,25 @@ UPDATE_CHUNK_ROWS = 2048  # minibatch frames of all members per chunk of a step'
 
 
 @register_seeded("mappo", "ippo")
-class SeededPPO(Algorithm):
+class SeededPPO(Seeded):
     """`PPO` for `len(seeds)` members; `generators[k]` is member `k`'s random stream (collection noise and
     minibatch orders), as a single run's."""
 
-    def __init__(
-        self,
-        config: TrainConfig,
-        env,
-        device: torch.device,
-        world,
-        generators: list[torch.Generator],
-        seeds: tuple[int, ...],
-        sweep: dict[str, tuple[float, ...]] | None = None,
-    ) -> None:
-        super().__init__(config, env, device, world, generators[0])
-        self.seeds, self.generators = tuple(seeds), list(generators)
-        sweep = dict(sweep or {})
-        unknown = sorted(set(sweep) - set(SWEEPABLE))
-        if unknown:
-            raise ValueError(f"--sweep takes PPO's options {', '.join(SWEEPABLE)}, not {', '.join(unknown)}")
-        overridden = sorted({n for o in config.group_overrides.values() for n in o} & set(sweep))
-        if overridden:
-            raise ValueError(f"--sweep and --group both set {', '.join(overridden)}: sweep it for every group, or none")
-        singles = []
-        for k, (seed, generator) in enumerate(zip(seeds, generators)):
-            member = dataclasses.replace(
-                config, algo=dataclasses.replace(config.algo, **{n: v[k] for n, v in sweep.items()})
-            )
-            torch.manual_seed(seed)  # as a single run with this seed seeds the init of its networks
-            singles.append(PPO(member, env, device, world, generator))
+    SWEEPABLE = SWEEPABLE
+    sweep_owner = "PPO's"
+    single = PPO
+
+    def build(self, singles: list[PPO]) -> None:
         # Each member's values of the swept options the loss reads, [S]; a swept lr scales the Adam steps.
         self.swept = {
-            n: torch.tensor(v, device=device) for n, v in sweep.items() if n not in ("lr", *DISCOUNTS)
+            n: torch.tensor(v, device=self.device) for n, v in self.sweep.items() if n not in ("lr", *DISCOUNTS)
         } or None
-        self.discounts = {n: v for n, v in sweep.items() if n in DISCOUNTS}  # each member's gamma, lmbda
-        self.member_lr = torch.tensor(sweep["lr"], device=device) if "lr" in sweep else None
+        self.discounts = {n: v for n, v in self.sweep.items() if n in DISCOUNTS}  # each member's gamma, lmbda
         self.template = singles[0]  # its nets run every member's tensors (`Members`)
         self.members = Members([_nets(single) for single in singles])
         # Per group its stacked parameters in a single run's optimiser order (every net's, in NETS' order).
         self.group_params = {
-            g: {
-                net: [self.members.params[f"{g}.{net}.{name}"] for name, _ in getattr(lr, net).named_parameters()]
-                for net in NETS
-            }
+            g: {net: self.stacked(f"{g}.{net}", getattr(lr, net)) for net in NETS}
             for g, lr in self.template.learners.items()
         }
         self.base_lr = {
@@ -96,10 +80,6 @@ class SeededPPO(Algorithm):
             g: adam([p for net in NETS for p in self.group_params[g][net]], lr=self.base_lr[g], eps=lr.algo.adam_eps)
             for g, lr in self.template.learners.items()
         }
-
-    @property
-    def count(self) -> int:
-        return len(self.seeds)
 
     @property
     def acting(self) -> Acting:
@@ -272,49 +252,18 @@ class SeededPPO(Algorithm):
             out[g] = data
         return out
 
-    @torch.no_grad()
     def _adam_step(self, g: str) -> None:
         """Group `g`'s Adam step; with a swept lr (Adam's own is then 1), each member's step scaled by its lr."""
-        if self.member_lr is None:
-            self.optimizers[g].step()
-            return
-        params = [p for net in NETS for p in self.group_params[g][net]]
-        before = [p.clone() for p in params]
-        self.optimizers[g].step()
-        for p, old in zip(params, before):
-            p.copy_(old + self.member_lr.view(-1, *([1] * (p.dim() - 1))) * (p - old))
-
-    def parameters(self) -> list[torch.Tensor]:
-        return list(self.members.params.values())
-
-    def state_dict(self) -> dict:
-        return {
-            "params": {k: v.detach() for k, v in self.members.params.items()},
-            "buffers": dict(self.members.buffers),
-            "optimizers": {g: opt.state_dict() for g, opt in self.optimizers.items()},
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        with torch.no_grad():
-            for source, held in ((state["params"], self.members.params), (state["buffers"], self.members.buffers)):
-                for name, tensor in held.items():
-                    tensor.copy_(source[name])
-        for g, optimizer in self.optimizers.items():
-            optimizer.load_state_dict(state["optimizers"][g])
+        member_lr_step(self.optimizers[g], [p for net in NETS for p in self.group_params[g][net]], self.member_lr)
 
     def member_state_dict(self, k: int) -> dict:
         """Member `k`'s state as a single run's `PPO.state_dict()`: its checkpoint is an ordinary one."""
         state = {}
         for g in self.template.learners:
-            optimizer = self.optimizers[g].state_dict()
-            per_param = {
-                i: {name: (value[k].clone() if name != "step" else value.clone()) for name, value in held.items()}
-                for i, held in optimizer["state"].items()
-            }
             state[g] = {
                 "policy": self.members.member(k, f"{g}.policy"),
                 "critic": self.members.member(k, f"{g}.critic"),
-                "optimizer": {"state": per_param, "param_groups": optimizer["param_groups"]},
+                "optimizer": member_optimizer_state(self.optimizers[g], k),
             }
         return state
 

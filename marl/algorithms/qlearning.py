@@ -326,6 +326,19 @@ def gather_chunks(storage, index: torch.Tensor, burn_in: int) -> tuple[dict, dic
     return main, window
 
 
+def follow_targets_(
+    targets: list[torch.Tensor], online: list[torch.Tensor], algo: QConfig, updates: torch.Tensor
+) -> None:
+    """Move a group's target tensors towards its online ones after an optimiser step: by Polyak averaging
+    (`tau`), or a copy on the steps the clock `updates` (0-d, the steps taken) says, read on the device."""
+    if algo.target_update == "polyak":
+        polyak_(targets, online, algo.tau)
+        return
+    copy = (updates % algo.target_update_every == 0).float()  # lerp by 1 copies, by 0 keeps
+    for target, source in zip(targets, online):
+        target.lerp_(source, copy)
+
+
 @dataclass
 class QLearner:
     """Everything one group learns with (a mixer and its target for QMIX only)."""
@@ -391,6 +404,7 @@ class QLearning(OffPolicy):
         self.updates = torch.zeros((), dtype=torch.int64, device=device)
         cudagraphs.mark_static((self.updates,), device)
         self.position = torch.zeros((), dtype=torch.int64, device=device)  # the buffer's, from `update` on
+        self.stride = env.num_envs  # envs per step in the buffer (a population's member: its own, `qlearning_seeds`)
         self.trainables = {
             g: Trainable(self.nets(lr), lr.optimizer, lr.algo.max_grad_norm) for g, lr in self.learners.items()
         }
@@ -435,7 +449,7 @@ class QLearning(OffPolicy):
             return super().draw(buffer)
         algo = self.config.algo
         count, length = algo.batch_size // algo.chunk_length, algo.burn_in + algo.chunk_length
-        return buffer.draw_chunks(count, length, self.env.num_envs, self.generator), None
+        return buffer.draw_chunks(count, length, self.stride, self.generator), None
 
     @staticmethod
     def nets(learner: QLearner) -> dict[str, nn.Module]:
@@ -445,13 +459,7 @@ class QLearning(OffPolicy):
     def update_targets(self) -> None:
         self.updates += 1
         for g, (targets, online) in self.targets.items():
-            algo = self.learners[g].algo
-            if algo.target_update == "polyak":
-                polyak_(targets, online, algo.tau)
-            else:  # a copy on the steps the clock says, read on the device: lerp by 1 copies, by 0 keeps
-                copy = (self.updates % algo.target_update_every == 0).float()
-                for target, source in zip(targets, online):
-                    target.lerp_(source, copy)
+            follow_targets_(targets, online, self.learners[g].algo, self.updates)
 
     def begin_iteration(self, frames: int, total_frames: int) -> None:
         super().begin_iteration(frames, total_frames)
@@ -561,7 +569,7 @@ class QLearning(OffPolicy):
         The buffer is extended with time-major `[T, B]` batches of the same B envs, one after another, so
         the same env's step j later sits `j * B` slots on (modulo the capacity): a gather, no search. A
         step at or past the write position is not there yet (or is an older step overwritten)."""
-        capacity, stride = storage[(group, "reward")].shape[0], self.env.num_envs
+        capacity, stride = storage[(group, "reward")].shape[0], self.stride
         offsets = torch.arange(algo.n_step, device=index.device).unsqueeze(-1) * stride  # [n_step, 1]
         slots = (index + offsets).remainder(capacity)  # [n_step, k]
         # Slots from index's up to the write position, in [1, capacity] (all of them when the ring is full

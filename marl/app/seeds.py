@@ -24,7 +24,8 @@ from marl import algorithms
 from marl.app.logger import RunLogger
 from marl.app.wandb_logging import wandb_run
 from marl.config import Member, TrainConfig
-from marl.core.replay import format_bytes, free_bytes
+from marl.core.member_replay import MemberReplayBuffer
+from marl.core.replay import format_bytes, free_bytes, replay_nbytes
 from marl.core.rollout import transition_layout
 
 AGGREGATE = "aggregate.csv"
@@ -95,14 +96,21 @@ def env_seed(config: TrainConfig, seeds: tuple[int, ...]) -> int | tuple[int, ..
 
 
 def member_nbytes(config: TrainConfig, env, algorithm) -> dict[str, int]:
-    """What one member takes, by part: its rollout (every transition and the values, advantages and
-    targets computed on it), the update's per-member copies of the rollout (member-major, then shuffled:
-    two), and its nets with their gradients and Adam's two moments."""
+    """What one member takes, by part: its rollout (every transition and, on-policy, the values, advantages
+    and targets computed on it), on-policy the update's per-member copies of the rollout (member-major, then
+    shuffled: two), off-policy its replay buffer, and its nets with their gradients and Adam's two moments
+    (target nets: the parameters alone)."""
     frames = config.env.num_envs * config.run.rollout_length
-    layout = transition_layout(env.groups, env.state_spec, log_prob=True)
+    on_policy = algorithm.collects == "rollout"
+    layout = transition_layout(env.groups, env.state_spec, log_prob=on_policy)
     per_frame = sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size() for shape, dtype in layout.values())
+    # A trained tensor, its gradient and Adam's two moments: 4 copies; a target net's (no gradient): 1.
+    nets = sum((4 if p.requires_grad else 1) * p.numel() * p.element_size() for p in algorithm.parameters())
+    nets //= algorithm.count
+    if not on_policy:  # its replay buffer, the rollout it is extended from, and its nets
+        replay = replay_nbytes(env.groups, algorithm.replay()[0], env.state_spec)
+        return {"rollout": frames * per_frame, "replay buffer": replay, "nets and Adam": nets}
     per_frame += sum(3 * 4 * spec.n_agents for spec in env.groups.values())  # value, advantage, target
-    nets = 4 * sum(p.numel() * p.element_size() for p in algorithm.parameters()) // algorithm.count
     return {"rollout": frames * per_frame, "update": 2 * frames * per_frame, "nets and Adam": nets}
 
 
@@ -166,7 +174,7 @@ def member_state(trainer, state: dict, k: int) -> dict:
         "hidden": envs_rows(state["hidden"]),
         "algorithm_envs": envs_rows(state["algorithm_envs"]),
         "stats": {"running": envs_rows(stats["running"]), "length": envs_rows(stats["length"]), **sums},
-        "buffer": None,
+        "buffer": MemberReplayBuffer.member_state_dict(state["buffer"], k) if state["buffer"] is not None else None,
         "pending": None,
     }
 

@@ -39,6 +39,7 @@ from marl.app.checkpoint import load_checkpoint, save_checkpoint
 from marl.app.logger import NoLogger, RunLogger, drop_rows_after
 from marl.app.wandb_logging import check_installed, wandb_run
 from marl.config import TrainConfig
+from marl.core.member_replay import MemberReplayBuffer
 from marl.core.replay import ReplayBuffer, format_bytes, replay_nbytes
 from marl.core.rollout import Collector
 from marl.core.timing import PhaseTimer
@@ -120,10 +121,17 @@ class Trainer:
         capacity, prioritized = self.algorithm.replay()
         hidden = self.algorithm.acting.hidden  # recurrent groups' states are stored with their steps
         nbytes = replay_nbytes(self.env.groups, capacity, self.env.state_spec, prioritized is not None, hidden)
+        count = len(self.members)
         if self.world.is_main:
             kind = "prioritized" if prioritized else "uniform"
             ranks = f" on each of {self.world.size} ranks" if self.world.size > 1 else ""
-            print(f"replay buffer: {capacity:,} env steps, {kind}, {format_bytes(nbytes)} on {self.device}{ranks}")
+            runs = f" for each of {count} runs" if count > 1 else ""
+            print(
+                f"replay buffer: {capacity:,} env steps{runs}, {kind}, {format_bytes(count * nbytes)} on "
+                f"{self.device}{ranks}"
+            )
+        if count > 1:  # each member's buffer holds its own envs' steps
+            return MemberReplayBuffer.for_env(self.env, capacity, members=count)
         return ReplayBuffer.for_env(self.env, capacity, prioritized=prioritized, hidden=hidden)
 
     def _collect(self) -> TensorDict:

@@ -123,10 +123,11 @@ class Members:
 
 class MemberPolicy:
     """A group's policy for every member's envs at once, as the rollout calls one: `(observation [S * B, n,
-    ...], action mask or None) -> MemberDistribution`."""
+    ...], action mask or None) -> MemberDistribution`. `log_prob`: whether a sample's log-probability is
+    computed with it (on-policy collection stores it; an off-policy one's distributions may have none)."""
 
-    def __init__(self, members: Members, policy: nn.Module) -> None:
-        self.members, self.policy = members, policy
+    def __init__(self, members: Members, policy: nn.Module, log_prob: bool = True) -> None:
+        self.members, self.policy, self.log_prob = members, policy, log_prob
 
     def __call__(self, observation: torch.Tensor, action_mask: torch.Tensor | None = None) -> MemberDistribution:
         return MemberDistribution(self, observation, action_mask)
@@ -157,11 +158,22 @@ class MemberDistribution:
             raw = dist.sample(noise)
             return raw, dist.log_prob(raw), dist.env_action(raw)
 
-        self._raw, self._log_prob, self._env_action = self._run(act, noise)
+        def act_only(dist, noise):
+            raw = dist.sample(noise)
+            return raw, dist.env_action(raw)
+
+        if self.owner.log_prob:
+            self._raw, self._log_prob, self._env_action = self._run(act, noise)
+        else:
+            self._raw, self._env_action = self._run(act_only, noise)
         return self._raw
 
+    def random(self, noise: torch.Tensor) -> torch.Tensor:
+        """A uniformly random action (off-policy warm-up: `marl.core.distributions.RandomWhile`)."""
+        return self._run(lambda dist, noise: dist.random(noise), noise)
+
     def log_prob(self, raw: torch.Tensor) -> torch.Tensor:
-        if raw is self._raw:
+        if raw is self._raw and self.owner.log_prob:
             return self._log_prob
         return self._run(lambda dist, raw: dist.log_prob(raw), raw)
 
@@ -189,6 +201,30 @@ def clip_members_(params: Sequence[torch.Tensor], max_norm: float) -> torch.Tens
     for g in grads:
         g.mul_(factor.view(-1, *([1] * (g.dim() - 1))))
     return norms
+
+
+def member_optimizer_state(optimizer: torch.optim.Optimizer, k: int) -> dict:
+    """Member `k`'s slot of `optimizer`'s state over stacked parameters `[S, ...]` (Adam's moments; its
+    step count is every member's), as the single run's optimiser's `state_dict()`."""
+    state = optimizer.state_dict()
+    per_param = {
+        i: {name: (value[k].clone() if name != "step" else value.clone()) for name, value in held.items()}
+        for i, held in state["state"].items()
+    }
+    return {"state": per_param, "param_groups": state["param_groups"]}
+
+
+@torch.no_grad()
+def member_lr_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor], lr: torch.Tensor | None) -> None:
+    """`optimizer.step()`; with each member's learning rate `lr` `[S]` (the optimiser's own then 1), each
+    member's step of `params` (`[S, ...]`) scaled by its own: Adam's step is proportional to its lr."""
+    if lr is None:
+        optimizer.step()
+        return
+    before = [p.clone() for p in params]
+    optimizer.step()
+    for p, old in zip(params, before):
+        p.copy_(old + lr.view(-1, *([1] * (p.dim() - 1))) * (p - old))
 
 
 def draw_member_noise(

@@ -237,6 +237,18 @@ class ReplayBuffer:
         kept. Keys not in the layout (e.g. `log_prob`) are not stored."""
         tensors, batch = self._check_extend(data)
         num_steps = math.prod(batch)
+        self._write({key: value.reshape(num_steps, *value.shape[len(batch) :]) for key, value in tensors.items()})
+
+    slot_dim = 0  # the slots' dim in `_slotted` storage (a member dim before it: `MemberReplayBuffer`)
+
+    def _slotted(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A storage tensor as `_write` and the checkpoints index it: `[capacity, ...]` here."""
+        return tensor
+
+    def _write(self, steps: dict[Key, torch.Tensor]) -> None:
+        """Write `steps` (per key `[*lead, num_steps, ...]`, the slots' dim at `slot_dim`) at the write
+        position, in a ring."""
+        num_steps = next(iter(steps.values())).shape[self.slot_dim]
         if num_steps == 0:
             return
         skipped = max(0, num_steps - self.capacity)  # steps overwritten within this same call
@@ -245,10 +257,11 @@ class ReplayBuffer:
         start = (self._position + skipped) % self.capacity
         first = min(kept, self.capacity - start)
         runs = [(start, 0, first)] + ([(0, first, kept)] if kept > first else [])
-        for key, value in tensors.items():
-            flat = value.reshape(num_steps, *value.shape[len(batch) :])[skipped:]
+        d = self.slot_dim
+        for key, value in steps.items():
+            held = self._slotted(self.storage[key])
             for slot, begin, end in runs:
-                self.storage[key][slot : slot + end - begin].copy_(flat[begin:end])
+                held.narrow(d, slot, end - begin).copy_(value.narrow(d, skipped + begin, end - begin))
         if self.tree is not None:
             leaf = self.max_priority.pow(self.prioritized.alpha).expand(kept)
             for slot, begin, end in runs:
@@ -493,7 +506,10 @@ class ReplayBuffer:
             "position": self.position.clone(),
             "size": self.size.clone(),
             "layout": {"/".join(key): (list(shape), str(dtype)) for key, (shape, dtype) in self.layout.items()},
-            "storage": {"/".join(key): value[:count].clone() for key, value in self.storage.items()},
+            "storage": {
+                "/".join(key): self._slotted(value).narrow(self.slot_dim, 0, count).clone()
+                for key, value in self.storage.items()
+            },
         }
         if self.tree is not None:
             state["leaves"] = sum_tree_leaves(self.tree)[:count].clone()
@@ -517,9 +533,9 @@ class ReplayBuffer:
             raise ValueError(f"load_state_dict: the saved buffer is {saved}, this one is {this}")
         count = int(state["count"])
         for name, value in state["storage"].items():
-            storage = self.storage[tuple(name.split("/"))]
-            storage[:count].copy_(value)
-            storage[count:].zero_()
+            storage = self._slotted(self.storage[tuple(name.split("/"))])
+            storage.narrow(self.slot_dim, 0, count).copy_(value)
+            storage.narrow(self.slot_dim, count, self.capacity - count).zero_()
         self.position.copy_(state["position"])
         self.size.copy_(state["size"])
         self._count = count

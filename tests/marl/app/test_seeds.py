@@ -85,19 +85,25 @@ def test_population_collects_and_learns_without_host_sync(tmp_path):
 
 
 def test_population_resumes_exactly_and_each_member_resumes_alone(tmp_path):
-    config = with_run(tiny_config(tmp_path), seeds=SEEDS, total_frames=16 * 8 * 3)
+    member = assert_resumes_exactly(with_run(tiny_config(tmp_path), seeds=SEEDS, total_frames=16 * 8 * 3), tmp_path)
+    assert member.config.run.seed == SEEDS[1]
+
+
+def assert_resumes_exactly(config: TrainConfig, tmp_path) -> Trainer:
+    """Train a population 2 iterations, checkpointing after the first: resumed, it repeats the second
+    exactly, and a member's own checkpoint, an ordinary single-seed run's, continues that member; returns
+    that member's trainer."""
     straight = Trainer(config, run_dir=tmp_path / "pop")
     straight.train_iteration()
     straight.save()
     expected = straight.train_iteration()["members"]
-
     resumed = Trainer.resume(tmp_path / "pop" / "checkpoint.pt")
     for a, b in zip(resumed.train_iteration()["members"], expected):
-        assert a == b
-    # a member's own checkpoint is an ordinary single-seed run's, which continues that member
+        assert a.keys() == b.keys() and all(a[k] == b[k] or math.isnan(a[k]) and math.isnan(b[k]) for k in a), a
     member = Trainer.resume(tmp_path / "pop" / f"seed_{SEEDS[1]}" / "checkpoint.pt")
-    assert member.seeds == (SEEDS[1],) and member.config.run.seed == SEEDS[1]
+    assert member.seeds == (SEEDS[1],)
     assert_rows_match(expected[1], member.train_iteration())
+    return member
 
 
 def test_train_writes_member_logs_aggregate_and_summary(tmp_path, capsys):
@@ -134,7 +140,7 @@ def tiny_argv(tmp_path) -> list[str]:
         (["--seeds", "1", "2", "1"], "seeds [1, 2, 1] repeat [1]: each seed trains one run, list it once"),
         (["--seeds", "1", "2", "--num-seeds", "3"], "num_seeds=3 but 2 seeds were listed"),
         (["--num-seeds", "0"], "num_seeds must be >= 1"),
-        (["--algo", "iql", "--num-seeds", "2"], "train ippo, mappo (PPO) so far, not --algo iql"),
+        (["--algo", "isac", "--num-seeds", "2"], "train ippo, iql, mappo, qmix, vdn so far, not --algo isac"),
         (["--num-seeds", "2", "--compile"], "leave out --compile"),
         (["--num-seeds", "2", "--model", "gru", "--chunk-length", "8"], "leave out --model gru"),
     ],

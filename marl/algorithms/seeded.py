@@ -1,0 +1,103 @@
+"""What every population (`marl train --seeds`, `register_seeded`) shares: its members as single runs built
+with their seeds and swept values, their stacked nets (`marl.core.members.Members`), one optimiser per group
+over the stacked parameters, and the checkpoint of all of them."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from marl.algorithms.base import Algorithm
+from marl.config import TrainConfig
+from marl.core.members import Members
+
+
+class Seeded(Algorithm):
+    """A population of `len(seeds)` members of one algorithm; `generators[k]` is member `k`'s random
+    stream, as a single run's. A subclass sets `single` (the algorithm each member trains as) and
+    `SWEEPABLE` (the options `--sweep` may give each member), and writes `build`: from the members built as
+    single runs, it stacks their nets in `self.members` and sets `self.optimizers`."""
+
+    single: ClassVar[type[Algorithm]]
+    SWEEPABLE: ClassVar[tuple[str, ...]] = ()
+    sweep_owner: ClassVar[str] = ""
+    """Whose options `SWEEPABLE` are, for the refusal of any other (`PPO's`)."""
+
+    members: Members
+    optimizers: dict[str, torch.optim.Optimizer]
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        env,
+        device: torch.device,
+        world,
+        generators: list[torch.Generator],
+        seeds: tuple[int, ...],
+        sweep: dict[str, tuple[float, ...]] | None = None,
+    ) -> None:
+        super().__init__(config, env, device, world, generators[0])
+        self.seeds, self.generators = tuple(seeds), list(generators)
+        self.sweep = dict(sweep or {})
+        unknown = sorted(set(self.sweep) - set(self.SWEEPABLE))
+        if unknown:
+            raise ValueError(
+                f"--sweep takes {self.sweep_owner} options {', '.join(self.SWEEPABLE)}, not {', '.join(unknown)}"
+            )
+        overridden = sorted({n for o in config.group_overrides.values() for n in o} & set(self.sweep))
+        if overridden:
+            raise ValueError(f"--sweep and --group both set {', '.join(overridden)}: sweep it for every group, or none")
+        # Each member's learning rate `[S]` when swept (its optimiser's own is then 1: `member_lr_step`).
+        self.member_lr = torch.tensor(self.sweep["lr"], device=device) if "lr" in self.sweep else None
+        self.check()
+        self.build(self.singles())
+
+    def check(self) -> None:
+        """Refuse what this population does not train, before any member is built."""
+
+    def build(self, singles: list[Algorithm]) -> None:
+        """Stack the `singles` (every member as the single run it trains as, in order) into this population."""
+        raise NotImplementedError
+
+    @property
+    def count(self) -> int:
+        return len(self.seeds)
+
+    def singles(self) -> list[Algorithm]:
+        """Every member as the single run (`single`) it trains as: its seed (the init of its networks), its
+        generator, its swept values."""
+        out = []
+        for k, (seed, generator) in enumerate(zip(self.seeds, self.generators)):
+            values = {n: v[k] for n, v in self.sweep.items()}
+            member = dataclasses.replace(self.config, algo=dataclasses.replace(self.config.algo, **values))
+            torch.manual_seed(seed)  # as a single run with this seed seeds the init of its networks
+            out.append(self.single(member, self.env, self.device, self.world, generator))
+        return out
+
+    def stacked(self, prefix: str, module: nn.Module | None) -> list[nn.Parameter]:
+        """The stacked parameters `[S, ...]` of the template's submodule `module`, named `prefix` among the
+        members' nets, in its `parameters()` order (none for None)."""
+        if module is None:
+            return []
+        return [self.members.params[f"{prefix}.{name}"] for name, _ in module.named_parameters()]
+
+    def parameters(self) -> list[torch.Tensor]:
+        return list(self.members.params.values())
+
+    def state_dict(self) -> dict:
+        return {
+            "params": {k: v.detach() for k, v in self.members.params.items()},
+            "buffers": dict(self.members.buffers),
+            "optimizers": {g: opt.state_dict() for g, opt in self.optimizers.items()},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        with torch.no_grad():
+            for source, held in ((state["params"], self.members.params), (state["buffers"], self.members.buffers)):
+                for name, tensor in held.items():
+                    tensor.copy_(source[name])
+        for g, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(state["optimizers"][g])

@@ -1,0 +1,93 @@
+"""The replay buffers of several runs trained in one process (`marl train --seeds`, `marl.core.members`).
+
+Member `k`'s buffer is a ring of `capacity` env steps that holds only its own envs' steps (columns
+`k * B .. (k + 1) * B` of every `[T, S * B]` batch), in the order a single run's buffer holds them (time-major,
+slot `t * B + j` for its env `j` at step `t`), so that a draw of the same slots gives the same steps. All
+members' rings live in one storage `[S * capacity, ...]`, viewed `[S, capacity, ...]` (`member_storage`), which
+a vmapped loss reads as each member's `[capacity, ...]`. Every member writes as many steps per batch, so one
+write position and one fill count serve them all. Draws are uniform, each member's from its own generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from tensordict import TensorDictBase
+
+from envs.specs import Box, GroupSpec
+from marl.core.replay import Key, ReplayBuffer, format_bytes
+
+
+class MemberReplayBuffer(ReplayBuffer):
+    """`members` replay buffers of `capacity` env steps each (uniform draws only): `extend` takes the
+    population's `[T, S * B]` batch, `draw_members` each member's slots, `member_storage` the storage."""
+
+    slot_dim = 1
+
+    def __init__(
+        self,
+        groups: Mapping[str, GroupSpec],
+        capacity: int,
+        device: torch.device | str = "cpu",
+        *,
+        members: int,
+        state_spec: Box | None = None,
+    ) -> None:
+        if isinstance(members, bool) or not isinstance(members, int) or members < 1:
+            raise ValueError(f"MemberReplayBuffer: members must be a positive int, got {members!r}")
+        super().__init__(groups, members * capacity, device, state_spec=state_spec)
+        self.members, self.capacity = members, capacity  # from here on, each member's capacity
+
+    def __repr__(self) -> str:
+        return (
+            f"MemberReplayBuffer({self.members} members x {len(self)}/{self.capacity} env steps, groups "
+            f"{list(self.groups)}, uniform, {format_bytes(self.nbytes)} in all on {self.device})"
+        )
+
+    def _slotted(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.view(self.members, self.capacity, *tensor.shape[1:])  # [S, capacity, ...]
+
+    def member_storage(self) -> dict[Key, torch.Tensor]:
+        """Every stored tensor as `[S, capacity, ...]` (views): member `k`'s buffer at `[k]`."""
+        return {key: self._slotted(value) for key, value in self.storage.items()}
+
+    @torch.no_grad()
+    def extend(self, data: TensorDictBase) -> None:
+        """Append a `[T, S * B]` batch: each member's `[T, B]` columns to its own ring, time-major."""
+        tensors, batch = self._check_extend(data)
+        if len(batch) != 2 or batch[1] % self.members:
+            raise ValueError(
+                f"extend: a population's batch is [T, S * B] with S = {self.members} members, got {list(batch)}"
+            )
+        # [T, S * B, ...] -> [S, T * B, ...]: member k's steps in its single run's order
+        self._write({k: v.unflatten(1, (self.members, -1)).movedim(1, 0).flatten(1, 2) for k, v in tensors.items()})
+
+    def draw(self, batch_size: int, generator=None, beta=None):
+        raise TypeError("a MemberReplayBuffer draws each member's slots from its own generator: call draw_members")
+
+    @torch.no_grad()
+    def draw_members(self, batch_size: int, generators: Sequence[torch.Generator]) -> torch.Tensor:
+        """Each member's `batch_size` slots of its own ring, drawn uniformly from its own generator as a
+        single run's buffer draws them: `[S, batch_size]`. A loop over the members: torch draws from one
+        generator per call."""
+        if len(generators) != self.members:
+            raise ValueError(f"draw_members: {len(generators)} generators for {self.members} members")
+        return torch.stack([super(MemberReplayBuffer, self).draw(batch_size, g)[0] for g in generators])
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "members": self.members}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        if state.get("members") != self.members:
+            raise ValueError(
+                f"load_state_dict: the saved buffer holds {state.get('members')} members' steps, this one {self.members}"
+            )
+        super().load_state_dict(state)
+
+    @staticmethod
+    def member_state_dict(state: Mapping, k: int) -> dict:
+        """Member `k`'s buffer in a population buffer's `state` (`state_dict()`), as a single run's
+        `ReplayBuffer.state_dict()`."""
+        single = {name: value for name, value in state.items() if name != "members"}
+        return {**single, "storage": {name: value[k].clone() for name, value in state["storage"].items()}}

@@ -1,0 +1,167 @@
+"""Several seeds of IQL, VDN and QMIX in one process (`marl train --algo qmix --seeds`): each member is the
+single run with its seed, its own replay buffer, draws, exploration and targets."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+import envs
+from marl.algorithms.qlearning import QLearning
+from marl.app import seeds as population
+from marl.app.cli import main
+from marl.app.trainer import Trainer
+from marl.core.member_replay import MemberReplayBuffer
+from marl.core.replay import ReplayBuffer
+from tests.marl.algorithms.test_offpolicy import small_config
+from tests.marl.app.test_seeds import SEEDS, assert_resumes_exactly, assert_rows_match
+
+# Per algorithm options that reach the parts a member keeps apart: a buffer that wraps (100 slots, 64 steps
+# an iteration), warm-up (random actions from each member's noise), hard target copies, n-step returns.
+OPTIONS = {
+    "iql": {"buffer_size": 100, "warmup_frames": 64, "target_update": "hard", "target_update_every": 2},
+    "vdn": {"n_step": 2, "buffer_size": 150},
+    "qmix": {"buffer_size": 100, "max_grad_norm": 0.5},
+}
+
+
+def q_config(tmp_path, algo: str, **run):
+    config = small_config(tmp_path, algo, "spread", **{"exploration_anneal": 0.01, **OPTIONS[algo]})
+    run = {"total_frames": 8 * 8 * 3, "checkpoint_every": 1, **run}
+    env = dataclasses.replace(config.env, env_options={"max_steps": 6})  # episodes end in every iteration
+    return dataclasses.replace(config, env=env, run=dataclasses.replace(config.run, **run))
+
+
+@pytest.mark.parametrize("algo", ["iql", "vdn", "qmix"])
+def test_each_member_trains_as_the_single_run_with_its_seed(tmp_path, algo):
+    batched = Trainer(q_config(tmp_path, algo, seeds=SEEDS), run_dir=tmp_path / "seeds")
+    singles = [Trainer(q_config(tmp_path, algo, seed=s), run_dir=tmp_path / f"seed{s}") for s in SEEDS]
+    for _ in range(3):
+        row = batched.train_iteration()
+        for member, single in zip(row["members"], singles):
+            assert_rows_match(member, single.train_iteration())
+    # each member's buffer holds its own single run's steps, slot for slot
+    held = batched.buffer.member_storage()
+    for k, single in enumerate(singles):
+        for key, tensor in single.buffer.storage.items():
+            assert torch.equal(held[key][k], tensor), key
+    assert all(math.isfinite(member["agent/episode_return"]) for member in row["members"])
+    assert row["members"][0]["agent/loss"] != row["members"][1]["agent/loss"]
+
+
+def random_steps(layout: dict, batch: tuple[int, ...], generator: torch.Generator) -> TensorDict:
+    """Random env steps `[*batch]` of a buffer's `layout`, every value distinct enough to tell slots apart."""
+    data = TensorDict({}, batch_size=batch)
+    for key, (shape, dtype) in layout.items():
+        value = torch.randint(0, 1000, (*batch, *shape), generator=generator)
+        data.set(key if len(key) > 1 else key[0], value.to(dtype))
+    return data
+
+
+def test_member_buffers_hold_their_own_envs_steps_in_single_run_order():
+    env = envs.make("spread", num_envs=2 * 3, seed=SEEDS)
+    buffer = MemberReplayBuffer.for_env(env, 10, members=2)
+    singles = [ReplayBuffer.for_env(env, 10) for _ in SEEDS]
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(3):  # 6 steps per member each time into 10 slots: the rings wrap
+        batch = random_steps(buffer.layout, (2, 6), generator)
+        buffer.extend(batch)
+        for k, single in enumerate(singles):
+            single.extend(batch[:, k * 3 : (k + 1) * 3])
+    held = buffer.member_storage()
+    for k, single in enumerate(singles):
+        for key, tensor in single.storage.items():
+            assert torch.equal(held[key][k], tensor), key
+    assert repr(buffer).startswith(f"MemberReplayBuffer(2 members x {len(singles[0])}/10 env steps")
+    draws = buffer.draw_members(5, [torch.Generator().manual_seed(s) for s in SEEDS])
+    for k, s in enumerate(SEEDS):
+        assert torch.equal(draws[k], singles[k].draw(5, torch.Generator().manual_seed(s))[0])
+    restored = MemberReplayBuffer.for_env(env, 10, members=2)
+    restored.load_state_dict(buffer.state_dict())
+    assert all(torch.equal(restored.storage[key], value) for key, value in buffer.storage.items())
+    with pytest.raises(TypeError, match="draw_members"):
+        buffer.draw(5)
+
+
+def test_population_update_reads_nothing_back_from_the_device(tmp_path):
+    trainer = Trainer(q_config(tmp_path, "qmix", seeds=SEEDS, total_frames=10**5), run_dir=tmp_path / "run")
+    trainer.algorithm.begin_iteration(0, 10**5)
+    trainer.buffer.extend(trainer.collector.collect())
+    with envs.forbid_host_sync("cpu"):
+        trainer.algorithm.begin_iteration(64, 10**5)
+        trainer.buffer.extend(trainer.collector.collect())
+        trainer.algorithm.update(trainer.buffer, trainer.timer)
+
+
+def test_population_resumes_exactly_and_each_member_resumes_alone_with_its_buffer(tmp_path):
+    member = assert_resumes_exactly(q_config(tmp_path, "iql", seeds=SEEDS), tmp_path)
+    assert type(member.buffer) is ReplayBuffer and len(member.buffer) == 100  # its own steps, from the checkpoint
+
+
+def test_each_member_of_an_lr_sweep_trains_as_the_single_run_with_its_lr(tmp_path):
+    batched = Trainer(q_config(tmp_path, "vdn", seeds=(3,), sweep=("lr=0.001,0.03",)), run_dir=tmp_path / "sweep")
+    assert [m.name for m in batched.members] == ["seed_3-lr_0.001", "seed_3-lr_0.03"]
+    config = q_config(tmp_path, "vdn", seed=3)
+    singles = [
+        Trainer(dataclasses.replace(config, algo=dataclasses.replace(config.algo, lr=lr)), run_dir=tmp_path / f"{lr}")
+        for lr in (0.001, 0.03)
+    ]
+    for _ in range(2):
+        for member, single in zip(batched.train_iteration()["members"], singles):
+            assert_rows_match(member, single.train_iteration())
+
+
+def q_argv(tmp_path, algo="iql") -> list[str]:
+    return [
+        *("--algo", algo, "--env", "spread", "--num-envs", "8", "--rollout-length", "8", "--total-frames", "128"),
+        *("--batch-size", "32", "--updates-per-iteration", "2", "--buffer-size", "200", "--hidden", "8"),
+        *("--env-option", "max_steps=4", "--log-dir", str(tmp_path), "--run-name", "run"),
+        *("--no-progress", "--no-tensorboard"),
+    ]
+
+
+def test_train_writes_member_logs_aggregate_and_checkpoints_that_eval_takes(tmp_path, capsys):
+    assert main(["train", *q_argv(tmp_path, "qmix"), "--num-seeds", "2", "--save-buffer"]) == 0
+    out = capsys.readouterr().out
+    assert "seeds 0, 1: 2 runs in one process" in out and "replay buffer" in out and "final return" in out
+    run = tmp_path / "run"
+    assert len((run / "aggregate.csv").read_text().splitlines()) == 3
+    for seed in (0, 1):
+        assert len((run / f"seed_{seed}" / "metrics.csv").read_text().splitlines()) == 3
+    assert main(["eval", "--checkpoint", str(run / "checkpoint.pt"), "--member", "1", "--episodes", "2"]) == 0
+    assert "agent: mean episode return" in capsys.readouterr().out
+    member = Trainer.resume(run / "seed_1" / "checkpoint.pt")  # a single run's, with its own buffer
+    assert len(member.buffer) == 128 and member.config.run.seed == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--prioritized"], "draw from their replay buffers uniformly so far: leave out --prioritized"),
+        (["--sweep", "gamma=0.9,0.99"], "--sweep takes Q-learning's options lr, not gamma"),
+        (["--compile"], "leave out --compile"),
+        (["--model", "gru", "--chunk-length", "4"], "leave out --model gru"),
+        (["--algo", "masac"], "train ippo, iql, mappo, qmix, vdn so far, not --algo masac"),
+    ],
+)
+def test_what_populations_of_q_learners_do_not_train_is_one_clear_line(tmp_path, argv, message, capsys):
+    assert main(["train", *q_argv(tmp_path), "--num-seeds", "2", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_memory_line_counts_a_members_buffer_and_its_target_nets_once(tmp_path):
+    batched = Trainer(q_config(tmp_path, "qmix", seeds=SEEDS), run_dir=tmp_path / "seeds")
+    parts = population.member_nbytes(batched.config, batched.env, batched.algorithm)
+    single = Trainer(q_config(tmp_path, "qmix", seed=SEEDS[0]), run_dir=tmp_path / "single")
+    # A single run's allocated buffer; its trained nets 4 times (gradients, Adam's moments), its targets once.
+    assert parts["replay buffer"] == sum(t.numel() * t.element_size() for t in single.buffer.storage.values())
+    expected = 0
+    for learner in single.algorithm.learners.values():
+        trained = {id(p) for net in QLearning.nets(learner).values() for p in net.parameters()}
+        for module in learner.modules().values():
+            for p in module.parameters():
+                expected += (4 if id(p) in trained else 1) * p.numel() * p.element_size()
+    assert parts["nets and Adam"] == expected
