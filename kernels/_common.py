@@ -252,7 +252,10 @@ def decay(flag: torch.Tensor, scale: float | torch.Tensor, out: torch.Tensor) ->
     if number.dtype in (torch.float16, torch.bfloat16):  # computed in their dtype, the scale would be rounded
         number = number.float()
     if isinstance(scale, torch.Tensor):
-        return torch.addcmul(scale, number, scale, value=-1, out=out)  # scale - flag * scale
+        # One contiguous row [*batch] of scales, broadcast over time only: broadcast over the inner batch
+        # dims as well (e.g. [B, 1, 1] against [T, B, n, 1]), the op is not vectorised and runs far slower.
+        row = scale.expand(out.shape[1:]).contiguous()
+        return torch.addcmul(row, number, row, value=-1, out=out)  # scale - flag * scale
     return torch.sub(torch.tensor(scale), number.expand(out.shape), alpha=scale, out=out)
 
 
