@@ -49,16 +49,46 @@ def autotuned(kernel: Callable | None) -> Callable | None:
     return triton.autotune(configs=configs, key=["T", "N"])(kernel)
 
 
-def check_unit_interval(op: str, name: str, x: float) -> float:
-    """`x` as a float, or an error unless it is a real number in [0, 1]."""
+def check_unit_interval(op: str, name: str, x: float, accepted: str = "a Python float in [0, 1]") -> float:
+    """`x` as a float, or an error unless it is a real number in [0, 1]; `accepted` names what `op` takes."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         raise TypeError(
-            f"{op}: {name} must be a Python float in [0, 1], got {type(x).__name__}"
+            f"{op}: {name} must be {accepted}, got {type(x).__name__}"
             + (" (pass float(tensor) once, outside the training loop)" if isinstance(x, torch.Tensor) else "")
         )
     if not 0.0 <= x <= 1.0:  # also rejects NaN
         raise ValueError(f"{op}: {name} = {x} is outside [0, 1]")
     return float(x)
+
+
+def check_per_column(op: str, name: str, x: float | torch.Tensor, shape: torch.Size, device: torch.device):
+    """A hyper-parameter of `op` over inputs `[T, *batch]` of `shape` on `device`: a Python float in [0, 1]
+    (checked), or a float32 tensor on `device` of one value per column, returned as is.
+
+    The tensor broadcasts against `[*batch]` as torch broadcasts (aligned on the right) without enlarging
+    it: at most `len(batch)` dims, each 1 or the batch dim's size (e.g. `[B, 1, 1]` per env against
+    `[T, B, n, 1]` inputs, `[B]` against `[T, B]`, a 0-d tensor for every column). It holds no time dim: a
+    column keeps its value over the rollout. Its values are not checked: reading them would make the host
+    wait for the device at every call; whoever builds it checks the numbers once, as `SeededPPO` does.
+    """
+    if not isinstance(x, torch.Tensor):
+        accepted = "a Python float in [0, 1] or a float32 tensor of one value per column"
+        return check_unit_interval(op, name, x, accepted)
+    batch = tuple(shape[1:])
+    if x.layout != torch.strided:
+        raise TypeError(f"{op}: {name} is a {x.layout} tensor; expected a dense (torch.strided) tensor")
+    if x.dtype != torch.float32:
+        raise TypeError(f"{op}: {name} has dtype {x.dtype}; expected float32 (one value per column)")
+    if x.device != device:
+        raise ValueError(f"{op}: {name} is on {x.device}, expected {device} like the inputs")
+    aligned = batch[len(batch) - x.dim() :] if x.dim() <= len(batch) else None
+    if aligned is None or any(size not in (1, full) for size, full in zip(x.shape, aligned, strict=True)):
+        raise ValueError(
+            f"{op}: {name} has shape {tuple(x.shape)}; expected one that broadcasts against the batch dims"
+            f" {batch} of the inputs {tuple(shape)} (aligned on the right, each dim 1 or the batch's, no"
+            f" time dim: e.g. [B, 1, 1] per env against [T, B, n, 1])"
+        )
+    return x
 
 
 def check_inputs(
@@ -164,17 +194,29 @@ def launch_columns(
     inputs: Sequence[torch.Tensor],
     outputs: Sequence[torch.Tensor],
     scalars: Sequence[float],
+    per_column: Sequence[float | torch.Tensor] = (),
     **constexprs: bool,
 ) -> None:
     """Run a column kernel: one program per block of columns, walking time backwards.
 
-    Kernels take `(*inputs, *outputs, T, N, N2, *input strides (st, s1, s2), *scalars, **constexprs,
-    FLAT, BLOCK, CHUNK)`; the outputs are fresh contiguous `[T, *batch]` tensors, i.e. `[T, N]` row-major.
+    Kernels take `(*inputs, *outputs, T, N, N2, *input strides (st, s1, s2), *scalars, *per-column
+    (x, s1, s2), **constexprs, FLAT, BLOCK, CHUNK)`; the outputs are fresh contiguous `[T, *batch]`
+    tensors, i.e. `[T, N]` row-major. A `per_column` value is a float, passed with strides `(0, 0)`, or a
+    tensor broadcastable to `[*batch]` (`check_per_column`), laid out with the inputs and passed as its
+    pointer and column strides: the kernel reads it once per column, where a constexpr says it is one.
     """
     shape = outputs[0].shape
-    n1, n2, inputs, strides = column_layout(shape, inputs)
+    # Per-column tensors are laid out as inputs expanded over time (time stride 0, which kernels ignore).
+    tensors = [x for x in per_column if isinstance(x, torch.Tensor)]
+    n1, n2, laid_out, strides = column_layout(shape, [*inputs, *tensors])
+    k = len(inputs)
+    tensor_args = iter([(x, *strides[3 * i + 1 : 3 * i + 3]) for i, x in enumerate(laid_out) if i >= k])
+    per_column_args = [
+        arg for x in per_column for arg in (next(tensor_args) if isinstance(x, torch.Tensor) else (x, 0, 0))
+    ]  # (x, s1, s2) each
+    inputs, strides = laid_out[:k], strides[: 3 * k]
     num_steps, num_columns = shape[0], n1 * n2
-    args = (*inputs, *outputs, num_steps, num_columns, n2, *strides, *scalars)
+    args = (*inputs, *outputs, num_steps, num_columns, n2, *strides, *scalars, *per_column_args)
     constexprs["FLAT"] = n1 == 1
     device = outputs[0].device
     if num_columns == 0:
@@ -200,15 +242,26 @@ def flag_as_number(flag: torch.Tensor) -> torch.Tensor:
     return flag.view(torch.uint8) if flag.dtype == torch.bool else flag
 
 
-def decay(flag: torch.Tensor, scale: float, out: torch.Tensor) -> torch.Tensor:
-    """`out = scale * (1 - flag)`, in one vectorised op; `out` is float32, of the flag's shape or broadcast.
+def decay(flag: torch.Tensor, scale: float | torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """`out = scale * (1 - flag)`, in one vectorised op; `out` is float32, of `decay_shape` or broadcast.
 
-    The scale is a CPU scalar tensor, which CUDA ops also accept without a copy.
+    A float scale is a CPU scalar tensor, which CUDA ops also accept without a copy; a tensor scale (one
+    value per column, float32 on the flag's device) broadcasts against the flag.
     """
     number = flag_as_number(flag)
     if number.dtype in (torch.float16, torch.bfloat16):  # computed in their dtype, the scale would be rounded
         number = number.float()
+    if isinstance(scale, torch.Tensor):
+        # One contiguous row [*batch] of scales, broadcast over time only: broadcast over the inner batch
+        # dims as well (e.g. [B, 1, 1] against [T, B, n, 1]), the op is not vectorised and runs far slower.
+        row = scale.expand(out.shape[1:]).contiguous()
+        return torch.addcmul(row, number, row, value=-1, out=out)  # scale - flag * scale
     return torch.sub(torch.tensor(scale), number.expand(out.shape), alpha=scale, out=out)
+
+
+def decay_shape(flag: torch.Tensor, scale: float | torch.Tensor) -> torch.Size:
+    """The shape of `decay(flag, scale)`: the flag's, widened by a tensor scale's batch dims."""
+    return torch.broadcast_shapes(flag.shape, scale.shape) if isinstance(scale, torch.Tensor) else flag.shape
 
 
 def scratch(buffer: torch.Tensor, shape: torch.Size) -> torch.Tensor:

@@ -14,6 +14,9 @@ Semantics, for each column independently, walking time backwards from `A[T] = 0`
 belongs to another episode). A truncated step (done and not terminated) keeps its bootstrap
 `next_value[t]`. `terminated` implies `done`.
 
+`gamma` and `lmbda` are floats, or tensors of one value per column (`[*batch]`-broadcastable, e.g. one per
+env of a population whose members discount differently): column `j` then uses its own in both lines.
+
 Four implementations, held to each other by the tests:
 - `_gae_kernel`: the Triton kernel, one program per block of columns walking time backwards in chunks;
 - `_gae_torch`: the fast CPU path, a vectorised `delta`, then fused ops over contiguous rows walking
@@ -30,9 +33,10 @@ from ._common import (
     Backend,
     autotuned,
     check_inputs,
-    check_unit_interval,
+    check_per_column,
     column_offsets,
     decay,
+    decay_shape,
     launch_columns,
     resolve_backend,
     reverse_recurrence_,
@@ -50,8 +54,10 @@ def _gae_kernel(
     advantage_ptr, value_target_ptr,  # outputs [T, N] float32, contiguous
     T, N, N2,  # steps, columns, and the inner size of the [N1, N2] grid of columns
     r_st, r_s1, r_s2, v_st, v_s1, v_s2, nv_st, nv_s1, nv_s2, d_st, d_s1, d_s2, m_st, m_s1, m_s2,
-    gamma, lmbda,
+    gamma, g_s1, g_s2, lmbda, l_s1, l_s2,  # floats (strides 0), or pointers to one value per column
     FLAT: tl.constexpr,  # the batch dims of every input collapse to one (see column_offsets)
+    GAMMA_PER_COLUMN: tl.constexpr,  # gamma points to a float32 [*batch] tensor (column strides g_s1, g_s2)
+    LMBDA_PER_COLUMN: tl.constexpr,  # lmbda likewise
     BLOCK: tl.constexpr,  # columns per program
     CHUNK: tl.constexpr,  # time steps loaded per tile: all their loads are in flight before any store
 ):
@@ -63,6 +69,11 @@ def _gae_kernel(
     next_value_ptr += column_offsets(columns, N2, nv_s1, nv_s2, FLAT)
     done_ptr += column_offsets(columns, N2, d_s1, d_s2, FLAT)
     terminated_ptr += column_offsets(columns, N2, m_s1, m_s2, FLAT)
+    # A per-column gamma or lmbda is read once, [BLOCK]: a column keeps its value for the whole rollout.
+    if GAMMA_PER_COLUMN:
+        gamma = tl.load(gamma + column_offsets(columns, N2, g_s1, g_s2, FLAT), mask=in_range, other=0.0)
+    if LMBDA_PER_COLUMN:
+        lmbda = tl.load(lmbda + column_offsets(columns, N2, l_s1, l_s2, FLAT), mask=in_range, other=0.0)
     trace_decay = gamma * lmbda
     advantage = tl.zeros([BLOCK], dtype=tl.float32)  # A[t + 1] in fp32, whatever the input dtype
     for start in range(0, T, CHUNK):
@@ -98,7 +109,16 @@ def _gae_triton(reward, value, next_value, done, terminated, *, gamma, lmbda):
     advantage = torch.empty(value.shape, dtype=torch.float32, device=value.device)
     value_target = torch.empty_like(advantage)
     inputs = (reward, value, next_value, done, terminated)
-    launch_columns(_gae_kernel, _gae_kernel_tuned, inputs, (advantage, value_target), (gamma, lmbda))
+    launch_columns(
+        _gae_kernel,
+        _gae_kernel_tuned,
+        inputs,
+        (advantage, value_target),
+        scalars=(),
+        per_column=(gamma, lmbda),
+        GAMMA_PER_COLUMN=isinstance(gamma, torch.Tensor),
+        LMBDA_PER_COLUMN=isinstance(lmbda, torch.Tensor),
+    )
     return advantage, value_target
 
 
@@ -112,9 +132,12 @@ def _gae_torch(reward, value, next_value, done, terminated, *, gamma, lmbda):
     # The bootstrap as next_value times gamma * (1 - terminated), exactly 0 where terminated: adding
     # gamma * next_value and taking it off again rounded the reward away under a large next_value.
     # value_target is scratch until it is written last (flags have at most the output's size).
-    delta.addcmul_(next_value, decay(terminated, gamma, out=scratch(value_target, terminated.shape)))
-    trace = scratch(value_target, done.shape)  # gamma * lmbda * (1 - done), until value_target is written
-    decay(done, gamma * lmbda, out=trace)
+    # (A per-column gamma may be wider than a flag, e.g. [B, n, 1] against env flags [T, B, 1, 1]: the
+    # decay then takes the shape of both, at most the output's.)
+    delta.addcmul_(next_value, decay(terminated, gamma, out=scratch(value_target, decay_shape(terminated, gamma))))
+    trace_decay = gamma * lmbda  # a float, or [*batch]-broadcastable float32 when either is a tensor
+    trace = scratch(value_target, decay_shape(done, trace_decay))  # until value_target is written
+    decay(done, trace_decay, out=trace)
     reverse_recurrence_(advantage, trace)
     torch.add(advantage, value, out=value_target)
     return advantage, value_target
@@ -127,10 +150,11 @@ def gae_reference(
     done: torch.Tensor,
     terminated: torch.Tensor,
     *,
-    gamma: float,
-    lmbda: float,
+    gamma: float | torch.Tensor,
+    lmbda: float | torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAE as a plain loop over time, written to be checked by eye; same arguments as `gae`."""
+    """GAE as a plain loop over time, written to be checked by eye; same arguments as `gae` (a tensor
+    gamma or lmbda broadcasts against each step's `[*batch]`)."""
     advantage = torch.zeros(value.shape, dtype=torch.float32, device=value.device)
     next_advantage = torch.zeros(value.shape[1:], dtype=torch.float32, device=value.device)  # A[T] = 0
     for t in reversed(range(value.shape[0])):
@@ -150,8 +174,8 @@ def gae(
     done: torch.Tensor,
     terminated: torch.Tensor,
     *,
-    gamma: float,
-    lmbda: float,
+    gamma: float | torch.Tensor,
+    lmbda: float | torch.Tensor,
     backend: Backend = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized advantage estimates and value targets of a time-major rollout.
@@ -164,8 +188,13 @@ def gae(
             truncation: cuts the trace.
         terminated: `[T, *batch]` bool (or float 0.0/1.0), the episode ended for real at step `t`:
             zeroes the bootstrap. A truncated step (done, not terminated) bootstraps from `next_value`.
-        gamma: discount in [0, 1].
-        lmbda: GAE lambda in [0, 1].
+        gamma: discount in [0, 1]: a Python float (checked), or a float32 tensor on the inputs' device
+            of one value per column, e.g. `[B, 1, 1]` (one per env) for `[T, B, n, 1]` inputs. It
+            broadcasts against `[*batch]` as torch broadcasts, aligned on the right, without enlarging
+            it: at most `len(batch)` dims, each 1 or the batch dim's size, and no time dim. Its values are
+            not checked, as reading them would make the host wait for the device at every call: build it
+            once from checked numbers. A float stays the fastest path.
+        lmbda: GAE lambda in [0, 1], a float or a per-column tensor as `gamma` (either may be a tensor).
         backend: `"auto"` (Triton for CUDA tensors, and for CPU tensors under `TRITON_INTERPRET=1`;
             the fast torch path otherwise), `"triton"`, `"torch"` or `"reference"`.
 
@@ -177,10 +206,10 @@ def gae(
         `(advantage, value_target)`, both `[T, *batch]` float32 and contiguous, with
         `value_target = advantage + value`. They are targets: no gradient flows through them.
     """
-    gamma = check_unit_interval("gae", "gamma", gamma)
-    lmbda = check_unit_interval("gae", "lmbda", lmbda)
     values = {"reward": reward, "value": value, "next_value": next_value}
-    _, device = check_inputs("gae", "value", values, {"done": done, "terminated": terminated})
+    shape, device = check_inputs("gae", "value", values, {"done": done, "terminated": terminated})
+    gamma = check_per_column("gae", "gamma", gamma, shape, device)
+    lmbda = check_per_column("gae", "lmbda", lmbda, shape, device)
     implementation = {"triton": _gae_triton, "torch": _gae_torch, "reference": gae_reference}
     run = implementation[resolve_backend(backend, device, _gae_kernel)]
     return run(reward, value, next_value, done, terminated, gamma=gamma, lmbda=lmbda)

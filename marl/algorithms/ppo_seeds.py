@@ -12,8 +12,8 @@ runs' Adams. The critic passes and each step's forward and backward go through t
 
 A population (`--sweep lr=1e-4,1e-3`) gives each member its own values of `SWEEPABLE` options, as `[S]`
 tensors: the loss reads them (vmapped, one value per member), and a swept learning rate scales each
-member's Adam step (Adam then steps with lr 1). A swept `gamma` or `lmbda` is each member's scalar to the
-GAE kernel, called on its block of env columns (one call per member, not per env or step).
+member's Adam step (Adam then steps with lr 1). A swept `gamma` or `lmbda` is a per-env-column tensor to
+the GAE kernel (member `k`'s value on its block of columns): one call for the whole population.
 """
 
 from __future__ import annotations
@@ -65,7 +65,13 @@ class SeededPPO(Seeded):
         self.swept = {
             n: torch.tensor(v, device=self.device) for n, v in self.sweep.items() if n not in ("lr", *DISCOUNTS)
         } or None
-        self.discounts = {n: v for n, v in self.sweep.items() if n in DISCOUNTS}  # each member's gamma, lmbda
+        # Each swept gamma or lmbda per env column, [S * B]: member k's value (checked by its PPOConfig) on
+        # its block of B columns, the per-column tensor GAE reads.
+        self.discounts = {
+            n: torch.tensor(v, dtype=torch.float32, device=self.device).repeat_interleave(self.config.env.num_envs)
+            for n, v in self.sweep.items()
+            if n in DISCOUNTS
+        }
         self.template = singles[0]  # its nets run every member's tensors (`Members`)
         self.members = Members([_nets(single) for single in singles])
         # Per group its stacked parameters in a single run's optimiser order (every net's, in NETS' order).
@@ -131,20 +137,15 @@ class SeededPPO(Seeded):
         return explained
 
     def _gae(self, algo, data: TensorDict, value: torch.Tensor, next_value: torch.Tensor):
-        """`kernels.gae` over the `[T, S * B, ...]` batch of a group (its `algo` config): one call, or with a
-        swept gamma or lmbda one per member on its `[T, B, ...]` block of env columns (views), with its own
-        values, as its single run calls it."""
+        """`kernels.gae` over the `[T, S * B, ...]` batch of a group (its `algo` config), in one call: a swept
+        gamma or lmbda goes as a per-column tensor (member `k`'s value on its block of env columns), so each
+        member's columns are discounted as its single run's."""
         inputs = (data["reward"], value, next_value, data["done"], data["terminated"])
-        if not self.discounts:
-            return kernels.gae(*inputs, gamma=algo.gamma, lmbda=algo.lmbda)
-        S = self.count
-        gammas = self.discounts.get("gamma", (algo.gamma,) * S)
-        lmbdas = self.discounts.get("lmbda", (algo.lmbda,) * S)
-        blocks = [split(x, S, 1) for x in inputs]  # [S, T, B, ...] each
-        parts = [
-            kernels.gae(*(x[k] for x in blocks), gamma=gammas[k], lmbda=lmbdas[k]) for k in range(S)
-        ]  # S x (advantage, value_target) [T, B, ...]
-        return tuple(join(torch.stack(out), 1) for out in zip(*parts))
+        trailing = (1,) * (value.dim() - 2)  # [S * B] -> [S * B, 1, ...], against [T, S * B, n, ...]
+        gamma, lmbda = (
+            self.discounts[n].view(-1, *trailing) if n in self.discounts else getattr(algo, n) for n in DISCOUNTS
+        )
+        return kernels.gae(*inputs, gamma=gamma, lmbda=lmbda)
 
     def _in_chunks(self, fn, obs: dict, state):
         """`self.members(fn, obs, state)` over `[S, T, B, ...]` inputs, a few steps `T` at a time: every

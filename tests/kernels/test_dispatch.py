@@ -98,8 +98,8 @@ def compile_sm90(kernel, pointers, constexprs, ones=False, num_warps=4):
             signature[name] = "constexpr"
         elif name.endswith("_ptr"):
             signature[name] = pointers[names.index(name)]
-        elif name in ("gamma", "lmbda"):
-            signature[name] = "fp32"
+        elif name in ("gamma", "lmbda"):  # a float, or a pointer to one value per column
+            signature[name] = "*fp32" if constexprs.get(name.upper() + "_PER_COLUMN") else "fp32"
         elif ones:
             signature[name], values[name] = "constexpr", 1
         else:
@@ -113,15 +113,19 @@ def compile_sm90(kernel, pointers, constexprs, ones=False, num_warps=4):
             "shared": compiled.metadata.shared}
 
 f32, b16, i1 = "*fp32", "*bf16", "*i1"
+floats = {"GAMMA_PER_COLUMN": False, "LMBDA_PER_COLUMN": False}
 report["gae_flat_unit_strides"] = compile_sm90(_gae_kernel, [f32, f32, f32, i1, i1, f32, f32],
-    {"FLAT": True, "BLOCK": 512, "CHUNK": 8, "r_s2": 1, "v_s2": 1, "nv_s2": 1, "d_s2": 1, "m_s2": 1})
+    {**floats, "FLAT": True, "BLOCK": 512, "CHUNK": 8, "r_s2": 1, "v_s2": 1, "nv_s2": 1, "d_s2": 1, "m_s2": 1})
 report["gae_narrow_one_column_per_thread"] = compile_sm90(_gae_kernel, [f32, f32, f32, i1, i1, f32, f32],
-    {"FLAT": True, "BLOCK": 32, "CHUNK": 16, "r_s2": 1, "v_s2": 1, "nv_s2": 1, "d_s2": 1, "m_s2": 1},
+    {**floats, "FLAT": True, "BLOCK": 32, "CHUNK": 16, "r_s2": 1, "v_s2": 1, "nv_s2": 1, "d_s2": 1, "m_s2": 1},
     num_warps=1)
 report["gae_grid_bf16"] = compile_sm90(_gae_kernel, [b16, b16, b16, f32, i1, f32, f32],
-    {"FLAT": False, "BLOCK": 128, "CHUNK": 16}, num_warps=1)
+    {**floats, "FLAT": False, "BLOCK": 128, "CHUNK": 16}, num_warps=1)
 report["gae_all_ones"] = compile_sm90(_gae_kernel, [f32, f32, f32, i1, i1, f32, f32],
-    {"FLAT": True, "BLOCK": 64, "CHUNK": 4}, ones=True, num_warps=1)
+    {**floats, "FLAT": True, "BLOCK": 64, "CHUNK": 4}, ones=True, num_warps=1)
+report["gae_per_column_gamma_lmbda"] = compile_sm90(_gae_kernel, [f32, f32, f32, i1, i1, f32, f32],
+    {"GAMMA_PER_COLUMN": True, "LMBDA_PER_COLUMN": True, "FLAT": False, "BLOCK": 128, "CHUNK": 16},
+    num_warps=1)
 report["returns_flat_unit_strides"] = compile_sm90(_returns_kernel, [f32, f32, i1, i1, f32],
     {"BOOTSTRAP": True, "FLAT": True, "BLOCK": 512, "CHUNK": 8, "r_s2": 1, "nv_s2": 1, "d_s2": 1, "m_s2": 1})
 for bootstrap in (True, False):
@@ -155,7 +159,7 @@ def test_without_interpreter_cpu_tensors_take_the_torch_path(without_interpreter
 @pytest.mark.skipif(not PTXAS.exists(), reason="Triton's bundled ptxas is missing")
 def test_kernels_compile_for_sm90_without_spills(without_interpreter):
     kernels = {name: stats for name, stats in without_interpreter.items() if isinstance(stats, dict)}
-    assert len(kernels) == 9
+    assert len(kernels) == 10
     for name, stats in kernels.items():
         assert stats["local"] == 0, (name, stats)  # no register spills
         if "unit_strides" in name:
@@ -175,13 +179,15 @@ def test_compiled_kernels_match_reference_on_cuda(shape, dtype):
     env_flags = {name: data[name][..., :1, :] if len(shape) == 4 else data[name] for name in ("done", "terminated")}
     for flags in (data, env_flags):
         args = (data["reward"], data["value"], data["next_value"], flags["done"], flags["terminated"])
-        for got, want in zip(
-            gae(*args, gamma=0.99, lmbda=0.95),
-            gae(*args, gamma=0.99, lmbda=0.95, backend="reference"),
-            strict=True,
-        ):
-            assert got.is_cuda
-            assert_close(got, want)
+        per_env = torch.linspace(0.9, 1.0, shape[1], device="cuda").view(shape[1], *(1,) * (len(shape) - 2))
+        for gamma, lmbda in ((0.99, 0.95), (per_env, per_env.flip(0))):
+            for got, want in zip(
+                gae(*args, gamma=gamma, lmbda=lmbda),
+                gae(*args, gamma=gamma, lmbda=lmbda, backend="reference"),
+                strict=True,
+            ):
+                assert got.is_cuda
+                assert_close(got, want)
         args = (data["reward"], data["next_value"], flags["done"], flags["terminated"])
         assert_close(
             td_lambda_returns(*args, gamma=0.99, lmbda=0.95),

@@ -94,12 +94,38 @@ GAE_ERRORS = {
     "gamma-negative": (dict(gamma=-0.1), ValueError, "gae: gamma = -0.1 is outside [0, 1]"),
     "gamma-nan": (dict(gamma=float("nan")), ValueError, "gae: gamma = nan is outside [0, 1]"),
     "lmbda-above-one": (dict(lmbda=2), ValueError, "gae: lmbda = 2 is outside [0, 1]"),
-    "gamma-tensor": (
-        dict(gamma=torch.tensor(0.9)),
+    "lmbda-bool": (
+        dict(lmbda=True),
         TypeError,
-        "gae: gamma must be a Python float in [0, 1], got Tensor (pass float(tensor) once",
+        "gae: lmbda must be a Python float in [0, 1] or a float32 tensor of one value per column, got bool",
     ),
-    "lmbda-bool": (dict(lmbda=True), TypeError, "gae: lmbda must be a Python float in [0, 1], got bool"),
+    # per-column gamma and lmbda tensors: float32, on the inputs' device, broadcast against [*batch] = (5, 3)
+    "gamma-float64-tensor": (
+        dict(gamma=torch.full((B, 1), 0.9, dtype=torch.float64)),
+        TypeError,
+        "gae: gamma has dtype torch.float64; expected float32 (one value per column)",
+    ),
+    "gamma-tensor-with-a-time-dim": (
+        dict(gamma=torch.full((T, B, 1), 0.9)),
+        ValueError,
+        "gae: gamma has shape (4, 5, 1); expected one that broadcasts against the batch dims (5, 3) of the"
+        " inputs (4, 5, 3) (aligned on the right",
+    ),
+    "lmbda-tensor-of-the-wrong-size": (
+        dict(lmbda=torch.full((B,), 0.9)),  # aligned on the right: against n = 3, not B = 5
+        ValueError,
+        "gae: lmbda has shape (5,); expected one that broadcasts against the batch dims (5, 3)",
+    ),
+    "gamma-tensor-on-another-device": (
+        dict(gamma=torch.full((B, 1), 0.9, device="meta")),
+        ValueError,
+        "gae: gamma is on meta, expected cpu like the inputs",
+    ),
+    "lmbda-sparse-tensor": (
+        dict(lmbda=torch.full((B, N), 0.9).to_sparse()),
+        TypeError,
+        "gae: lmbda is a torch.sparse_coo tensor; expected a dense (torch.strided) tensor",
+    ),
     "unknown-backend": (
         dict(backend="cuda"),
         ValueError,
@@ -141,6 +167,9 @@ def test_discounted_returns_errors():
         discounted_returns(data["reward"], torch.zeros(T, 1, 2, dtype=torch.bool), gamma=0.9)
     with pytest.raises(ValueError, match=re.escape("discounted_returns: gamma = 1.01 is outside [0, 1]")):
         discounted_returns(data["reward"], data["done"], gamma=1.01)
+    message = "discounted_returns: gamma must be a Python float in [0, 1], got Tensor (pass float(tensor) once"
+    with pytest.raises(TypeError, match=re.escape(message)):
+        discounted_returns(data["reward"], data["done"], gamma=torch.tensor(0.9))
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch", "reference"])

@@ -5,6 +5,7 @@ import pytest
 import torch
 from kernel_cases import DENSITIES, assert_close, rollout
 
+from envs.sync import forbid_host_sync
 from kernels import gae
 from kernels._common import column_layout
 
@@ -214,3 +215,59 @@ def test_kernel_over_several_programs_and_chunk_sizes(chunk, monkeypatch):
     env_flags = rollout(37, (5, 1), density=0.1, seed=1)
     assert_matches_reference(data, backends=("triton",))
     assert_matches_reference({**data, "done": env_flags["done"]}, backends=("triton",))
+
+
+# Per-column gamma and lmbda: (batch of the values, of the flags, gamma's shape, lmbda's shape, or None for a
+# float). A tensor broadcasts against [*batch], aligned on the right.
+PER_COLUMN = {
+    "per-env-gamma": ((6, 4, 1), (6, 1, 1), (6, 1, 1), None),
+    "per-env-lmbda": ((6, 4, 1), (6, 1, 1), None, (6, 1, 1)),
+    "per-agent-gamma-per-env-lmbda": ((6, 4, 1), (6, 1, 1), (4, 1), (6, 1, 1)),
+    "every-column-both": ((5, 7), (5, 7), (5, 7), (5, 7)),
+    "zero-dim-gamma": ((9,), (9,), (), (9,)),
+    "three-grid-dims-copied": ((3, 4, 2), (3, 1, 2), (3, 1, 2), None),
+}
+
+
+def per_column_scalar_calls(data, gamma, lmbda):
+    """The independent check: the reference called once per column with that column's floats."""
+    shape = data["value"].shape
+    columns = {name: x.expand(shape).reshape(shape[0], -1) for name, x in data.items()}  # [T, N]
+    gammas, lmbdas = (torch.as_tensor(x).expand(shape[1:]).reshape(-1) for x in (gamma, lmbda))
+    outputs = [
+        gae_by("reference", {name: x[:, j] for name, x in columns.items()}, float(gammas[j]), float(lmbdas[j]))
+        for j in range(gammas.numel())
+    ]
+    return tuple(torch.stack(out, 1).view(shape) for out in zip(*outputs, strict=True))
+
+
+@pytest.mark.parametrize("batch, flag_batch, gamma_shape, lmbda_shape", PER_COLUMN.values(), ids=PER_COLUMN.keys())
+def test_per_column_gamma_and_lmbda_match_a_scalar_call_per_column(batch, flag_batch, gamma_shape, lmbda_shape):
+    data = rollout(13, batch, density=0.1)
+    flags = rollout(13, flag_batch, density=0.1, seed=1)
+    data["done"], data["terminated"] = flags["done"], flags["terminated"]
+    generator = torch.Generator().manual_seed(2)
+    gamma, lmbda = (0.9 if s is None else torch.rand(s, generator=generator) for s in (gamma_shape, lmbda_shape))
+    expected = per_column_scalar_calls(data, gamma, lmbda)
+    for backend in (*FAST, "reference"):
+        for got, want in zip(gae_by(backend, data, gamma, lmbda), expected, strict=True):
+            assert_close(got, want)
+
+
+def test_per_column_gamma_and_lmbda_over_several_programs(monkeypatch):
+    # 35 columns in blocks of 16: three programs, the last partly masked, each loading its columns' values.
+    monkeypatch.setattr("kernels._common.CPU_MAX_BLOCK", 16)
+    data = rollout(21, (5, 7), density=0.1)
+    gamma, lmbda = torch.rand(5, 1), torch.rand(5, 7)
+    expected = per_column_scalar_calls(data, gamma, lmbda)
+    for got, want in zip(gae_by("triton", data, gamma, lmbda), expected, strict=True):
+        assert_close(got, want)
+
+
+@pytest.mark.parametrize("backend", ["torch", "reference"])
+def test_per_column_gamma_and_lmbda_need_no_host_sync(backend):
+    # The Triton path is left out: its CPU interpreter copies tensors to the host, a CUDA launch does not.
+    data = rollout(50, (8, 3, 1), density=0.1)
+    gamma, lmbda = torch.rand(8, 1, 1), torch.rand(8, 1, 1)
+    with forbid_host_sync("cpu"):
+        gae_by(backend, data, gamma, lmbda)

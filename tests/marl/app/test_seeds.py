@@ -77,8 +77,10 @@ def test_member_envs_draw_as_single_envs_with_their_seeds():
             assert torch.equal(obs[g, "observation"], torch.cat([p[g, "observation"] for p in parts]))
 
 
-def test_population_collects_and_learns_without_host_sync(tmp_path):
-    trainer = Trainer(with_run(tiny_config(tmp_path), seeds=SEEDS))
+@pytest.mark.parametrize("sweep", [None, ("gamma=0.9,0.99", "lmbda=0.8,0.95")], ids=["seeds", "gamma-lmbda-sweep"])
+def test_population_collects_and_learns_without_host_sync(tmp_path, sweep):
+    # A swept gamma or lmbda reaches GAE as a per-column tensor, read without a sync.
+    trainer = Trainer(with_run(tiny_config(tmp_path), seeds=SEEDS, **({"sweep": sweep} if sweep else {})))
     with envs.forbid_host_sync():
         batch = trainer.collector.collect()
         trainer.algorithm.update(batch, trainer.timer)
