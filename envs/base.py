@@ -47,6 +47,16 @@ from envs.random import CounterRandom
 from envs.specs import Box, Discrete, GroupSpec, MultiDiscrete
 
 
+def _copying_outputs(method):
+    def call(*args):
+        result = method(*args)
+        if isinstance(result, dict):
+            return {key: value.clone() for key, value in result.items()}
+        return result.clone() if isinstance(result, torch.Tensor) else result
+
+    return call
+
+
 def _seed(seed: int | Sequence[int]) -> int | tuple[int, ...]:
     """An env's seed: an int, or a tuple of its members' seeds (see `BaseEnv.__init__`)."""
     return tuple(int(s) for s in seed) if isinstance(seed, Sequence) else int(seed)
@@ -311,21 +321,32 @@ class MultiAgentEnv:
             self.state_in_place = True
             self._step = self._holding_state(self._step)
             self._reset = self._holding_state(self._reset)
+            # What the env reports may be a view of its state (`{"agent": self.pos}`), which the next
+            # step now overwrites: it is copied (in a graph the copy fuses into the op that computes it).
+            for name in ("_observe", "_action_mask", "_state", "_agent_terminated"):
+                setattr(self, name, _copying_outputs(getattr(self, name)))
 
     def _holding_state(self, method):
         def call(*args):
             before = {name: getattr(self, name) for name in self._state_names}
             before = {name: dict(value) if isinstance(value, dict) else value for name, value in before.items()}
             result = method(*args)
+            # (label, the tensor held before, the value assigned now) for every state tensor
+            pairs = []
             for name, held in before.items():
                 now = getattr(self, name)
                 if isinstance(held, dict):
-                    for key, tensor in held.items():
-                        self._write_back(f"{name}[{key!r}]", tensor, now[key])
-                    setattr(self, name, held)
+                    pairs += [(f"{name}[{key!r}]", tensor, now[key]) for key, tensor in held.items()]
                 else:
-                    self._write_back(name, held, now)
-                    setattr(self, name, held)
+                    pairs.append((name, held, now))
+                setattr(self, name, held)
+            # A value that is another state's held tensor (`self.a, self.b = self.b, self.a`) is read before
+            # any write-back overwrites it.
+            held_ids = {id(held) for _, held, _ in pairs}
+            for label, held, now in [
+                (la, h, n.clone() if n is not h and id(n) in held_ids else n) for la, h, n in pairs
+            ]:
+                self._write_back(label, held, now)
             return result
 
         return call

@@ -73,3 +73,18 @@ def test_a_state_tensor_that_changes_shape_is_named():
     env.hold_state_in_place()
     with pytest.raises(EnvOutputError, match=r"state tensor picks changed from torch.float32 \(4,\) .* \(4, 1\)"):
         env.step(env.sample_actions(torch.Generator().manual_seed(0)))
+
+
+class Swapping(Counter):
+    """Swaps two state tensors by assignment: each must get the other's values, not a half-overwritten one.
+    Its observation of `picks` is a view of that state tensor (Counter's `self.picks[:, None, None]`)."""
+
+    def _step(self, action):
+        self.pos, self.target = self.target, self.pos
+        return super()._step(action)
+
+
+def test_swapped_state_and_observed_views_stay_right_when_held_in_place():
+    plain, held = Swapping(num_envs=4, seed=0), Swapping(num_envs=4, seed=0)
+    held.hold_state_in_place()
+    run_side_by_side(plain, held, steps=12)
