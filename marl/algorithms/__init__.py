@@ -10,7 +10,7 @@
 `marl.algorithms.base` holds the interface (`Algorithm`) and the registry.
 """
 
-from marl.algorithms import ddpg, ppo, ppo_seeds, qlearning, qlearning_seeds, sac  # noqa: E402, F401  (register their algorithms)
+from marl.algorithms import ddpg, offpolicy_seeds, ppo, ppo_seeds, qlearning, qlearning_seeds, sac  # noqa: E402, F401  (register their algorithms)
 from marl.algorithms.base import (
     DEFAULT,
     Algorithm,

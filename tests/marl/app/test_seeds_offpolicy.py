@@ -143,7 +143,10 @@ def test_train_writes_member_logs_aggregate_and_checkpoints_that_eval_takes(tmp_
         (["--sweep", "gamma=0.9,0.99"], "--sweep takes Q-learning's options lr, not gamma"),
         (["--compile"], "leave out --compile"),
         (["--model", "gru", "--chunk-length", "4"], "leave out --model gru"),
-        (["--algo", "masac"], "train ippo, iql, mappo, qmix, vdn so far, not --algo masac"),
+        (
+            ["--env", "speaker_listener", "--group", "listener.algo=masac"],
+            "of iql train every group with IQL, VDN or QMIX; group(s) ['listener'] take another algorithm",
+        ),
     ],
 )
 def test_what_populations_of_q_learners_do_not_train_is_one_clear_line(tmp_path, argv, message, capsys):

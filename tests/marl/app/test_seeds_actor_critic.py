@@ -1,0 +1,143 @@
+"""Several seeds of MADDPG, IDDPG, MASAC and ISAC in one process (`marl train --algo masac --seeds`): each member
+is the single run with its seed, its own replay buffer, draws, exploration and sampling noise, temperature and
+targets."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+import envs
+from marl.app import seeds as population
+from marl.app.cli import main
+from marl.app.trainer import Trainer
+from marl.core.replay import ReplayBuffer
+from tests.marl.algorithms.test_offpolicy import small_config
+from tests.marl.app.test_seeds import SEEDS, assert_resumes_exactly, assert_rows_match
+
+# Per algorithm an env and options that reach the parts a member keeps apart: a buffer that wraps (100 slots, 64
+# steps an iteration), warm-up (random actions from each member's noise), sigma annealed over the 3 iterations,
+# unclipped and clipped gradients, Polyak targets, SAC's temperature tuned from alpha_init, discrete and
+# continuous groups of one run (speaker_listener).
+CASES = {
+    "maddpg": ("navigation", {"buffer_size": 100, "warmup_frames": 64, "exploration_anneal": 0.5}),
+    "iddpg": ("navigation", {"max_grad_norm": 0.0, "tau": 0.1, "exploration_anneal": 0.5}),
+    "masac": ("speaker_listener", {"buffer_size": 100, "max_grad_norm": 0.5}),
+    "isac": ("navigation", {"warmup_frames": 64, "alpha_init": 0.5}),
+}
+
+
+def ac_config(tmp_path, algo: str, **run):
+    env, options = CASES[algo]
+    config = small_config(tmp_path, algo, env, **options)
+    run = {"total_frames": 8 * 8 * 3, "checkpoint_every": 1, **run}
+    settings = dataclasses.replace(config.env, env_options={"max_steps": 6})  # episodes end in every iteration
+    return dataclasses.replace(config, env=settings, run=dataclasses.replace(config.run, **run))
+
+
+@pytest.mark.parametrize("algo", list(CASES))
+def test_each_member_trains_as_the_single_run_with_its_seed(tmp_path, algo):
+    batched = Trainer(ac_config(tmp_path, algo, seeds=SEEDS), run_dir=tmp_path / "seeds")
+    singles = [Trainer(ac_config(tmp_path, algo, seed=s), run_dir=tmp_path / f"seed{s}") for s in SEEDS]
+    for _ in range(3):
+        row = batched.train_iteration()
+        for member, single in zip(row["members"], singles):
+            assert_rows_match(member, single.train_iteration())
+    # each member's buffer holds its own single run's steps, slot for slot (continuous actions, and the states
+    # they lead to, to the rounding of the batched policies)
+    held = batched.buffer.member_storage()
+    for k, single in enumerate(singles):
+        for key, tensor in single.buffer.storage.items():
+            torch.testing.assert_close(held[key][k], tensor, rtol=1e-4, atol=1e-5, msg=str(key))
+    group = next(iter(batched.env.groups))
+    assert all(math.isfinite(member[f"{group}/episode_return"]) for member in row["members"])
+    assert row["members"][0][f"{group}/loss"] != row["members"][1][f"{group}/loss"]
+
+
+def test_each_member_of_an_lr_sweep_trains_as_the_single_run_with_its_lr(tmp_path):
+    batched = Trainer(ac_config(tmp_path, "isac", seeds=(3,), sweep=("lr=0.001,0.03",)), run_dir=tmp_path / "sweep")
+    assert [m.name for m in batched.members] == ["seed_3-lr_0.001", "seed_3-lr_0.03"]
+    config = ac_config(tmp_path, "isac", seed=3)
+    singles = [
+        Trainer(dataclasses.replace(config, algo=dataclasses.replace(config.algo, lr=lr)), run_dir=tmp_path / f"{lr}")
+        for lr in (0.001, 0.03)
+    ]
+    for _ in range(2):
+        for member, single in zip(batched.train_iteration()["members"], singles):
+            assert_rows_match(member, single.train_iteration())
+
+
+def test_population_update_reads_nothing_back_from_the_device(tmp_path):
+    # masac only, as the single run's test: DDPG's eager loss builds its action bounds from host numbers
+    # (`action_features`), a single run's as well.
+    trainer = Trainer(ac_config(tmp_path, "masac", seeds=SEEDS, total_frames=10**5), run_dir=tmp_path / "run")
+    trainer.algorithm.begin_iteration(0, 10**5)
+    trainer.buffer.extend(trainer.collector.collect())
+    with envs.forbid_host_sync("cpu"):
+        trainer.algorithm.begin_iteration(64, 10**5)
+        trainer.buffer.extend(trainer.collector.collect())
+        trainer.algorithm.update(trainer.buffer, trainer.timer)
+
+
+@pytest.mark.parametrize("algo", ["masac", "maddpg"])
+def test_population_resumes_exactly_and_each_member_resumes_alone_with_its_buffer(tmp_path, algo):
+    member = assert_resumes_exactly(ac_config(tmp_path, algo, seeds=SEEDS), tmp_path)
+    assert type(member.buffer) is ReplayBuffer and len(member.buffer) == 100  # its own steps, from the checkpoint
+
+
+def ac_argv(tmp_path, algo="masac") -> list[str]:
+    return [
+        *("--algo", algo, "--env", "navigation", "--num-envs", "8", "--rollout-length", "8", "--total-frames", "128"),
+        *("--batch-size", "32", "--updates-per-iteration", "2", "--buffer-size", "200", "--hidden", "8"),
+        *("--env-option", "max_steps=4", "--log-dir", str(tmp_path), "--run-name", "run"),
+        *("--no-progress", "--no-tensorboard"),
+    ]
+
+
+def test_train_writes_member_logs_aggregate_and_checkpoints_that_eval_takes(tmp_path, capsys):
+    assert main(["train", *ac_argv(tmp_path, "maddpg"), "--num-seeds", "2", "--save-buffer"]) == 0
+    out = capsys.readouterr().out
+    assert "seeds 0, 1: 2 runs in one process" in out and "with MADDPG" in out and "final return" in out
+    run = tmp_path / "run"
+    assert len((run / "aggregate.csv").read_text().splitlines()) == 3
+    for seed in (0, 1):
+        assert len((run / f"seed_{seed}" / "metrics.csv").read_text().splitlines()) == 3
+    assert main(["eval", "--checkpoint", str(run / "checkpoint.pt"), "--member", "1", "--episodes", "2"]) == 0
+    assert "agent: mean episode return" in capsys.readouterr().out
+    member = Trainer.resume(run / "seed_1" / "checkpoint.pt")  # a single run's, with its own buffer
+    assert len(member.buffer) == 128 and member.config.run.seed == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--prioritized"], "draw from their replay buffers uniformly so far: leave out --prioritized"),
+        (["--sweep", "gamma=0.9,0.99"], "--sweep takes SAC's options lr, not gamma"),
+        (["--compile"], "leave out --compile"),
+        (["--model", "gru"], "--model gru: --algo masac trains MLPs only"),  # as a single run's
+        (
+            ["--algo", "maddpg", "--env", "speaker_listener", "--group", "speaker.algo=iql"],
+            "of maddpg train every group with MADDPG or IDDPG; group(s) ['speaker'] take another algorithm",
+        ),
+    ],
+)
+def test_what_populations_of_actor_critics_do_not_train_is_one_clear_line(tmp_path, argv, message, capsys):
+    assert main(["train", *ac_argv(tmp_path), "--num-seeds", "2", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_memory_line_counts_a_members_buffer_and_its_target_nets_once(tmp_path):
+    batched = Trainer(ac_config(tmp_path, "masac", seeds=SEEDS), run_dir=tmp_path / "seeds")
+    parts = population.member_nbytes(batched.config, batched.env, batched.algorithm)
+    single = Trainer(ac_config(tmp_path, "masac", seed=SEEDS[0]), run_dir=tmp_path / "single")
+    # A single run's allocated buffer; its trained nets 4 times (gradients, Adam's moments), its targets once.
+    assert parts["replay buffer"] == sum(t.numel() * t.element_size() for t in single.buffer.storage.values())
+    expected = 0
+    for g, learner in single.algorithm.learners.items():
+        trained = {id(p) for net in single.algorithm.trainables[g].nets.values() for p in net.parameters()}
+        for module in learner.modules().values():
+            for p in module.parameters():
+                expected += (4 if id(p) in trained else 1) * p.numel() * p.element_size()
+    assert parts["nets and Adam"] == expected
