@@ -13,7 +13,8 @@ its loss means (inside the vmapped loss), its gradient-norm clipping per net (`c
 (Polyak averaging, Q-learning's hard copies) moves the stacked targets, elementwise, for every member at once;
 every member takes the same number of steps, so one clock serves the hard copies of all of them.
 
-With `--sweep lr=...` each member's Adam step is scaled by its own learning rate (`member_lr_step`).
+With `--sweep lr=...` each member's Adam step is scaled by its own learning rate (`member_lr_step`); the actor-
+critics' `--sweep tau=...` moves each member's targets by its own Polyak factor (`member_polyak_`).
 Uniform replay only: prioritized replay (one sum tree per member) is refused.
 """
 
@@ -32,7 +33,14 @@ from marl.algorithms.sac import SAC
 from marl.algorithms.seeded import Seeded
 from marl.config import TrainConfig
 from marl.core.member_replay import MemberReplayBuffer
-from marl.core.members import MemberPolicy, Members, clip_members_, member_lr_step, member_optimizer_state
+from marl.core.members import (
+    MemberPolicy,
+    Members,
+    clip_members_,
+    member_lr_step,
+    member_optimizer_state,
+    member_polyak_,
+)
 from marl.core.rollout import Acting
 from marl.optim.update_step import adam
 
@@ -91,6 +99,8 @@ class SeededOffPolicy(Seeded):
         for targets, _ in template.targets.values():
             for p in targets:
                 p.requires_grad_(False)  # moved by the target update, never by an optimiser
+        # Each member's Polyak factor `[S]` when swept (the actor-critics' `tau`).
+        self.member_tau = torch.tensor(self.sweep["tau"], device=self.device) if "tau" in self.sweep else None
         self.optimizers = {
             g: adam(self.optimized[g], lr=1.0 if self.member_lr is not None else lr.algo.lr, eps=lr.algo.adam_eps)
             for g, lr in template.learners.items()
@@ -160,8 +170,12 @@ class SeededOffPolicy(Seeded):
             ]
             member_lr_step(self.optimizers[g], self.optimized[g], self.member_lr)
             out[g] = torch.cat([terms[g], torch.stack(norms, -1)], -1)
-        with torch.no_grad():
-            template.update_targets()
+        if self.member_tau is None:
+            with torch.no_grad():
+                template.update_targets()
+        else:
+            for targets, online in template.targets.values():
+                member_polyak_(targets, online, self.member_tau)
         return out
 
     def member_state_dict(self, k: int) -> dict:
@@ -184,6 +198,7 @@ class SeededDDPG(SeededOffPolicy):
     """MADDPG and IDDPG populations: each member's exploration sigma follows the single run's schedule."""
 
     single = DDPG
+    SWEEPABLE = ("lr", "tau")
     family = "MADDPG or IDDPG"
     sweep_owner = "DDPG's"
     scheduled = ("sigma",)
@@ -195,5 +210,6 @@ class SeededSAC(SeededOffPolicy):
     its own loss and Adam; its actions at s and s' sampled with its own noise."""
 
     single = SAC
+    SWEEPABLE = ("lr", "tau")
     family = "MASAC or ISAC"
     sweep_owner = "SAC's"

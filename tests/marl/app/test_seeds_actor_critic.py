@@ -55,13 +55,18 @@ def test_each_member_trains_as_the_single_run_with_its_seed(tmp_path, algo):
     assert row["members"][0][f"{group}/loss"] != row["members"][1][f"{group}/loss"]
 
 
-def test_each_member_of_an_lr_sweep_trains_as_the_single_run_with_its_lr(tmp_path):
-    batched = Trainer(ac_config(tmp_path, "isac", seeds=(3,), sweep=("lr=0.001,0.03",)), run_dir=tmp_path / "sweep")
-    assert [m.name for m in batched.members] == ["seed_3-lr_0.001", "seed_3-lr_0.03"]
-    config = ac_config(tmp_path, "isac", seed=3)
+@pytest.mark.parametrize(("algo", "option"), [("isac", "lr"), ("maddpg", "tau")])
+def test_each_member_of_a_sweep_trains_as_the_single_run_with_its_value(tmp_path, algo, option):
+    values = (0.001, 0.03) if option == "lr" else (0.01, 0.3)
+    sweep = (f"{option}={values[0]},{values[1]}",)
+    batched = Trainer(ac_config(tmp_path, algo, seeds=(3,), sweep=sweep), run_dir=tmp_path / "sweep")
+    assert [m.name for m in batched.members] == [f"seed_3-{option}_{v}" for v in values]
+    config = ac_config(tmp_path, algo, seed=3)
     singles = [
-        Trainer(dataclasses.replace(config, algo=dataclasses.replace(config.algo, lr=lr)), run_dir=tmp_path / f"{lr}")
-        for lr in (0.001, 0.03)
+        Trainer(
+            dataclasses.replace(config, algo=dataclasses.replace(config.algo, **{option: v})), run_dir=tmp_path / f"{v}"
+        )
+        for v in values
     ]
     for _ in range(2):
         for member, single in zip(batched.train_iteration()["members"], singles):
@@ -113,7 +118,7 @@ def test_train_writes_member_logs_aggregate_and_checkpoints_that_eval_takes(tmp_
     ("argv", "message"),
     [
         (["--prioritized"], "draw from their replay buffers uniformly so far: leave out --prioritized"),
-        (["--sweep", "gamma=0.9,0.99"], "--sweep takes SAC's options lr, not gamma"),
+        (["--sweep", "gamma=0.9,0.99"], "--sweep takes SAC's options lr, tau, not gamma"),
         (["--compile"], "leave out --compile"),
         (["--model", "gru"], "--model gru: --algo masac trains MLPs only"),  # as a single run's
         (
