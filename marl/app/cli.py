@@ -51,7 +51,7 @@ def _key_value(text: str) -> tuple[str, Any]:
 def _add_field(group: argparse._ArgumentGroup, cls: type, field: dataclasses.Field, doc: str) -> None:
     tp = _options.field_types(cls)[field.name]
     flag = "--" + field.name.replace("_", "-")
-    default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+    default = _default(field)
     shown = " ".join(map(str, default)) if isinstance(default, tuple) else default
     help_text = f"{doc} (default: {shown})" if shows_default(default) else doc
     kwargs: dict[str, Any] = {"dest": field.name, "default": argparse.SUPPRESS, "help": help_text}
@@ -93,7 +93,7 @@ def _train_parser(subparsers) -> argparse.ArgumentParser:
     titles = {"env": "environment", "model": "networks", "run": "run"}
     for section, cls in SECTIONS.items():
         group = parser.add_argument_group(titles[section])
-        _add_fields(group, cls, set())
+        _add_fields(group, cls, {})
         if section == "env":
             group.add_argument(
                 "--env-option",
@@ -111,12 +111,13 @@ def _train_parser(subparsers) -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help=f"the algorithm (default: {algorithms.DEFAULT}); its options follow, in its section",
     )
-    added = {"algo"}
+    added = {"algo": None}  # each option's (default, help) where --help lists it
     for config, names in _algorithm_configs().items():
-        shared = sorted(field_names(config) & added - {"algo"})
+        shared = sorted(field_names(config) & added.keys() - {"algo"})
         also = f" It also takes {', '.join(_flag(f) for f in shared)} (above)." if shared else ""
         section = parser.add_argument_group(
-            f"algorithm {' / '.join(names)} ({config.__name__})", _first_line(config) + also
+            f"algorithm {' / '.join(names)} ({config.__name__})",
+            _first_line(config) + also + _own_defaults(config, added),
         )
         _add_fields(section, config, added)
     parser.add_argument(
@@ -137,13 +138,33 @@ def _train_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def _add_fields(group: argparse._ArgumentGroup, cls: type, added: set[str]) -> None:
-    """Add `cls`'s fields not in `added` (and not SPECIAL) to `group`, and to `added`."""
+def _add_fields(group: argparse._ArgumentGroup, cls: type, added: dict[str, tuple]) -> None:
+    """Add `cls`'s fields not in `added` (and not SPECIAL) to `group`, and to `added` with their
+    `(default, help)`."""
     docs = _options.field_docs(cls)
     for field in dataclasses.fields(cls):
         if field.name not in SPECIAL and field.name not in added:
             _add_field(group, cls, field, docs.get(field.name, ""))
-            added.add(field.name)
+            added[field.name] = (_default(field), docs.get(field.name, ""))
+
+
+def _default(field: dataclasses.Field) -> Any:
+    return field.default if field.default is not dataclasses.MISSING else field.default_factory()
+
+
+def _own_defaults(config: type, added: dict[str, tuple]) -> str:
+    """The options `config` shares with an algorithm listed above but with another default (and help):
+    its section says them, as `--lr` is listed once, with the first algorithm's default."""
+    docs = _options.field_docs(config)
+    own = []
+    for field in dataclasses.fields(config):
+        if field.name == "algo" or field.name not in added or _default(field) == added[field.name][0]:
+            continue
+        doc = docs.get(field.name, "")
+        own.append(
+            f"{_flag(field.name)} {_default(field)}" + (f": {doc.rstrip('.')}" if doc != added[field.name][1] else "")
+        )
+    return f" Its own defaults of those: {'; '.join(own)}." if own else ""
 
 
 def _algorithm_configs() -> dict[type, list[str]]:

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from marl.algorithms.ddpg import DDPGConfig
 from marl.algorithms.ppo import PPOConfig
+from marl.algorithms.sac import SACConfig
 from marl.app.cli import algorithms_text, build_parser, config_from_args, main
 from marl.config import SECTIONS, ModelConfig, TrainConfig
 
@@ -33,6 +35,25 @@ def test_train_help_lists_overlap_critic_among_ppos_options(capsys):
     section = text[text.index("algorithm ippo / mappo (PPOConfig):") :].split("\n\n")
     assert "--overlap-critic, --no-overlap-critic" in section[1]  # the section's options, after its description
     assert "ippo / mappo: epochs, minibatch_size, overlap_critic" in " ".join(text.split())  # --group can't set it
+
+
+def test_train_help_gives_each_algorithm_its_own_defaults_of_shared_options(capsys):
+    # `--lr` is listed once, under the first algorithm (MADDPG's 3e-4); MASAC's and MAPPO's sections must
+    # say their own lr, as their configs have it, and leave out the options whose default is the same.
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = capsys.readouterr().out
+
+    def description(title: str) -> str:
+        return " ".join(text[text.index(title) :].split("\n\n")[0].split())
+
+    sac, ppo = description("algorithm isac / masac (SACConfig):"), description("algorithm ippo / mappo (PPOConfig):")
+    assert SACConfig.lr != DDPGConfig.lr and PPOConfig.lr != DDPGConfig.lr
+    assert f"--lr {SACConfig.lr}: Adam learning rate" in sac and "--alpha-init" not in sac
+    assert f"--batch-size {SACConfig.batch_size}:" in sac and f"--tau {SACConfig.tau}:" in sac
+    assert SACConfig.gamma == DDPGConfig.gamma and "--gamma 0" not in sac
+    assert f"--lr {PPOConfig.lr}:" in ppo and f"--adam-eps {PPOConfig.adam_eps}:" in ppo
+    assert "Its own defaults" not in description("algorithm iql / qmix / vdn (QConfig):")  # none differ
 
 
 def test_options_reach_the_config():
