@@ -250,9 +250,12 @@ class OffPolicy(Algorithm):
         self.warm.fill_(frames < algo.warmup_frames)
         self.beta = linear(algo.priority_beta, 1.0, frames / total_frames)
 
-    def draw_noise(self, steps: int, batch_size: int) -> dict[str, torch.Tensor]:
-        """The noise the iteration's optimiser steps sample actions with, drawn at once: per group
-        `[steps, batch_size, ...]` (none by default)."""
+    def draw_noise(
+        self, steps: int, batch_size: int, generator: torch.Generator | None = None
+    ) -> dict[str, torch.Tensor]:
+        """The noise the iteration's optimiser steps sample actions with, drawn at once from `generator`
+        (this run's by default; a population's member's own): per group `[steps, batch_size, ...]` (none by
+        default)."""
         return {}
 
     def see_buffer(self, buffer: ReplayBuffer) -> None:

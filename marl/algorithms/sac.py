@@ -238,10 +238,13 @@ class SAC(OffPolicy):
         }
         self._build_step()
 
-    def draw_noise(self, steps: int, batch_size: int) -> dict[str, torch.Tensor]:
+    def draw_noise(
+        self, steps: int, batch_size: int, generator: torch.Generator | None = None
+    ) -> dict[str, torch.Tensor]:
         """Per continuous group `[steps, 2, batch_size, n, A]`: each step's actions at `s` and at `s'`."""
+        generator = self.generator if generator is None else generator
         return {
-            g: draw_noise(spec.action, (steps, 2, batch_size, spec.n_agents), self.generator, self.device)
+            g: draw_noise(spec.action, (steps, 2, batch_size, spec.n_agents), generator, self.device)
             for g, spec in self.groups.items()
             if isinstance(spec.action, Box)
         }

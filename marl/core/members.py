@@ -227,6 +227,14 @@ def member_lr_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tens
         p.copy_(old + lr.view(-1, *([1] * (p.dim() - 1))) * (p - old))
 
 
+@torch.no_grad()
+def member_polyak_(targets: Sequence[torch.Tensor], online: Sequence[torch.Tensor], tau: torch.Tensor) -> None:
+    """`target <- (1 - tau) * target + tau * online` with each member's own `tau` `[S]`, for every pair of
+    stacked tensors `[S, ...]` (a single run's Polyak update, `marl.algorithms.offpolicy.polyak_`, per member)."""
+    for target, source in zip(targets, online):
+        target.lerp_(source, tau.view(-1, *([1] * (target.dim() - 1))))
+
+
 def draw_member_noise(
     draw: Callable[[tuple[int, ...], torch.Generator], torch.Tensor],
     shape: tuple[int, ...],

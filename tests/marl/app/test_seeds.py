@@ -142,7 +142,10 @@ def tiny_argv(tmp_path) -> list[str]:
         (["--seeds", "1", "2", "1"], "seeds [1, 2, 1] repeat [1]: each seed trains one run, list it once"),
         (["--seeds", "1", "2", "--num-seeds", "3"], "num_seeds=3 but 2 seeds were listed"),
         (["--num-seeds", "0"], "num_seeds must be >= 1"),
-        (["--algo", "isac", "--num-seeds", "2"], "train ippo, iql, mappo, qmix, vdn so far, not --algo isac"),
+        (
+            ["--imports", "tests.marl.algorithms.reinforce", "--algo", "reinforce", "--num-seeds", "2"],
+            "train iddpg, ippo, iql, isac, maddpg, mappo, masac, qmix, vdn so far, not --algo reinforce",
+        ),
         (["--num-seeds", "2", "--compile"], "leave out --compile"),
         (["--num-seeds", "2", "--model", "gru", "--chunk-length", "8"], "leave out --model gru"),
     ],

@@ -1,0 +1,215 @@
+"""Off-policy algorithms for several seeds in one process (`marl train --algo masac --seeds 0 1 2`): member `k`
+learns exactly as a single run with seed `k` does (to float rounding: batched matmuls sum in another order).
+
+Each member's nets (policies, critics or Q-networks, mixers, SAC's temperatures, their targets) are built as a
+single run builds them (the global RNG seeded with the member's seed), then stacked (`marl.core.members.Members`):
+acting and every optimiser step run every member at once under `vmap`, one batched matmul per layer for all
+members and agents. What a single run keeps to itself stays per member: its replay buffer
+(`MemberReplayBuffer`: only its own envs' steps, in its single run's slots), its draws of slots, its
+exploration noise and its update's sampling noise (SAC's actions at s and s'; all from its own generator, in
+its single run's order: the draws are a loop over the members, as torch draws from one generator per call),
+its loss means (inside the vmapped loss), its gradient-norm clipping per net (`clip_members_`), its Adam moments
+(Adam over stacked parameters is elementwise) and its target nets. The single run's own target update
+(Polyak averaging, Q-learning's hard copies) moves the stacked targets, elementwise, for every member at once;
+every member takes the same number of steps, so one clock serves the hard copies of all of them.
+
+With `--sweep lr=...` each member's Adam step is scaled by its own learning rate (`member_lr_step`); the actor-
+critics' `--sweep tau=...` moves each member's targets by its own Polyak factor (`member_polyak_`).
+Uniform replay only: prioritized replay (one sum tree per member) is refused.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from marl.algorithms.base import group_classes, register_seeded
+from marl.algorithms.ddpg import DDPG
+from marl.algorithms.offpolicy import OffPolicy
+from marl.algorithms.sac import SAC
+from marl.algorithms.seeded import Seeded
+from marl.config import TrainConfig
+from marl.core.member_replay import MemberReplayBuffer
+from marl.core.members import (
+    MemberPolicy,
+    Members,
+    clip_members_,
+    member_lr_step,
+    member_optimizer_state,
+    member_polyak_,
+)
+from marl.core.rollout import Acting
+from marl.optim.update_step import adam
+
+
+class SeededOffPolicy(Seeded):
+    """An off-policy algorithm (`single`, an `OffPolicy`) for `len(seeds)` members; `generators[k]` is member
+    `k`'s random stream (its exploration and sampling noise, its buffer's draws), as a single run's."""
+
+    collects = "transitions"
+    SWEEPABLE = ("lr",)
+    single: ClassVar[type[OffPolicy]]
+    family: ClassVar[str] = ""
+    """The algorithms `single` trains, for the refusal of a group that takes another."""
+    scheduled: ClassVar[tuple[str, ...]] = ()
+    """The policies' 0-d buffers `begin_iteration` anneals (Q-learning's epsilon), the same for every member."""
+
+    def check(self) -> None:
+        """Refuse what a population of off-policy learners does not train (yet)."""
+        algo = self.config.algo.algo
+        classes = group_classes(self.config, self.env.groups)
+        others = sorted(g for g, c in classes.items() if c is not self.single)
+        if others:
+            raise ValueError(
+                f"several seeds (--seeds, --num-seeds) of {algo} train every group with {self.family}; group(s) "
+                f"{others} take another algorithm (--group NAME.algo=...): run their seeds one after another"
+            )
+        if self.config.algo.prioritized:
+            raise ValueError(
+                "several seeds (--seeds, --num-seeds) of off-policy algorithms draw from their replay buffers "
+                "uniformly so far: leave out --prioritized"
+            )
+
+    def build(self, singles: list[OffPolicy]) -> None:
+        self.template = template = singles[0]  # its nets, loss and target update run every member's tensors
+        self.members = Members(
+            [nn.ModuleDict({g: nn.ModuleDict(lr.modules()) for g, lr in s.learners.items()}) for s in singles]
+        )
+        by_id = {id(p): self.members.params[name] for name, p in self.members.template.named_parameters()}
+
+        def stacked(params) -> list[nn.Parameter]:
+            """The stacked `[S, ...]` parameters of the template's `params`."""
+            return [by_id[id(p)] for p in params]
+
+        # Per group its trained nets' stacked parameters by name (the gradient norms logged, clipped apart), and
+        # all of them in its single run's optimiser order (Adam's state, slot by slot: `member_state_dict`).
+        self.nets = {
+            g: {name: stacked(net.parameters()) for name, net in trainable.nets.items()}
+            for g, trainable in template.trainables.items()
+        }
+        self.optimized = {
+            g: stacked(p for group in lr.optimizer.param_groups for p in group["params"])
+            for g, lr in template.learners.items()
+        }
+        # The template's targets become the stacked ones: its `update_targets` then moves every member's.
+        template.targets = {g: (stacked(t), stacked(o)) for g, (t, o) in template.targets.items()}
+        for targets, _ in template.targets.values():
+            for p in targets:
+                p.requires_grad_(False)  # moved by the target update, never by an optimiser
+        # Each member's Polyak factor `[S]` when swept (the actor-critics' `tau`).
+        self.member_tau = torch.tensor(self.sweep["tau"], device=self.device) if "tau" in self.sweep else None
+        self.optimizers = {
+            g: adam(self.optimized[g], lr=1.0 if self.member_lr is not None else lr.algo.lr, eps=lr.algo.adam_eps)
+            for g, lr in template.learners.items()
+        }
+
+    @property
+    def acting(self) -> Acting:
+        policies = {
+            g: MemberPolicy(self.members, lr.policy, log_prob=False) for g, lr in self.template.learners.items()
+        }
+        return self.template.acting_with(policies)
+
+    def replay(self) -> tuple[int, None]:
+        """Each member's buffer capacity; uniform draws (the run loop builds a `MemberReplayBuffer`)."""
+        return self.config.algo.buffer_size, None
+
+    def begin_iteration(self, frames: int, total_frames: int) -> None:
+        """The single run's `begin_iteration` (warm-up, exploration schedules): the same for every member."""
+        self.template.begin_iteration(frames, total_frames)
+        for g, lr in self.template.learners.items():
+            for name in self.scheduled:
+                self.members.buffers[f"{g}.policy.{name}"].copy_(getattr(lr.policy, name))
+
+    def update(self, buffer: MemberReplayBuffer, timer) -> dict[str, dict[str, torch.Tensor]]:
+        """`OffPolicy.update` for every member: each member's sampling noise of the iteration from its own
+        generator, then each optimiser step draws each member's slots of its own buffer and steps all members
+        at once; each term is `[S]`, one per member."""
+        algo, template = self.config.algo, self.template
+        template.see_buffer(buffer)  # the write position, shared by the members' rings (n-step returns)
+        drawn = [template.draw_noise(algo.updates_per_iteration, algo.batch_size, g) for g in self.generators]
+        noise = {g: torch.stack([d[g] for d in drawn]) for g in drawn[0]}  # [S, steps, ...]
+        storage = buffer.member_storage()  # [S, capacity, ...]
+        sums = None
+        for t in template.step_indices:
+            out = self.step(storage, buffer.draw_members(algo.batch_size, self.generators), noise, t)
+            sums = out if sums is None else {g: sums[g] + v for g, v in out.items()}
+        timer.mark("update_s")
+        fill = (buffer.size.float() / buffer.capacity).expand(self.count)
+        out = {}
+        for g, v in sums.items():
+            names = (*template.term_names_of(g), *(f"{net}_grad_norm" for net in self.nets[g]))
+            terms = (v / algo.updates_per_iteration).unbind(-1)
+            out[g] = {**dict(zip(names, terms, strict=True)), "buffer_fill": fill}
+        return out
+
+    def step(self, storage: dict, index: torch.Tensor, noise: dict, t: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One optimiser step of every member on its slots `index` `[S, batch_size]` of its buffer, with its
+        `noise` (per group `[S, steps, ...]`): the members' losses summed (each member's gradient is its own
+        loss's), each member's gradients clipped per net, Adam, the targets moved; per group
+        `[S, terms + nets]` (the terms, then each net's norm)."""
+        template = self.template
+
+        def loss(storage, index, noise):
+            total, terms, _ = template.loss(storage, index, None, noise, t)
+            return total, terms
+
+        for optimizer in self.optimizers.values():
+            optimizer.zero_grad(set_to_none=True)
+        total, terms = self.members(loss, storage, index, noise)
+        total.sum().backward()
+        out = {}
+        for g, learner in template.learners.items():
+            clip = learner.algo.max_grad_norm
+            norms = [
+                clip_members_(net, clip) if clip > 0 else torch.full((self.count,), math.nan, device=self.device)
+                for net in self.nets[g].values()
+            ]
+            member_lr_step(self.optimizers[g], self.optimized[g], self.member_lr)
+            out[g] = torch.cat([terms[g], torch.stack(norms, -1)], -1)
+        if self.member_tau is None:
+            with torch.no_grad():
+                template.update_targets()
+        else:
+            for targets, online in template.targets.values():
+                member_polyak_(targets, online, self.member_tau)
+        return out
+
+    def member_state_dict(self, k: int) -> dict:
+        """Member `k`'s state as its single run's `OffPolicy.state_dict()`: its checkpoint is an ordinary one."""
+        return {
+            g: {
+                **{name: self.members.member(k, f"{g}.{name}") for name in lr.modules()},
+                "optimizer": member_optimizer_state(self.optimizers[g], k),
+            }
+            for g, lr in self.template.learners.items()
+        }
+
+    @classmethod
+    def label(cls, config: TrainConfig, groups) -> str:
+        return cls.single.label(config, groups)
+
+
+@register_seeded("maddpg", "iddpg")
+class SeededDDPG(SeededOffPolicy):
+    """MADDPG and IDDPG populations: each member's exploration sigma follows the single run's schedule."""
+
+    single = DDPG
+    SWEEPABLE = ("lr", "tau")
+    family = "MADDPG or IDDPG"
+    sweep_owner = "DDPG's"
+    scheduled = ("sigma",)
+
+
+@register_seeded("masac", "isac")
+class SeededSAC(SeededOffPolicy):
+    """MASAC and ISAC populations: each member's temperature is its own stacked 0-d parameter `[S]`, tuned by
+    its own loss and Adam; its actions at s and s' sampled with its own noise."""
+
+    single = SAC
+    SWEEPABLE = ("lr", "tau")
+    family = "MASAC or ISAC"
+    sweep_owner = "SAC's"
