@@ -12,6 +12,7 @@ critic (`QCritic`: DDPG, SAC) also sees actions: each agent in its scope adds it
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from envs.specs import Box, Discrete, GroupSpec, MultiDiscrete
+from envs.sync import allow_host_sync
 from marl.core.distributions import (
     Distribution,
     MaskedCategorical,
@@ -169,13 +171,34 @@ def action_features(raw: torch.Tensor, spec: GroupSpec, squashed: bool) -> torch
     if isinstance(action, Box):
         if squashed:
             return torch.tanh(raw)
-        low, high = (bound.flatten().to(raw.device) for bound in action.bounds("cpu"))
-        return (raw - low) * (2 / (high - low)) - 1
+        low, scale = _unit_scaling(action, raw.device)
+        return (raw - low) * scale - 1
     if isinstance(action, Discrete):
         return _one_hot(raw, action.n)
     if isinstance(action, MultiDiscrete):
         return torch.cat([_one_hot(a, n) for a, n in zip(raw.unbind(-1), action.nvec)], -1)
     raise TypeError(f"unsupported action spec {action!r}")
+
+
+def _unit_scaling(action: Box, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """`action`'s low bound and `2 / (high - low)`, flat `[size]` on `device`. Eagerly they are made once
+    per spec and device, since tensors made from the spec's numbers at every step would be a copy from the
+    host each time; a compiled graph holds them as constants."""
+    if torch.compiler.is_compiling():
+        return _scaling(action, device)
+    return _cached_scaling(action, device)
+
+
+@functools.cache
+def _cached_scaling(action: Box, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    # The one copy from the host allowed; outside inference mode, so that autograd may save them.
+    with torch.inference_mode(False), allow_host_sync():
+        return _scaling(action, device)
+
+
+def _scaling(action: Box, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    low, high = (bound.flatten().to(device) for bound in action.bounds("cpu"))
+    return low, 2 / (high - low)
 
 
 def _one_hot(index: torch.Tensor, n: int) -> torch.Tensor:

@@ -98,8 +98,7 @@ def test_member_buffers_hold_their_own_envs_steps_in_single_run_order():
         buffer.draw(5)
 
 
-# Not DDPG, as its single run's test: its eager loss builds the action bounds from host numbers (`action_features`).
-@pytest.mark.parametrize("algo", ["qmix", "masac"])
+@pytest.mark.parametrize("algo", ["qmix", "masac", "maddpg"])
 def test_population_update_reads_nothing_back_from_the_device(tmp_path, algo):
     trainer = Trainer(off_config(tmp_path, algo, seeds=SEEDS, total_frames=10**5), run_dir=tmp_path / "run")
     trainer.algorithm.begin_iteration(0, 10**5)
