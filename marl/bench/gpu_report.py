@@ -11,9 +11,9 @@ The steps (`steps()`: name, share of the budget, command; sizes chosen to fit 8 
 timed on one) are the tests marked `gpu`; `check_env` (host-sync checker included) on every native env
 on CUDA; GAE kernels against the reference and their bandwidth; `navigation` and `spread` env-steps/s at
 4,096, 65,536 and 262,144 envs, eager and compiled; `marl train` defaults eager and `--compile` (with the
-CUDA graph skips torch logs), and MAPPO at 65,536 envs; the replay buffer on CUDA. A step's timeout is its share of
-`--minutes` plus whatever the steps before it left unused, never past the deadline; a step that fails or
-hangs is recorded as such and the next one runs.
+CUDA graph skips torch logs), and MAPPO at 65,536 envs; 5 seeds in one process against one; the replay
+buffer on CUDA. A step's timeout is its share of `--minutes` plus whatever the steps before it left
+unused, never past the deadline; a step that fails or hangs is recorded as such and the next one runs.
 
 Without a CUDA GPU, or with `--dry`, nothing runs: the reports say so and list the steps that would run
 with their commands, and the exit status is 0 (CI runs it that way).
@@ -46,6 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]  # the repository: the steps run here (`tests` is relative to it)
 CHECK_NUM_ENVS = 4096
 ENV_SIZES = ("4096", "65536", "262144")
+SEEDS_FRAMES = 327_680  # per seed: 20 iterations of `marl train` defaults
 TRAIN_FRAMES = 1_048_576  # 64 iterations of the defaults (256 envs x 64 steps)
 SCALE_ENVS, SCALE_MINIBATCH = 65_536, 262_144  # 16 minibatches per epoch of 65,536 x 64 frames
 SCALE_FRAMES = 4 * SCALE_ENVS * 64  # 4 iterations
@@ -140,6 +141,13 @@ def parse_train(run_name: str) -> Callable[[str, Path], dict]:
     return parse
 
 
+def parse_seeds(output: str, out: Path) -> dict:
+    rows = json.loads((out / "step_seeds.json").read_text())["rows"]
+    return {
+        f"{row['env']} {row['kind']}": {"s": round(row["median_s"], 1), "ratio": round(row["ratio"], 2)} for row in rows
+    }
+
+
 def parse_replay(output: str, out: Path) -> dict:
     report = json.loads((out / "step_replay.json").read_text())
     figures = {f"{row['call']} {row['sampler']}": round(row["vecmarl_ms"], 4) for row in report["rows"]}
@@ -181,7 +189,7 @@ def steps(out: Path, minutes: float = 8.0) -> list[Step]:
     table = [
         (
             "gpu_tests",
-            0.28,
+            0.24,
             ["python", "-m", "pytest", "-v", "--durations=0", "-o", "faulthandler_timeout=60", "-p", "no:cacheprovider"]
             + pytest_extras()
             + ["-m", "gpu", "tests"],
@@ -221,7 +229,7 @@ def steps(out: Path, minutes: float = 8.0) -> list[Step]:
         ),
         (
             "train_compile",
-            0.13,
+            0.12,
             [*train, "--total-frames", str(TRAIN_FRAMES), "--compile", "--run-name", "train-compile"],
             parse_train("train-compile"),
         ),
@@ -231,6 +239,13 @@ def steps(out: Path, minutes: float = 8.0) -> list[Step]:
             [*train, "--algo", "mappo", "--num-envs", str(SCALE_ENVS), "--minibatch-size", str(SCALE_MINIBATCH)]
             + ["--total-frames", str(SCALE_FRAMES), "--run-name", "train-mappo-65536"],
             parse_train("train-mappo-65536"),
+        ),
+        (
+            "seeds",
+            0.05,
+            ["python", "-m", "marl.bench.seeds", "--device", "cuda", "--envs", "navigation", "--seeds", "5"]
+            + ["--frames", str(SEEDS_FRAMES), "--repeats", "1", "--json", str(out / "step_seeds.json")],
+            parse_seeds,
         ),
         (
             "replay",
