@@ -134,7 +134,7 @@ class RunConfig:
     sweep: tuple[str, ...] = ()
     """Cross the seeds with values of continuous algorithm options (`--sweep lr=1e-4,1e-3 clip_eps=0.1,0.2`):
     one run per seed and combination, all in one process (PPO: lr, entropy_coef, clip_eps, value_coef, gamma,
-    lmbda)."""
+    lmbda; the off-policy algorithms: lr, gamma, tau)."""
     device: str = "auto"
     """cpu, cuda, cuda:N, or auto (CUDA when present)."""
     log_dir: str = "runs"

@@ -13,8 +13,10 @@ its loss means (inside the vmapped loss), its gradient-norm clipping per net (`c
 (Polyak averaging, Q-learning's hard copies) moves the stacked targets, elementwise, for every member at once;
 every member takes the same number of steps, so one clock serves the hard copies of all of them.
 
-With `--sweep lr=...` each member's Adam step is scaled by its own learning rate (`member_lr_step`); the actor-
-critics' `--sweep tau=...` moves each member's targets by its own Polyak factor (`member_polyak_`).
+With `--sweep lr=...` each member's Adam step is scaled by its own learning rate (`member_lr_step`);
+`--sweep tau=...` moves each member's targets by its own Polyak factor (`member_polyak_`; Q-learning's hard
+copies have none, and are refused); `--sweep gamma=...` gives the vmapped loss each member's discount as a
+0-d tensor its learners' configs read (`swept_options`), in its TD targets and Q-learning's n-step returns.
 Uniform replay only: prioritized replay (one sum tree per member) is refused.
 """
 
@@ -30,7 +32,7 @@ from marl.algorithms.base import group_classes, register_seeded
 from marl.algorithms.ddpg import DDPG
 from marl.algorithms.offpolicy import OffPolicy
 from marl.algorithms.sac import SAC
-from marl.algorithms.seeded import Seeded
+from marl.algorithms.seeded import Seeded, swept_options
 from marl.config import TrainConfig
 from marl.core.member_replay import MemberReplayBuffer
 from marl.core.members import (
@@ -50,7 +52,7 @@ class SeededOffPolicy(Seeded):
     `k`'s random stream (its exploration and sampling noise, its buffer's draws), as a single run's."""
 
     collects = "transitions"
-    SWEEPABLE = ("lr",)
+    SWEEPABLE = ("lr", "gamma", "tau")
     single: ClassVar[type[OffPolicy]]
     family: ClassVar[str] = ""
     """The algorithms `single` trains, for the refusal of a group that takes another."""
@@ -99,8 +101,10 @@ class SeededOffPolicy(Seeded):
         for targets, _ in template.targets.values():
             for p in targets:
                 p.requires_grad_(False)  # moved by the target update, never by an optimiser
-        # Each member's Polyak factor `[S]` when swept (the actor-critics' `tau`).
+        # Each member's Polyak factor `[S]` when swept; each member's discount `[S]`, which the vmapped loss
+        # reads as member k's 0-d gamma.
         self.member_tau = torch.tensor(self.sweep["tau"], device=self.device) if "tau" in self.sweep else None
+        self.swept = {"gamma": torch.tensor(self.sweep["gamma"], device=self.device)} if "gamma" in self.sweep else None
         self.optimizers = {
             g: adam(self.optimized[g], lr=1.0 if self.member_lr is not None else lr.algo.lr, eps=lr.algo.adam_eps)
             for g, lr in template.learners.items()
@@ -153,13 +157,14 @@ class SeededOffPolicy(Seeded):
         `[S, terms + nets]` (the terms, then each net's norm)."""
         template = self.template
 
-        def loss(storage, index, noise):
-            total, terms, _ = template.loss(storage, index, None, noise, t)
+        def loss(storage, index, noise, swept):
+            with swept_options(template, swept or {}):
+                total, terms, _ = template.loss(storage, index, None, noise, t)
             return total, terms
 
         for optimizer in self.optimizers.values():
             optimizer.zero_grad(set_to_none=True)
-        total, terms = self.members(loss, storage, index, noise)
+        total, terms = self.members(loss, storage, index, noise, self.swept)
         total.sum().backward()
         out = {}
         for g, learner in template.learners.items():
@@ -170,13 +175,17 @@ class SeededOffPolicy(Seeded):
             ]
             member_lr_step(self.optimizers[g], self.optimized[g], self.member_lr)
             out[g] = torch.cat([terms[g], torch.stack(norms, -1)], -1)
+        self.follow_targets()
+        return out
+
+    def follow_targets(self) -> None:
+        """The single run's target update for every member; with a swept tau, each member's Polyak step."""
         if self.member_tau is None:
             with torch.no_grad():
-                template.update_targets()
+                self.template.update_targets()
         else:
-            for targets, online in template.targets.values():
+            for targets, online in self.template.targets.values():
                 member_polyak_(targets, online, self.member_tau)
-        return out
 
     def member_state_dict(self, k: int) -> dict:
         """Member `k`'s state as its single run's `OffPolicy.state_dict()`: its checkpoint is an ordinary one."""
@@ -198,7 +207,6 @@ class SeededDDPG(SeededOffPolicy):
     """MADDPG and IDDPG populations: each member's exploration sigma follows the single run's schedule."""
 
     single = DDPG
-    SWEEPABLE = ("lr", "tau")
     family = "MADDPG or IDDPG"
     sweep_owner = "DDPG's"
     scheduled = ("sigma",)
@@ -210,6 +218,5 @@ class SeededSAC(SeededOffPolicy):
     its own loss and Adam; its actions at s and s' sampled with its own noise."""
 
     single = SAC
-    SWEEPABLE = ("lr", "tau")
     family = "MASAC or ISAC"
     sweep_owner = "SAC's"

@@ -18,10 +18,7 @@ the GAE kernel (member `k`'s value on its block of columns): one call for the wh
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import math
-import types
 
 import torch
 from tensordict import TensorDict
@@ -31,7 +28,7 @@ from torch.func import vmap
 import kernels
 from marl.algorithms.base import register_seeded
 from marl.algorithms.ppo import LOSS_TERMS, NETS, PPO, UPDATE_KEYS, explained_variance
-from marl.algorithms.seeded import Seeded
+from marl.algorithms.seeded import Seeded, swept_options
 from marl.config import TrainConfig
 from marl.core.members import (
     MemberPolicy,
@@ -216,7 +213,7 @@ class SeededPPO(Seeded):
         flat = self._normalized_advantages(flat)
 
         def loss(flat, state, swept):
-            with _options(template, {**(swept or {}), "normalize_advantage": False}):
+            with swept_options(template, {**(swept or {}), "normalize_advantage": False}):
                 return template._minibatch_loss(flat, state, slice(None))
 
         for optimizer in self.optimizers.values():
@@ -271,21 +268,6 @@ class SeededPPO(Seeded):
     @classmethod
     def label(cls, config: TrainConfig, groups) -> str:
         return PPO.label(config, groups)
-
-
-@contextlib.contextmanager
-def _options(ppo: PPO, values: dict):
-    """Within: every learner's config reads `values` instead of its own (swept options: one member's
-    value, under vmap)."""
-    held = {g: lr.algo for g, lr in ppo.learners.items()}
-    try:
-        for lr in ppo.learners.values():
-            fields = {f.name: getattr(lr.algo, f.name) for f in dataclasses.fields(lr.algo)}
-            lr.algo = types.SimpleNamespace(**{**fields, **values})
-        yield
-    finally:
-        for g, lr in ppo.learners.items():
-            lr.algo = held[g]
 
 
 def _nets(ppo: PPO) -> nn.Module:

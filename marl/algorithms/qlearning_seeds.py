@@ -1,7 +1,8 @@
 """IQL, VDN and QMIX for several seeds in one process (`marl train --algo qmix --seeds 0 1 2`): the off-policy
 population (`marl.algorithms.offpolicy_seeds`) with each member's epsilon annealed as its single run's, its
 n-step returns read from its own ring, and the clock of the hard target copies, every member's (each takes
-the same number of steps), saved with the population and with each member's own checkpoint.
+the same number of steps), saved with the population and with each member's own checkpoint. A swept `tau`
+needs Polyak targets (`--target-update polyak`): hard copies are refused.
 """
 
 from __future__ import annotations
@@ -20,6 +21,21 @@ class SeededQLearning(SeededOffPolicy):
     family = "IQL, VDN or QMIX"
     sweep_owner = "Q-learning's"
     scheduled = ("epsilon",)
+
+    def check(self) -> None:
+        super().check()
+        if "tau" in self.sweep:
+            hard = sorted(g for g in self.env.groups if self.config.for_group(g)[0].target_update == "hard")
+            if hard:
+                raise ValueError(
+                    f"--sweep tau: group(s) {hard} copy their targets (--target-update hard), with no tau to "
+                    "sweep: sweep tau with --target-update polyak"
+                )
+
+    def follow_targets(self) -> None:
+        if self.member_tau is not None:
+            self.updates += 1  # the clock `update_targets` moves: every member's checkpoint holds it
+        super().follow_targets()
 
     def build(self, singles: list[QLearning]) -> None:
         super().build(singles)

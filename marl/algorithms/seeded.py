@@ -4,7 +4,9 @@ over the stacked parameters, and the checkpoint of all of them."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import types
 from typing import ClassVar
 
 import torch
@@ -101,3 +103,18 @@ class Seeded(Algorithm):
                     tensor.copy_(source[name])
         for g, optimizer in self.optimizers.items():
             optimizer.load_state_dict(state["optimizers"][g])
+
+
+@contextlib.contextmanager
+def swept_options(algorithm: Algorithm, values: dict):
+    """Within: every learner's config of `algorithm` reads `values` instead of its own (swept options: one
+    member's value, a 0-d tensor under vmap; a namespace, as a config's checks cannot read batched values)."""
+    held = {g: lr.algo for g, lr in algorithm.learners.items()}
+    try:
+        for lr in algorithm.learners.values():
+            fields = {f.name: getattr(lr.algo, f.name) for f in dataclasses.fields(lr.algo)}
+            lr.algo = types.SimpleNamespace(**{**fields, **values})
+        yield
+    finally:
+        for g, lr in algorithm.learners.items():
+            lr.algo = held[g]

@@ -115,9 +115,26 @@ def test_population_resumes_exactly_and_each_member_resumes_alone_with_its_buffe
     assert type(member.buffer) is ReplayBuffer and len(member.buffer) == 100  # its own steps, from the checkpoint
 
 
-@pytest.mark.parametrize(("algo", "option"), [("vdn", "lr"), ("isac", "lr"), ("maddpg", "tau")])
+SWEPT = {"lr": (0.001, 0.03), "tau": (0.01, 0.3), "gamma": (0.8, 0.99)}
+
+
+# gamma: in TD targets (QMIX's mixer, SAC's entropy-regularised ones, DDPG's) and VDN's n-step returns (n_step 2);
+# tau: Q-learning's Polyak targets too.
+@pytest.mark.parametrize(
+    ("algo", "option"),
+    [
+        ("vdn", "lr"),
+        ("isac", "lr"),
+        ("maddpg", "tau"),
+        ("qmix", "tau"),
+        ("vdn", "gamma"),
+        ("qmix", "gamma"),
+        ("masac", "gamma"),
+        ("iddpg", "gamma"),
+    ],
+)
 def test_each_member_of_a_sweep_trains_as_the_single_run_with_its_value(tmp_path, algo, option):
-    values = (0.001, 0.03) if option == "lr" else (0.01, 0.3)
+    values = SWEPT[option]
     sweep = (f"{option}={values[0]},{values[1]}",)
     batched = Trainer(off_config(tmp_path, algo, seeds=(3,), sweep=sweep), run_dir=tmp_path / "sweep")
     assert [m.name for m in batched.members] == [f"seed_3-{option}_{v}" for v in values]
@@ -131,6 +148,8 @@ def test_each_member_of_a_sweep_trains_as_the_single_run_with_its_value(tmp_path
     for _ in range(2):
         for member, single in zip(batched.train_iteration()["members"], singles):
             assert_rows_match(member, single.train_iteration())
+    if algo in VALUE_BASED:  # the optimiser steps' clock, in every member's checkpoint, moved as the single runs'
+        assert torch.equal(batched.algorithm.updates, singles[0].algorithm.updates)
 
 
 def off_argv(tmp_path, algo="iql") -> list[str]:
@@ -164,9 +183,14 @@ def test_train_writes_member_logs_aggregate_and_checkpoints_that_eval_takes(tmp_
     [
         ("iql", ["--prioritized"], "draw from their replay buffers uniformly so far: leave out --prioritized"),
         ("masac", ["--prioritized"], "draw from their replay buffers uniformly so far: leave out --prioritized"),
-        ("iql", ["--sweep", "gamma=0.9,0.99"], "--sweep takes Q-learning's options lr, not gamma"),
-        ("iql", ["--sweep", "tau=0.01,0.1"], "--sweep takes Q-learning's options lr, not tau"),
-        ("masac", ["--sweep", "gamma=0.9,0.99"], "--sweep takes SAC's options lr, tau, not gamma"),
+        ("iql", ["--sweep", "epsilon=0.9,0.99"], "--sweep takes Q-learning's options lr, gamma, tau, not epsilon"),
+        (
+            "iql",
+            ["--target-update", "hard", "--sweep", "tau=0.01,0.1"],
+            "--sweep tau: group(s) ['agent'] copy their targets (--target-update hard), with no tau to sweep",
+        ),
+        ("masac", ["--sweep", "alpha_init=0.1,1"], "--sweep takes SAC's options lr, gamma, tau, not alpha_init"),
+        ("maddpg", ["--sweep", "gamma=0.9,2"], "gamma must be in [0, 1], got 2.0"),
         ("maddpg", ["--compile"], "leave out --compile"),
         ("iql", ["--model", "gru", "--chunk-length", "4"], "leave out --model gru"),
         ("masac", ["--model", "gru"], "--model gru: --algo masac trains MLPs only"),  # as a single run's
