@@ -80,24 +80,18 @@ class SeededOffPolicy(Seeded):
         self.members = Members(
             [nn.ModuleDict({g: nn.ModuleDict(lr.modules()) for g, lr in s.learners.items()}) for s in singles]
         )
-        by_id = {id(p): self.members.params[name] for name, p in self.members.template.named_parameters()}
-
-        def stacked(params) -> list[nn.Parameter]:
-            """The stacked `[S, ...]` parameters of the template's `params`."""
-            return [by_id[id(p)] for p in params]
-
         # Per group its trained nets' stacked parameters by name (the gradient norms logged, clipped apart), and
         # all of them in its single run's optimiser order (Adam's state, slot by slot: `member_state_dict`).
         self.nets = {
-            g: {name: stacked(net.parameters()) for name, net in trainable.nets.items()}
+            g: {name: self.stacked(net.parameters()) for name, net in trainable.nets.items()}
             for g, trainable in template.trainables.items()
         }
         self.optimized = {
-            g: stacked(p for group in lr.optimizer.param_groups for p in group["params"])
+            g: self.stacked(p for group in lr.optimizer.param_groups for p in group["params"])
             for g, lr in template.learners.items()
         }
         # The template's targets become the stacked ones: its `update_targets` then moves every member's.
-        template.targets = {g: (stacked(t), stacked(o)) for g, (t, o) in template.targets.items()}
+        template.targets = {g: (self.stacked(t), self.stacked(o)) for g, (t, o) in template.targets.items()}
         for targets, _ in template.targets.values():
             for p in targets:
                 p.requires_grad_(False)  # moved by the target update, never by an optimiser

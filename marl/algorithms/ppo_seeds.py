@@ -73,7 +73,7 @@ class SeededPPO(Seeded):
         self.members = Members([_nets(single) for single in singles])
         # Per group its stacked parameters in a single run's optimiser order (every net's, in NETS' order).
         self.group_params = {
-            g: {net: self.stacked(f"{g}.{net}", getattr(lr, net)) for net in NETS}
+            g: {net: self.stacked(getattr(lr, net).parameters()) for net in NETS}
             for g, lr in self.template.learners.items()
         }
         self.base_lr = {

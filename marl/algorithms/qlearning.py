@@ -326,19 +326,6 @@ def gather_chunks(storage, index: torch.Tensor, burn_in: int) -> tuple[dict, dic
     return main, window
 
 
-def follow_targets_(
-    targets: list[torch.Tensor], online: list[torch.Tensor], algo: QConfig, updates: torch.Tensor
-) -> None:
-    """Move a group's target tensors towards its online ones after an optimiser step: by Polyak averaging
-    (`tau`), or a copy on the steps the clock `updates` (0-d, the steps taken) says, read on the device."""
-    if algo.target_update == "polyak":
-        polyak_(targets, online, algo.tau)
-        return
-    copy = (updates % algo.target_update_every == 0).float()  # lerp by 1 copies, by 0 keeps
-    for target, source in zip(targets, online):
-        target.lerp_(source, copy)
-
-
 @dataclass
 class QLearner:
     """Everything one group learns with (a mixer and its target for QMIX only)."""
@@ -459,7 +446,13 @@ class QLearning(OffPolicy):
     def update_targets(self) -> None:
         self.updates += 1
         for g, (targets, online) in self.targets.items():
-            follow_targets_(targets, online, self.learners[g].algo, self.updates)
+            algo = self.learners[g].algo
+            if algo.target_update == "polyak":
+                polyak_(targets, online, algo.tau)
+            else:  # a copy on the steps the clock says, read on the device: lerp by 1 copies, by 0 keeps
+                copy = (self.updates % algo.target_update_every == 0).float()
+                for target, source in zip(targets, online):
+                    target.lerp_(source, copy)
 
     def begin_iteration(self, frames: int, total_frames: int) -> None:
         super().begin_iteration(frames, total_frames)

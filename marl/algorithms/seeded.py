@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import types
+from collections.abc import Iterable
 from typing import ClassVar
 
 import torch
@@ -79,12 +80,11 @@ class Seeded(Algorithm):
             out.append(self.single(member, self.env, self.device, self.world, generator))
         return out
 
-    def stacked(self, prefix: str, module: nn.Module | None) -> list[nn.Parameter]:
-        """The stacked parameters `[S, ...]` of the template's submodule `module`, named `prefix` among the
-        members' nets, in its `parameters()` order (none for None)."""
-        if module is None:
-            return []
-        return [self.members.params[f"{prefix}.{name}"] for name, _ in module.named_parameters()]
+    def stacked(self, params: Iterable[nn.Parameter]) -> list[nn.Parameter]:
+        """The stacked parameters `[S, ...]` of `params`, tensors of the template member's nets (`members.
+        template`, the first single run's), in their order."""
+        by_id = {id(p): self.members.params[name] for name, p in self.members.template.named_parameters()}
+        return [by_id[id(p)] for p in params]
 
     def parameters(self) -> list[torch.Tensor]:
         return list(self.members.params.values())
