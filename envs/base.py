@@ -342,9 +342,10 @@ class MultiAgentEnv:
                 setattr(self, name, held)
             # A value that is another state's held tensor (`self.a, self.b = self.b, self.a`) is read before
             # any write-back overwrites it.
-            held_ids = {id(held) for _, held, _ in pairs}
+            # (By `is`, not `id()`: torch.compile before 2.13 cannot take the id of a tensor the graph computed.)
+            helds = [held for _, held, _ in pairs]
             for label, held, now in [
-                (la, h, n.clone() if n is not h and id(n) in held_ids else n) for la, h, n in pairs
+                (la, h, n.clone() if n is not h and any(n is other for other in helds) else n) for la, h, n in pairs
             ]:
                 self._write_back(label, held, now)
             return result

@@ -15,6 +15,7 @@ for CUDA (`watching(name)`) and collects here, per name:
   artifact logger (`perf_hints` up to torch 2.10, off by default there: nothing was printed) and bumps
   `counters["inductor"]["cudagraph_skips"]`; a bump without a logged reason is counted too;
 - a compile failure, after which the function runs eagerly (`fallback`);
+- dynamo's graph breaks (`counters["graph_break"]`, by reason), which split it into several graphs;
 - the inputs of its recorded graphs that are not static (`counters["inductor"]
   ["cudagraph_recorded_non_static_inputs"]`): each replay first copies them into the graph's own
   buffers, which costs as much as reading them again.
@@ -23,7 +24,8 @@ A graph that mutates an input is recorded only if that input is static (a parame
 `torch._dynamo.mark_static_address`: its address never changes, so a replay writes where the caller
 reads). `mark_static` marks what a compiled step writes in place.
 
-`reports()` hands them out; `announce(names)` prints those decided (a warning for each not captured):
+`reports()` hands them out; `announce(names)` prints those decided (a warning for each not captured or
+broken into several graphs):
 `marl train --compile` on CUDA calls it after every iteration until the rollout step's and the update
 step's are announced.
 """
@@ -67,6 +69,9 @@ class GraphReport:
     """Inputs of its recorded graphs that are not static: copied in before every replay."""
     retried: str | None = None
     """The compile error after which it was compiled again without loop reordering (`envs.compile`)."""
+    breaks: list[str] = field(default_factory=list)
+    """Dynamo's reasons for each graph break: each splits the function into one more graph, each graph
+    a CUDA graph replayed with its own host overhead."""
 
     @property
     def decided(self) -> bool:
@@ -90,7 +95,8 @@ class GraphReport:
             copied = f"; {_count(self.copied_inputs, 'input')} copied in per replay" if self.copied_inputs else ""
             of = f"{_count(self.recorded, 'CUDA graph')} of {_count(self.graphs, 'graph')}{silent}{copied}"
             retried = f"; compiled again without loop reordering after {self.retried}" if self.retried else ""
-            return f"{self.name}: captured ({of}{retried})"
+            breaks = f"; graph breaks: {'; '.join(dict.fromkeys(self.breaks))}" if self.breaks else ""
+            return f"{self.name}: captured ({of}{retried}{breaks})"
         return f"{self.name}: not recorded yet ({_count(self.calls, 'call')}, {_count(self.graphs, 'graph')})"
 
 
@@ -138,6 +144,12 @@ def announce(names: set[str]) -> set[str]:
         watched = _reports.get(name)
         if watched is None or not watched.decided:
             pending.add(name)
+        elif watched.captured and watched.breaks:
+            warnings.warn(
+                f"CUDA graphs: {watched.describe()}; each graph break costs one more replay's host overhead",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         elif watched.captured:
             print(f"CUDA graphs: {watched.describe()}")
         else:
@@ -224,6 +236,7 @@ def watching(name: str) -> Iterator[GraphReport]:
     outer = getattr(_current, "report", None)
     graphs, skips = counters["stats"]["unique_graphs"], counters["inductor"]["cudagraph_skips"]
     copied = counters["inductor"]["cudagraph_recorded_non_static_inputs"]
+    breaks = dict(counters["graph_break"])
     logged = len(watched.skips)
     _current.report = watched
     try:
@@ -235,3 +248,5 @@ def watching(name: str) -> Iterator[GraphReport]:
         watched.copied_inputs += counters["inductor"]["cudagraph_recorded_non_static_inputs"] - copied
         unlogged = counters["inductor"]["cudagraph_skips"] - skips - (len(watched.skips) - logged)
         watched.silent_skips += max(unlogged, 0)
+        for reason, count in counters["graph_break"].items():
+            watched.breaks += [reason.splitlines()[0]] * (count - breaks.get(reason, 0))

@@ -206,6 +206,25 @@ def test_a_bare_compiler_assertion_is_described_by_where_it_was_raised():
     assert described == f"WrappingError: AssertionError (raised at {__file__}:{line} in fail_deep_inside)"
 
 
+def test_a_graph_break_is_named_and_announced_as_a_warning():
+    def broken(x):
+        x = x * 2
+        torch._dynamo.graph_break()
+        return x + 1
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with cudagraphs.watching("rollout step"):
+        torch.compile(broken, backend="eager")(torch.ones(3))
+        record_a_cuda_graph()
+        record_a_cuda_graph()
+    report = cudagraphs.reports()["rollout step"]
+    assert report.captured and report.graphs == 2 and len(report.breaks) == 1
+    assert report.describe().startswith("rollout step: captured (2 CUDA graphs of 2 graphs; graph breaks: ")
+    with pytest.warns(RuntimeWarning, match=r"graph breaks: .*one more replay's host overhead$"):
+        assert cudagraphs.announce({"rollout step"}) == set()
+
+
 def test_announce_prints_the_captured_warns_for_the_skipped_and_keeps_the_undecided(capsys):
     with cudagraphs.watching("rollout step"):
         record_a_cuda_graph()
