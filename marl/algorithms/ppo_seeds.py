@@ -7,8 +7,10 @@ then stacked (`marl.core.members.Members`): collection, values and losses run ev
 loss), advantage normalisation (over each member's minibatch), GAE (per env column), the critics'
 running moments (`[S]` buffers), gradient-norm clipping (`clip_members_`) and the minibatch orders (each
 member's generator). Adam over stacked parameters is elementwise, so one Adam per group is `S` single
-runs' Adams. The critic passes and each step's forward and backward go through their rows in chunks
-(`CHUNK_ROWS`, `UPDATE_CHUNK_ROWS`): on a CPU, S times a single run's activations outgrow the caches.
+runs' Adams. On a CPU the critic passes and each step's forward and backward go through their rows in
+chunks (`CHUNK_ROWS`, `UPDATE_CHUNK_ROWS`): S times a single run's activations outgrow the caches. On a
+GPU they go whole (`chunked`): there a small batch costs host time per op launched, not memory traffic,
+and chunks of rows would launch about S times a single run's ops.
 
 A population (`--sweep lr=1e-4,1e-3`) gives each member its own values of `SWEEPABLE` options, as `[S]`
 tensors: the loss reads them (vmapped, one value per member), and a swept learning rate scales each
@@ -69,6 +71,9 @@ class SeededPPO(Seeded):
             for n, v in self.sweep.items()
             if n in DISCOUNTS
         }
+        # Rows in chunks on a CPU only (the module docstring): on a GPU one iteration's ops stay as many for
+        # any number of members.
+        self.chunked = self.device.type == "cpu"
         self.template = singles[0]  # its nets run every member's tensors (`Members`)
         self.members = Members([_nets(single) for single in singles])
         # Per group its stacked parameters in a single run's optimiser order (every net's, in NETS' order).
@@ -145,10 +150,12 @@ class SeededPPO(Seeded):
         return kernels.gae(*inputs, gamma=gamma, lmbda=lmbda)
 
     def _in_chunks(self, fn, obs: dict, state):
-        """`self.members(fn, obs, state)` over `[S, T, B, ...]` inputs, a few steps `T` at a time: every
-        member's values at once would outgrow the CPU's caches (S times a single run's rows), and
-        every elementwise op would then run at memory speed."""
+        """`self.members(fn, obs, state)` over `[S, T, B, ...]` inputs, on a CPU a few steps `T` at a time:
+        every member's values at once would outgrow the CPU's caches (S times a single run's rows), and
+        every elementwise op would then run at memory speed. On a GPU in one call (`chunked`)."""
         T, B = next(iter(obs.values())).shape[1:3]
+        if not self.chunked:
+            return self.members(fn, obs, state)
         steps = max(1, CHUNK_ROWS // (self.count * B))
         parts = []
         for t in range(0, T, steps):
@@ -201,14 +208,15 @@ class SeededPPO(Seeded):
         """One minibatch step of every member: the members' losses summed (each member's gradient is its
         own loss's), each member's gradients clipped per net, Adam; per group `[S, terms + 2 norms]`.
 
-        The forward and backward go through the minibatch's rows in chunks of about `UPDATE_CHUNK_ROWS`
-        frames of all members, the gradients accumulating: every loss term is a mean over the rows, so
-        each chunk's, weighted by its share of the rows, sums to the minibatch's (advantages are
-        normalised over the whole minibatch first). All of a step's activations at once would outgrow the
-        CPU's caches, S times a single run's, and every elementwise op would then run at memory speed."""
+        On a CPU (`chunked`) the forward and backward go through the minibatch's rows in chunks of about
+        `UPDATE_CHUNK_ROWS` frames of all members, the gradients accumulating: every loss term is a mean
+        over the rows, so each chunk's, weighted by its share of the rows, sums to the minibatch's
+        (advantages are normalised over the whole minibatch first). All of a step's activations at once
+        would outgrow the CPU's caches, S times a single run's, and every elementwise op would then run at
+        memory speed. On a GPU a step is one chunk: its ops are as many for any number of members."""
         template = self.template
         rows = next(iter(flat.values()))["advantage"].shape[1]
-        chunks = max(1, min(rows, -(-self.count * rows // UPDATE_CHUNK_ROWS)))
+        chunks = max(1, min(rows, -(-self.count * rows // UPDATE_CHUNK_ROWS))) if self.chunked else 1
         size = -(-rows // chunks)
         flat = self._normalized_advantages(flat)
 

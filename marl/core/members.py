@@ -187,9 +187,10 @@ class MemberDistribution:
 
 
 def stacked_norms(grads: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The gradient norm of each member over `grads` (`[S, ...]` each): `[S]`."""
-    per_tensor = torch.stack([torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1) for g in grads])
-    return torch.linalg.vector_norm(per_tensor, dim=0)
+    """The gradient norm of each member over `grads` (`[S, ...]` each): `[S]`. One norm over the grads side
+    by side (`[S, total size]`): a few ops for any number of tensors (a GPU's small steps cost host time
+    per op)."""
+    return torch.linalg.vector_norm(torch.cat([g.reshape(g.shape[0], -1) for g in grads], 1), dim=1)
 
 
 def clip_members_(params: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
@@ -198,8 +199,8 @@ def clip_members_(params: Sequence[torch.Tensor], max_norm: float) -> torch.Tens
     grads = [p.grad for p in params if p.grad is not None]
     norms = stacked_norms(grads)
     factor = (max_norm / (norms + 1e-6)).clamp(max=1.0)
-    for g in grads:
-        g.mul_(factor.view(-1, *([1] * (g.dim() - 1))))
+    shaped = {d: factor.view(-1, *([1] * (d - 1))) for d in {g.dim() for g in grads}}  # [S, 1, ...] per rank
+    torch._foreach_mul_(grads, [shaped[g.dim()] for g in grads])
     return norms
 
 

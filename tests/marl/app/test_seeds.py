@@ -1,10 +1,12 @@
 """Several seeds in one process (`marl train --seeds`): each member is the single run with its seed."""
 
+import collections
 import dataclasses
 import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import envs
 from marl.algorithms import ppo_seeds
@@ -51,6 +53,7 @@ def test_each_member_trains_as_the_single_run_with_its_seed(tmp_path, monkeypatc
     if chunks:  # and a learning rate annealed over the run
         config = dataclasses.replace(config, algo=dataclasses.replace(config.algo, lr_schedule="linear"))
     batched = Trainer(with_run(config, seeds=SEEDS), run_dir=tmp_path / "seeds")
+    batched.algorithm.chunked = chunks  # without: the rows whole, as on a GPU
     singles = [Trainer(with_run(config, seed=s), run_dir=tmp_path / f"seed{s}") for s in SEEDS]
     for _ in range(2):
         row = batched.train_iteration()
@@ -59,6 +62,42 @@ def test_each_member_trains_as_the_single_run_with_its_seed(tmp_path, monkeypatc
     assert all(math.isfinite(member["agent/episode_return"]) for member in row["members"])
     # the runs differ from each other (members are not copies of one run)
     assert row["members"][0]["agent/loss"] != row["members"][1]["agent/loss"]
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops dispatched, by name (views included: on a GPU each costs host time too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def iteration_ops(config: TrainConfig, seeds: tuple[int, ...], run_dir) -> collections.Counter:
+    """The ops of one training iteration (the second: the first builds lazy state) of a population, its
+    rows whole as on a GPU."""
+    trainer = Trainer(with_run(config, seeds=seeds, total_frames=16 * 8 * 3), run_dir=run_dir)
+    trainer.algorithm.chunked = False
+    trainer.train_iteration()
+    with OpCounter() as counter:
+        trainer.train_iteration()
+    return counter.counts
+
+
+def test_an_iteration_launches_as_many_ops_for_any_number_of_members(tmp_path):
+    """On a GPU at `marl train`'s sizes wall time is host time, per op launched: S seeds take about one
+    seed's time only if an iteration's ops do not grow with S. Two and four members launch the same ops,
+    but for the draws from each member's own `torch.Generator` (a single run's stream, which one call cannot
+    draw for several): per rollout one noise draw per group, per epoch one minibatch order."""
+    config = tiny_config(tmp_path)
+    two = iteration_ops(config, (3, 8), tmp_path / "two")
+    four = iteration_ops(config, (3, 8, 5, 1), tmp_path / "four")
+    groups, epochs = 1, config.algo.epochs  # navigation: one group
+    assert four - two == collections.Counter({"aten.randn": 2 * groups, "aten.randperm": 2 * epochs})
+    assert not two - four
 
 
 def test_member_envs_draw_as_single_envs_with_their_seeds():
