@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-import numpy as np
 import torch
 
 try:
@@ -385,26 +384,3 @@ def _last_row(y, TILE: tl.constexpr):
 
 
 last_row = triton_jit(_last_row)
-
-
-def _scan_row_by_row(self, inputs):
-    """Triton's interpreter runs an `associative_scan` with a Python `combine_fn` one element at a time
-    (about 50 us each: seconds for a rollout of the PPO tests). This runs it one slice along the scan
-    axis at a time, the combine applied to whole slices, which gives the same values for elementwise
-    combines as ours (`then_earlier`); `reverse` is handled by the caller (`ScanOps.apply_impl`)."""
-    data = [np.moveaxis(x.handle.data, self.axis, 0) for x in inputs]  # scan axis first
-    outputs = [np.empty_like(d) for d in data]
-    carried = None
-    for i in range(data[0].shape[0]):
-        step = tuple(self.to_tensor(d[i], x.dtype) for d, x in zip(data, inputs, strict=True))
-        carried = step if carried is None else self.combine_fn.fn(*carried, *step)
-        carried = carried if isinstance(carried, tuple) else (carried,)
-        for out, value in zip(outputs, carried, strict=True):
-            out[i] = np.reshape(value.handle.data, out[i].shape) if isinstance(value, tl.tensor) else value
-    return [self.to_tensor(np.moveaxis(out, 0, self.axis), x.dtype) for out, x in zip(outputs, inputs, strict=True)]
-
-
-if InterpretedFunction is not None and isinstance(backwards_recurrence, InterpretedFunction):
-    from triton.runtime.interpreter import ScanOps
-
-    ScanOps.generic_scan = _scan_row_by_row

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels._common import _scan_row_by_row, column_layout, reverse_recurrence_, then_earlier, tl, triton_jit
+from kernels._common import column_layout, reverse_recurrence_, then_earlier, tl, triton_jit
 
 
 def one_step_at_a_time(out, coefficient):
@@ -96,11 +96,13 @@ _scan_test_kernel = triton_jit(_scan_test)
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
 @pytest.mark.parametrize("axis", [0, 1])
 def test_interpreter_scan_slice_by_slice_matches_element_by_element(axis, reverse):
-    # The interpreter's associative_scan runs slice by slice here (kernels._common replaces Triton's
-    # element-by-element loop): any scan of the process, so both axes and directions, against a loop.
+    # The interpreter's associative_scan runs slice by slice in the tests (conftest installs
+    # tests.interpreter_scan over Triton's element-by-element loop): both axes and directions, against a loop.
     from triton.runtime.interpreter import ScanOps
 
-    assert ScanOps.generic_scan is _scan_row_by_row
+    from tests.interpreter_scan import scan_slice_by_slice
+
+    assert ScanOps.generic_scan is scan_slice_by_slice
     generator = torch.Generator().manual_seed(0)
     a, c = torch.rand(8, 4, generator=generator), torch.randn(8, 4, generator=generator)
     out_a, out_c = torch.empty_like(a), torch.empty_like(c)
