@@ -3,8 +3,10 @@ read through, their launcher, and the backwards recurrence of the fast torch pat
 
 Every op here is a backwards linear recurrence over time, `y[t] = c[t] + a[t] * y[t + 1]`, run independently
 for each column of a time-major `[T, *batch]` tensor. The Triton kernels give each program a block of
-columns and walk time backwards; the torch paths compute `c` and `a` in a few vectorised passes and then
-run the recurrence with fused ops over contiguous rows (`reverse_recurrence_`).
+columns and walk time backwards a tile of steps at a time: a tile's `a` and `c` are computed for all its
+steps at once, and the recurrence inside the tile is a parallel scan (`backwards_recurrence`). The torch
+paths compute `c` and `a` in a few vectorised passes and then run the recurrence with fused ops over
+contiguous rows (`reverse_recurrence_`).
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ Backend = Literal["auto", "triton", "torch", "reference"]
 BACKENDS = ("auto", "triton", "torch", "reference")
 
 # Without a GPU, triton.autotune cannot time configurations: the interpreter runs this fixed one. A wide
-# block means few programs, and each program costs the interpreter a Python loop over time.
+# block means few programs, and each program costs the interpreter a Python loop over its tiles (and,
+# inside each, one scan step per row).
 CPU_MAX_BLOCK = 32768
-CPU_CHUNK = 8
+CPU_TILE = 16
 
 
 def triton_jit(fn: Callable) -> Callable | None:
@@ -36,15 +39,20 @@ def triton_jit(fn: Callable) -> Callable | None:
 
 
 def autotuned(kernel: Callable | None) -> Callable | None:
-    """The kernel autotuned over block width, time chunk and warps, keyed on the problem size (GPU only)."""
+    """The kernel autotuned over block width, time tile and warps, keyed on the problem size (GPU only)."""
     if kernel is None or isinstance(kernel, InterpretedFunction):
         return None
-    # Narrow blocks keep every SM busy at a few thousand columns; memory parallelism comes from the CHUNK
-    # time steps whose loads are in flight together.
+    # A program holds a [TILE, BLOCK] tile: all its loads are in flight together, and with 8 or 16
+    # elements per thread (warps = TILE * BLOCK / 32 / 8 or / 16) the tile's rows are spread over threads
+    # that scan them together: N * TILE / 8 or / 16 threads in all, where one thread per column walked
+    # all of T. sm_90 builds take 80 registers (8 per thread) or 128-143 (16) and spill none; 32 per
+    # thread took ~200, under 10 warps per SM. BLOCK >= 32: each row's loads are whole 128-byte lines.
     configs = [
-        triton.Config({"BLOCK": block, "CHUNK": chunk}, num_warps=warps)
-        for block, warps in ((32, 1), (64, 1), (128, 1), (256, 2), (512, 4))
-        for chunk in (4, 8, 16)
+        triton.Config({"BLOCK": block, "TILE": tile}, num_warps=tile * block // (32 * per_thread))
+        for block in (32, 64, 128)
+        for tile in (16, 32, 64)
+        for per_thread in (8, 16)
+        if 1 <= tile * block // (32 * per_thread) <= 8
     ]
     return triton.autotune(configs=configs, key=["T", "N"])(kernel)
 
@@ -197,10 +205,10 @@ def launch_columns(
     per_column: Sequence[float | torch.Tensor] = (),
     **constexprs: bool,
 ) -> None:
-    """Run a column kernel: one program per block of columns, walking time backwards.
+    """Run a column kernel: one program per block of columns, walking time backwards a tile at a time.
 
     Kernels take `(*inputs, *outputs, T, N, N2, *input strides (st, s1, s2), *scalars, *per-column
-    (x, s1, s2), **constexprs, FLAT, BLOCK, CHUNK)`; the outputs are fresh contiguous `[T, *batch]`
+    (x, s1, s2), **constexprs, FLAT, BLOCK, TILE)`; the outputs are fresh contiguous `[T, *batch]`
     tensors, i.e. `[T, N]` row-major. A `per_column` value is a float, passed with strides `(0, 0)`, or a
     tensor broadcastable to `[*batch]` (`check_per_column`), laid out with the inputs and passed as its
     pointer and column strides: the kernel reads it once per column, where a constexpr says it is one.
@@ -227,7 +235,7 @@ def launch_columns(
             tuned[grid](*args, **constexprs)
         return
     block = min(max(triton.next_power_of_2(num_columns), 16), CPU_MAX_BLOCK)
-    kernel[(triton.cdiv(num_columns, block),)](*args, **constexprs, BLOCK=block, CHUNK=CPU_CHUNK)
+    kernel[(triton.cdiv(num_columns, block),)](*args, **constexprs, BLOCK=block, TILE=CPU_TILE)
 
 
 # torch runs an elementwise op on several threads from this many elements on (at::internal::GRAIN_SIZE).
@@ -342,3 +350,37 @@ def _column_offsets(columns, N2, s1, s2, FLAT: tl.constexpr):
 
 
 column_offsets = triton_jit(_column_offsets)
+
+
+def _then_earlier(a_later, c_later, a, c):
+    """Two consecutive steps of `y = c + a * y_next` as one: the later pair `(a_later, c_later)` maps
+    `y_next` to `y_later`, then the earlier one maps `y_later` to `y`. Elementwise, any shape."""
+    return a * a_later, c + a * c_later
+
+
+then_earlier = triton_jit(_then_earlier)
+
+
+def _backwards_recurrence(a, c, y_after):
+    """`y[i] = c[i] + a[i] * y[i - 1]` down the rows of a tile, `y[-1] = y_after`; returns `y`.
+
+    `a` and `c` are `[TILE, BLOCK]` with row `i` holding step `last - i` (latest step first), so this is
+    `y[t] = c[t] + a[t] * y[t + 1]` backwards over the tile's steps, and `y_after` (`[BLOCK]`) is `y` of
+    the step after the tile. The scan runs over all rows at once: row `i` of `(reach, inside)` composes
+    rows `0..i`, i.e. `inside[i]` is `y` from `y_after = 0` and `reach[i] = a[0] * ... * a[i]` carries
+    `y_after` in.
+    """
+    reach, inside = tl.associative_scan((a, c), axis=0, combine_fn=then_earlier)
+    return inside + reach * y_after[None, :]
+
+
+backwards_recurrence = triton_jit(_backwards_recurrence)
+
+
+def _last_row(y, TILE: tl.constexpr):
+    """Row `TILE - 1` of a `[TILE, BLOCK]` tile, `[BLOCK]`: `y` of the tile's earliest step."""
+    rows = tl.arange(0, TILE)[:, None]
+    return tl.sum(tl.where(rows == TILE - 1, y, 0.0), axis=0)
+
+
+last_row = triton_jit(_last_row)

@@ -18,7 +18,8 @@ belongs to another episode). A truncated step (done and not terminated) keeps it
 env of a population whose members discount differently): column `j` then uses its own in both lines.
 
 Four implementations, held to each other by the tests:
-- `_gae_kernel`: the Triton kernel, one program per block of columns walking time backwards in chunks;
+- `_gae_kernel`: the Triton kernel, one program per block of columns walking time backwards a tile of
+  steps at a time, each tile's recurrence a parallel scan;
 - `_gae_torch`: the fast CPU path, a vectorised `delta`, then fused ops over contiguous rows walking
   time backwards (`reverse_recurrence_`);
 - `gae_reference`: a plain loop a reader can check against the formulas above;
@@ -32,11 +33,13 @@ import torch
 from ._common import (
     Backend,
     autotuned,
+    backwards_recurrence,
     check_inputs,
     check_per_column,
     column_offsets,
     decay,
     decay_shape,
+    last_row,
     launch_columns,
     resolve_backend,
     reverse_recurrence_,
@@ -59,12 +62,12 @@ def _gae_kernel(
     GAMMA_PER_COLUMN: tl.constexpr,  # gamma points to a float32 [*batch] tensor (column strides g_s1, g_s2)
     LMBDA_PER_COLUMN: tl.constexpr,  # lmbda likewise
     BLOCK: tl.constexpr,  # columns per program
-    CHUNK: tl.constexpr,  # time steps loaded per tile: all their loads are in flight before any store
+    TILE: tl.constexpr,  # time steps per tile: loaded together, then scanned in parallel
 ):
     columns = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
     in_range = columns < N
-    rows = tl.arange(0, CHUNK)[:, None]  # [CHUNK, 1]: row i of a chunk holds step `last - i`
-    reward_ptr += column_offsets(columns, N2, r_s1, r_s2, FLAT)
+    rows = tl.arange(0, TILE)[:, None]  # [TILE, 1]: row i of a tile holds step `last - i`, latest first
+    reward_ptr += column_offsets(columns, N2, r_s1, r_s2, FLAT)  # [BLOCK] pointers, step 0 of each column
     value_ptr += column_offsets(columns, N2, v_s1, v_s2, FLAT)
     next_value_ptr += column_offsets(columns, N2, nv_s1, nv_s2, FLAT)
     done_ptr += column_offsets(columns, N2, d_s1, d_s2, FLAT)
@@ -74,31 +77,25 @@ def _gae_kernel(
         gamma = tl.load(gamma + column_offsets(columns, N2, g_s1, g_s2, FLAT), mask=in_range, other=0.0)
     if LMBDA_PER_COLUMN:
         lmbda = tl.load(lmbda + column_offsets(columns, N2, l_s1, l_s2, FLAT), mask=in_range, other=0.0)
-    trace_decay = gamma * lmbda
-    advantage = tl.zeros([BLOCK], dtype=tl.float32)  # A[t + 1] in fp32, whatever the input dtype
-    for start in range(0, T, CHUNK):
+    trace_decay = gamma * lmbda  # a float, or [BLOCK] (broadcast over a tile's rows)
+    advantage = tl.zeros([BLOCK], dtype=tl.float32)  # A[last + 1] in fp32: A[T] = 0, then the later tile's
+    for start in range(0, T, TILE):
         last = T - 1 - start
-        # The chunk's outputs are gathered in [CHUNK, BLOCK] tiles and stored after its last step, so no
-        # store separates its loads and the compiler can issue all of them at once.
-        advantages = tl.zeros([CHUNK, BLOCK], dtype=tl.float32)
-        value_targets = tl.zeros([CHUNK, BLOCK], dtype=tl.float32)
-        for i in tl.static_range(CHUNK):
-            # Rows before t = 0 (in the earliest chunk) reread step 0; they come last and are not stored.
-            t = tl.maximum(last - i, 0).to(tl.int64)
-            reward = tl.load(reward_ptr + t * r_st, mask=in_range).to(tl.float32)
-            value = tl.load(value_ptr + t * v_st, mask=in_range).to(tl.float32)
-            next_value = tl.load(next_value_ptr + t * nv_st, mask=in_range).to(tl.float32)
-            done = tl.load(done_ptr + t * d_st, mask=in_range).to(tl.float32)
-            terminated = tl.load(terminated_ptr + t * m_st, mask=in_range).to(tl.float32)
-            delta = reward + gamma * (1.0 - terminated) * next_value - value
-            advantage = delta + trace_decay * (1.0 - done) * advantage
-            row = rows == i
-            advantages = tl.where(row, advantage[None, :], advantages)
-            value_targets = tl.where(row, (advantage + value)[None, :], value_targets)
-        t = (last - rows).to(tl.int64)  # [CHUNK, 1]
-        mask = (t >= 0) & in_range[None, :]
+        t = (last - rows).to(tl.int64)  # [TILE, 1]
+        # Rows before step 0 (the end of the earliest tile) load zeros; they follow every real step in the
+        # scan, so they change none, and they are not stored.
+        mask = (t >= 0) & in_range[None, :]  # [TILE, BLOCK]
+        reward = tl.load(reward_ptr + t * r_st, mask=mask, other=0.0).to(tl.float32)  # [TILE, BLOCK] each
+        value = tl.load(value_ptr + t * v_st, mask=mask, other=0.0).to(tl.float32)
+        next_value = tl.load(next_value_ptr + t * nv_st, mask=mask, other=0.0).to(tl.float32)
+        done = tl.load(done_ptr + t * d_st, mask=mask, other=0).to(tl.float32)
+        terminated = tl.load(terminated_ptr + t * m_st, mask=mask, other=0).to(tl.float32)
+        delta = reward + gamma * (1.0 - terminated) * next_value - value
+        # A[t] = delta[t] + trace_decay * (1 - done[t]) * A[t + 1] for every step of the tile at once
+        advantages = backwards_recurrence(trace_decay * (1.0 - done), delta, advantage)  # [TILE, BLOCK]
         tl.store(advantage_ptr + t * N + columns[None, :], advantages, mask=mask)
-        tl.store(value_target_ptr + t * N + columns[None, :], value_targets, mask=mask)
+        tl.store(value_target_ptr + t * N + columns[None, :], advantages + value, mask=mask)
+        advantage = last_row(advantages, TILE)  # A of the tile's earliest step: the earlier tile's A[t + 1]
 
 
 # fmt: on

@@ -28,11 +28,13 @@ import torch
 from ._common import (
     Backend,
     autotuned,
+    backwards_recurrence,
     check_inputs,
     check_unit_interval,
     column_offsets,
     decay,
     flag_as_number,
+    last_row,
     launch_columns,
     resolve_backend,
     reverse_recurrence_,
@@ -53,37 +55,39 @@ def _returns_kernel(
     BOOTSTRAP: tl.constexpr,  # TD(lambda) returns from next_value; else Monte-Carlo (next_value unread)
     FLAT: tl.constexpr,  # the batch dims of every input collapse to one (see column_offsets)
     BLOCK: tl.constexpr,  # columns per program
-    CHUNK: tl.constexpr,  # time steps per loop iteration: all their loads are in flight before any store
+    TILE: tl.constexpr,  # time steps per tile: loaded together, then scanned in parallel (as in _gae_kernel)
 ):
     columns = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
     in_range = columns < N
-    rows = tl.arange(0, CHUNK)[:, None]  # [CHUNK, 1]: row i of a chunk holds step `last - i`
-    reward_ptr += column_offsets(columns, N2, r_s1, r_s2, FLAT)
+    rows = tl.arange(0, TILE)[:, None]  # [TILE, 1]: row i of a tile holds step `last - i`, latest first
+    reward_ptr += column_offsets(columns, N2, r_s1, r_s2, FLAT)  # [BLOCK] pointers, step 0 of each column
     next_value_ptr += column_offsets(columns, N2, nv_s1, nv_s2, FLAT)
     done_ptr += column_offsets(columns, N2, d_s1, d_s2, FLAT)
     terminated_ptr += column_offsets(columns, N2, m_s1, m_s2, FLAT)
     if BOOTSTRAP:  # G[T] = next_value[T - 1]: the last step bootstraps as if truncated
         ret = tl.load(next_value_ptr + tl.cast(T - 1, tl.int64) * nv_st, mask=in_range).to(tl.float32)
     else:
-        ret = tl.zeros([BLOCK], dtype=tl.float32)
-    for start in range(0, T, CHUNK):
+        ret = tl.zeros([BLOCK], dtype=tl.float32)  # G[last + 1], then the later tile's
+    for start in range(0, T, TILE):
         last = T - 1 - start
-        returns = tl.zeros([CHUNK, BLOCK], dtype=tl.float32)  # stored after the chunk, as in _gae_kernel
-        for i in tl.static_range(CHUNK):
-            # Rows before t = 0 (in the earliest chunk) reread step 0; they come last and are not stored.
-            t = tl.maximum(last - i, 0).to(tl.int64)
-            reward = tl.load(reward_ptr + t * r_st, mask=in_range).to(tl.float32)
-            done = tl.load(done_ptr + t * d_st, mask=in_range).to(tl.float32)
-            if BOOTSTRAP:
-                next_value = tl.load(next_value_ptr + t * nv_st, mask=in_range).to(tl.float32)
-                terminated = tl.load(terminated_ptr + t * m_st, mask=in_range).to(tl.float32)
-                ret = done * next_value + (1.0 - done) * ret
-                ret = reward + gamma * (1.0 - terminated) * (next_value + lmbda * (ret - next_value))
-            else:
-                ret = reward + gamma * (1.0 - done) * ret
-            returns = tl.where(rows == i, ret[None, :], returns)
-        t = (last - rows).to(tl.int64)  # [CHUNK, 1]
-        tl.store(returns_ptr + t * N + columns[None, :], returns, mask=(t >= 0) & in_range[None, :])
+        t = (last - rows).to(tl.int64)  # [TILE, 1]
+        mask = (t >= 0) & in_range[None, :]  # [TILE, BLOCK]: rows before step 0 are zeros, not stored
+        reward = tl.load(reward_ptr + t * r_st, mask=mask, other=0.0).to(tl.float32)  # [TILE, BLOCK] each
+        done = tl.load(done_ptr + t * d_st, mask=mask, other=0).to(tl.float32)
+        if BOOTSTRAP:
+            next_value = tl.load(next_value_ptr + t * nv_st, mask=mask, other=0.0).to(tl.float32)
+            terminated = tl.load(terminated_ptr + t * m_st, mask=mask, other=0).to(tl.float32)
+            # G[t] = reward + bootstrap * ((1 - lmbda) * next_value + lmbda * B[t]), bootstrap = gamma *
+            # (1 - terminated), B[t] = next_value if done else G[t + 1]; as G[t] = c + a * G[t + 1]:
+            bootstrap = gamma * (1.0 - terminated)
+            trace = bootstrap * lmbda * (1.0 - done)  # the share of G[t + 1]
+            own = reward + (bootstrap - trace) * next_value  # the rest of the bootstrap is next_value[t]
+        else:  # G[t] = reward + gamma * (1 - done) * G[t + 1]
+            trace = gamma * (1.0 - done)
+            own = reward
+        returns = backwards_recurrence(trace, own, ret)  # [TILE, BLOCK]
+        tl.store(returns_ptr + t * N + columns[None, :], returns, mask=mask)
+        ret = last_row(returns, TILE)  # G of the tile's earliest step: the earlier tile's G[t + 1]
 
 
 # fmt: on

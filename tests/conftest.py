@@ -11,6 +11,15 @@ CUDA = torch.cuda.is_available()
 if not CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 INTERPRETER = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")  # as triton reads it
+if INTERPRETER:
+    try:
+        import triton  # noqa: F401  (after TRITON_INTERPRET is set)
+    except ImportError:  # no Triton (not Linux): the kernels' torch paths run instead
+        pass
+    else:
+        from tests import interpreter_scan
+
+        interpreter_scan.install()
 
 # One intra-op thread per test process (and its subprocesses), unless the caller chose: the suite's ops are
 # small, and on a CPU other jobs share, a second thread waiting for a busy core made the learning tests

@@ -1,10 +1,12 @@
 """The helpers every op shares: the blocked backwards recurrence of the torch paths and the column layout
 of the Triton kernels."""
 
+from __future__ import annotations
+
 import pytest
 import torch
 
-from kernels._common import column_layout, reverse_recurrence_
+from kernels._common import column_layout, reverse_recurrence_, then_earlier, tl, triton_jit
 
 
 def one_step_at_a_time(out, coefficient):
@@ -77,3 +79,39 @@ def test_blocks_are_capped_so_that_every_op_stays_under_the_parallel_grain():
     )
     expected = one_step_at_a_time(out, coefficient)
     torch.testing.assert_close(reverse_recurrence_(out, coefficient), expected)
+
+
+def _scan_test(a_ptr, c_ptr, out_a_ptr, out_c_ptr, AXIS: tl.constexpr, REVERSE: tl.constexpr):
+    offsets = tl.arange(0, 8)[:, None] * 4 + tl.arange(0, 4)[None, :]  # [8, 4], row-major
+    a, c = tl.load(a_ptr + offsets), tl.load(c_ptr + offsets)
+    a, c = tl.associative_scan((a, c), axis=AXIS, combine_fn=then_earlier, reverse=REVERSE)
+    tl.store(out_a_ptr + offsets, a)
+    tl.store(out_c_ptr + offsets, c)
+
+
+_scan_test_kernel = triton_jit(_scan_test)
+
+
+@pytest.mark.needs_interpreter
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_interpreter_scan_slice_by_slice_matches_element_by_element(axis, reverse):
+    # The interpreter's associative_scan runs slice by slice in the tests (conftest installs
+    # tests.interpreter_scan over Triton's element-by-element loop): both axes and directions, against a loop.
+    from triton.runtime.interpreter import ScanOps
+
+    from tests.interpreter_scan import scan_slice_by_slice
+
+    assert ScanOps.generic_scan is scan_slice_by_slice
+    generator = torch.Generator().manual_seed(0)
+    a, c = torch.rand(8, 4, generator=generator), torch.randn(8, 4, generator=generator)
+    out_a, out_c = torch.empty_like(a), torch.empty_like(c)
+    _scan_test_kernel[(1,)](a, c, out_a, out_c, AXIS=axis, REVERSE=reverse)
+    a, c = a.movedim(axis, 0), c.movedim(axis, 0)  # scan axis first
+    order = range(a.shape[0] - 1, -1, -1) if reverse else range(a.shape[0])
+    expected_a, expected_c, carried = torch.empty_like(a), torch.empty_like(c), None
+    for i in order:
+        carried = (a[i], c[i]) if carried is None else (carried[0] * a[i], c[i] + a[i] * carried[1])
+        expected_a[i], expected_c[i] = carried
+    torch.testing.assert_close(out_a, expected_a.movedim(0, axis))
+    torch.testing.assert_close(out_c, expected_c.movedim(0, axis))

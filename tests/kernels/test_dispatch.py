@@ -115,24 +115,26 @@ def compile_sm90(kernel, pointers, constexprs, ones=False, num_warps=4):
 f32, b16, i1 = "*fp32", "*bf16", "*i1"
 floats = {"GAMMA_PER_COLUMN": False, "LMBDA_PER_COLUMN": False}
 report["gae_flat_unit_strides"] = compile_sm90(_gae_kernel, [f32, f32, f32, i1, i1, f32, f32],
-    {**floats, "FLAT": True, "BLOCK": 512, "CHUNK": 8, "r_s2": 1, "v_s2": 1, "nv_s2": 1, "d_s2": 1, "m_s2": 1})
-report["gae_narrow_one_column_per_thread"] = compile_sm90(_gae_kernel, [f32, f32, f32, i1, i1, f32, f32],
-    {**floats, "FLAT": True, "BLOCK": 32, "CHUNK": 16, "r_s2": 1, "v_s2": 1, "nv_s2": 1, "d_s2": 1, "m_s2": 1},
-    num_warps=1)
+    {**floats, "FLAT": True, "BLOCK": 64, "TILE": 32, "r_s2": 1, "v_s2": 1, "nv_s2": 1, "d_s2": 1, "m_s2": 1},
+    num_warps=8)
+report["gae_narrow_long_tile"] = compile_sm90(_gae_kernel, [f32, f32, f32, i1, i1, f32, f32],
+    {**floats, "FLAT": True, "BLOCK": 32, "TILE": 64, "r_s2": 1, "v_s2": 1, "nv_s2": 1, "d_s2": 1, "m_s2": 1},
+    num_warps=4)
 report["gae_grid_bf16"] = compile_sm90(_gae_kernel, [b16, b16, b16, f32, i1, f32, f32],
-    {**floats, "FLAT": False, "BLOCK": 128, "CHUNK": 16}, num_warps=1)
+    {**floats, "FLAT": False, "BLOCK": 128, "TILE": 16}, num_warps=4)
 report["gae_all_ones"] = compile_sm90(_gae_kernel, [f32, f32, f32, i1, i1, f32, f32],
-    {**floats, "FLAT": True, "BLOCK": 64, "CHUNK": 4}, ones=True, num_warps=1)
+    {**floats, "FLAT": True, "BLOCK": 32, "TILE": 16}, ones=True, num_warps=2)
 report["gae_per_column_gamma_lmbda"] = compile_sm90(_gae_kernel, [f32, f32, f32, i1, i1, f32, f32],
-    {"GAMMA_PER_COLUMN": True, "LMBDA_PER_COLUMN": True, "FLAT": False, "BLOCK": 128, "CHUNK": 16},
-    num_warps=1)
+    {"GAMMA_PER_COLUMN": True, "LMBDA_PER_COLUMN": True, "FLAT": False, "BLOCK": 64, "TILE": 64},
+    num_warps=8)
 report["returns_flat_unit_strides"] = compile_sm90(_returns_kernel, [f32, f32, i1, i1, f32],
-    {"BOOTSTRAP": True, "FLAT": True, "BLOCK": 512, "CHUNK": 8, "r_s2": 1, "nv_s2": 1, "d_s2": 1, "m_s2": 1})
+    {"BOOTSTRAP": True, "FLAT": True, "BLOCK": 64, "TILE": 32, "r_s2": 1, "nv_s2": 1, "d_s2": 1, "m_s2": 1},
+    num_warps=8)
 for bootstrap in (True, False):
     report[f"returns_bootstrap_{bootstrap}"] = compile_sm90(_returns_kernel, [b16, f32, i1, i1, f32],
-        {"BOOTSTRAP": bootstrap, "FLAT": False, "BLOCK": 256, "CHUNK": 8}, num_warps=2)
+        {"BOOTSTRAP": bootstrap, "FLAT": False, "BLOCK": 128, "TILE": 32}, num_warps=8)
     report[f"returns_all_ones_{bootstrap}"] = compile_sm90(_returns_kernel, [f32, f32, i1, i1, f32],
-        {"BOOTSTRAP": bootstrap, "FLAT": True, "BLOCK": 64, "CHUNK": 4}, ones=True, num_warps=1)
+        {"BOOTSTRAP": bootstrap, "FLAT": True, "BLOCK": 32, "TILE": 16}, ones=True, num_warps=2)
 print(json.dumps(report))
 """
 
@@ -163,8 +165,9 @@ def test_kernels_compile_for_sm90_without_spills(without_interpreter):
     for name, stats in kernels.items():
         assert stats["local"] == 0, (name, stats)  # no register spills
         if "unit_strides" in name:
-            # Contiguous columns, 4 per thread: 128-bit loads, one layout for loads and stores (no smem).
-            assert stats["vector_loads"] > 0 and stats["shared"] == 0, (name, stats)
+            # Contiguous columns, 4 per thread: 128-bit loads. (The scan of a tile's rows across warps
+            # goes through shared memory, a few KiB.)
+            assert stats["vector_loads"] > 0, (name, stats)
 
 
 @pytest.mark.gpu

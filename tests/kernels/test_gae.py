@@ -205,16 +205,50 @@ def test_matches_reference_across_row_blocks(num_steps, batch, torch_threads):
     assert_matches_reference({**data, "done": flags["done"], "terminated": flags["terminated"]})
 
 
-@pytest.mark.parametrize("chunk", [1, 4, 16], ids=lambda c: f"chunk{c}")
-def test_kernel_over_several_programs_and_chunk_sizes(chunk, monkeypatch):
-    # Blocks of 16 columns: 35 columns take three programs, the last one partly masked; the chunk
-    # sizes the GPU autotuner tries, against T = 37 (a partial earliest chunk for each).
+@pytest.mark.parametrize("tile", [1, 4, 16, 64], ids=lambda c: f"tile{c}")
+@pytest.mark.parametrize("num_steps", [3, 16, 37], ids=lambda t: f"T{t}")
+def test_kernel_over_several_programs_and_tile_sizes(num_steps, tile, monkeypatch):
+    # Blocks of 16 columns: 35 columns take three programs, the last one partly masked. Tiles of 1 to 64
+    # steps against T = 3, 16 and 37: T shorter than a tile, a multiple of it, and a partial earliest tile.
     monkeypatch.setattr("kernels._common.CPU_MAX_BLOCK", 16)
-    monkeypatch.setattr("kernels._common.CPU_CHUNK", chunk)
-    data = rollout(37, (5, 7), density=0.1)
-    env_flags = rollout(37, (5, 1), density=0.1, seed=1)
+    monkeypatch.setattr("kernels._common.CPU_TILE", tile)
+    data = rollout(num_steps, (5, 7), density=0.1)
+    env_flags = rollout(num_steps, (5, 1), density=0.1, seed=1)
     assert_matches_reference(data, backends=("triton",))
     assert_matches_reference({**data, "done": env_flags["done"]}, backends=("triton",))
+
+
+@pytest.mark.parametrize("lmbda", [0.5, 1.0], ids=lambda x: f"lmbda{x}")
+@pytest.mark.parametrize("flag", ["done", "terminated"])
+def test_episode_ends_at_tile_boundaries(flag, lmbda, monkeypatch):
+    # Tiles of 4 steps over T = 13 are [9, 13), [5, 9), [1, 5), [0, 1): an episode ends at each tile's
+    # first and last step (and at no other), so the trace is cut exactly where a tile's carry goes in or out.
+    monkeypatch.setattr("kernels._common.CPU_TILE", 4)
+    data = rollout(13, (3, 2), density=0.0)
+    ends = torch.zeros(13, dtype=torch.bool)
+    ends[[0, 1, 4, 5, 8, 9, 12]] = True
+    data["done"] = ends[:, None, None].expand(13, 3, 2).clone()
+    if flag == "terminated":
+        data["terminated"] = data["done"].clone()
+    data["done"][:, 0] = False  # and a column where no episode ends, whose carry crosses every boundary
+    data["terminated"][:, 0] = False
+    assert_matches_reference(data, gamma=0.99, lmbda=lmbda, backends=("triton",))
+
+
+def test_long_rollout_with_gamma_lmbda_near_one_keeps_fp32_precision():
+    # The scan multiplies a tile's trace decays in another order than the loop does: over T = 1024 steps
+    # with no episode end and gamma * lmbda ~ 0.9999 (|A| up to ~100), the kernel stays within a few times
+    # the fp32 loop's own rounding error, both against the same loop in float64.
+    data, gamma = rollout(1024, (4, 3), density=0.0), 0.99995
+    exact = torch.zeros(1024, 4, 3, dtype=torch.float64)
+    next_advantage = torch.zeros(4, 3, dtype=torch.float64)
+    for t in reversed(range(1024)):  # no episode ends: delta = r + gamma * V' - V, A = delta + gamma^2 * A'
+        delta = data["reward"][t].double() + gamma * data["next_value"][t].double() - data["value"][t].double()
+        exact[t] = next_advantage = delta + gamma * gamma * next_advantage
+    kernel_error = (gae_by("triton", data, gamma, gamma)[0].double() - exact).abs().max()
+    loop_error = (gae_by("reference", data, gamma, gamma)[0].double() - exact).abs().max()
+    assert exact.abs().max() > 30
+    assert kernel_error <= 4 * loop_error, (kernel_error, loop_error)
 
 
 # Per-column gamma and lmbda: (batch of the values, of the flags, gamma's shape, lmbda's shape, or None for a

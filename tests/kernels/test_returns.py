@@ -161,11 +161,30 @@ def test_matches_reference_across_row_blocks(op, num_steps, batch):
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("chunk", [1, 4, 16], ids=lambda c: f"chunk{c}")
+@pytest.mark.parametrize("tile", [1, 4, 16, 64], ids=lambda c: f"tile{c}")
+@pytest.mark.parametrize("num_steps", [3, 16, 37], ids=lambda t: f"T{t}")
 @pytest.mark.parametrize("op", OPS.values(), ids=OPS.keys())
-def test_kernel_over_several_programs_and_chunk_sizes(op, chunk, monkeypatch):
+def test_kernel_over_several_programs_and_tile_sizes(op, num_steps, tile, monkeypatch):
+    # T shorter than a tile, a multiple of it, and a partial earliest tile
     monkeypatch.setattr("kernels._common.CPU_MAX_BLOCK", 16)  # 35 columns: three programs
-    monkeypatch.setattr("kernels._common.CPU_CHUNK", chunk)
-    data = rollout(37, (5, 7), density=0.1)
+    monkeypatch.setattr("kernels._common.CPU_TILE", tile)
+    data = rollout(num_steps, (5, 7), density=0.1)
     expected = op("reference", data)
     assert_close(op("triton", data), expected)
+
+
+@pytest.mark.parametrize("flag", ["done", "terminated"])
+@pytest.mark.parametrize("op", OPS.values(), ids=OPS.keys())
+def test_episode_ends_at_tile_boundaries(op, flag, monkeypatch):
+    # Tiles of 4 steps over T = 13 are [9, 13), [5, 9), [1, 5), [0, 1): an episode ends at each tile's
+    # first and last step, so the trace is cut exactly where a tile's carry goes in or out; column 0 has
+    # no episode end, its carry crosses every boundary.
+    monkeypatch.setattr("kernels._common.CPU_TILE", 4)
+    data = rollout(13, (3, 2), density=0.0)
+    ends = torch.zeros(13, 3, 2, dtype=torch.bool)
+    ends[[0, 1, 4, 5, 8, 9, 12], 1:] = True
+    data["done"] = ends
+    if flag == "terminated":
+        data["terminated"] = ends.clone()
+    expected = op("reference", data, gamma=0.99)
+    assert_close(op("triton", data, gamma=0.99), expected)
