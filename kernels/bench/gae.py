@@ -11,7 +11,9 @@ tensors with time at `time_dim`; they get the same time-major tensors with `time
 inside the call, which is timed. TorchRL is never a dependency: it is imported when importable, or run in
 a subprocess of `--peer-python` (this file run as a script, which imports only torch and torchrl).
 
-Effective bandwidth counts the bytes a single pass must move: every input once, both float32 outputs.
+Effective bandwidth counts the bytes a single pass must move: every input once, both float32 outputs. On
+CUDA one more row times `GRAPH_CALLS` calls captured in one CUDA graph, per call: the kernel without the
+host's launch cost, which at these sizes is most of a single call's time.
 """
 
 from __future__ import annotations
@@ -155,12 +157,40 @@ def peak_bandwidth(device: torch.device, override_gbps: float | None) -> float |
     return next((peak for key, peak in PEAK_BANDWIDTH.items() if key in name), None)
 
 
+GRAPH_CALLS = 10  # calls per CUDA graph replay (`captured`)
 LABELS = {
     "reference": "gae_reference (plain loop)",
     "torchrl_loop": "torchrl generalized_advantage_estimate(time_dim=0)",
     "torchrl_vec": "torchrl vec_generalized_advantage_estimate(time_dim=0)",
+    "graph": f'gae(backend="auto"), {GRAPH_CALLS} calls in one CUDA graph, per call',
 }
 BASELINES = ("reference", "torchrl_loop", "torchrl_vec")
+
+
+def captured(call: Callable[[], object]) -> Callable[[], object] | None:
+    """`GRAPH_CALLS` back-to-back `call()`s captured as one CUDA graph: a replay launches them all at once,
+    so its time over `GRAPH_CALLS` is the kernel's own, without the host's launch cost (as in a compiled
+    training step). Returns a call that replays it and gives the last call's outputs, or None (with a
+    note) where capture fails."""
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            call()  # compiles and autotunes outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(GRAPH_CALLS):
+                out = call()
+    except Exception as error:  # noqa: BLE001  (the row is left out, the rest of the table stands)
+        print(f"note: no CUDA graph row: capturing gae failed ({type(error).__name__}: {error})", file=sys.stderr)
+        return None
+
+    def replay():
+        graph.replay()
+        return out
+
+    return replay
 
 
 def bench_size(size, device, backends, repeats, rounds, peer_python, workdir) -> tuple[list[dict], str | None]:
@@ -176,10 +206,16 @@ def bench_size(size, device, backends, repeats, rounds, peer_python, workdir) ->
     inputs = tuple(data[name] for name in INPUTS)
     calls = {f"gae_{backend}": partial(gae, *inputs, gamma=GAMMA, lmbda=LMBDA, backend=backend) for backend in backends}
     calls["reference"] = partial(gae_reference, *inputs, gamma=GAMMA, lmbda=LMBDA)
+    if device.type == "cuda" and "gae_auto" in calls:
+        graphed = captured(calls["gae_auto"])
+        if graphed is not None:
+            calls["graph"] = graphed
     outputs = {name: call() for name, call in calls.items()}
     per_round, peer_versions = [], None
     for _ in range(rounds):
         seconds = median_seconds(calls, repeats, device)
+        if "graph" in seconds:
+            seconds["graph"] /= GRAPH_CALLS
         peer = {}
         if importlib.util.find_spec("torchrl") is not None:
             peer = time_torchrl(data, repeats)

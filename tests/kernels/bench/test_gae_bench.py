@@ -1,6 +1,7 @@
 """`python -m kernels.bench.gae`: bad arguments are refused with a one-line usage error before anything is timed."""
 
 import pytest
+import torch
 
 from kernels.bench import gae as bench
 
@@ -44,3 +45,10 @@ def test_a_tiny_run_prints_its_table(capsys, tmp_path):
     out = capsys.readouterr().out
     assert 'gae(backend="torch")' in out and "gae_reference (plain loop)" in out
     assert (tmp_path / "b.json").exists()
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_row_times_the_kernel_in_one_cuda_graph():
+    rows, _ = bench.bench_size((16, 64, 3, 1), torch.device("cuda"), ["auto"], 3, 1, None, None)
+    graph = next(row for row in rows if "CUDA graph" in row["call"])  # left out where the capture failed
+    assert graph["max_abs_diff_vs_reference"] < 1e-4  # the replayed calls compute what a call does
