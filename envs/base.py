@@ -29,6 +29,13 @@ The base class owns step counting, truncation at `max_steps`, masked auto-reset,
 argument checks. Shape, dtype and device checks of the actions and of what the env author's methods
 return cost no host sync and always run; NaN/inf and out-of-bounds action values need one, so they run
 only when the env is built with `check_values=True`.
+
+Built with `compile=True`, the env compiles what `step_data` does after checking the actions (the
+physics, step counting, flags, auto-reset and both observations) into one graph, and `reset_data`'s
+reset and observation into another: one compiled call per step, which on CUDA is one CUDA graph replay
+(`envs.cudagraphs` reports them as "<name> step" and "<name> reset"). The output checks run while
+torch.compile traces, so they cost nothing at run time. Traced into a caller's graph (the compiled
+rollout), the env's step is traced inline, not compiled again.
 """
 
 from __future__ import annotations
@@ -133,9 +140,9 @@ class MultiAgentEnv:
                 of that size built with that seed (several runs' envs in one batch, `marl train --seeds`).
             check_values: also check action values (NaN/inf, bounds, masks) on every step. This
                 synchronises with the host, so it is meant for tests and debugging.
-            compile: run the physics (`_step`, `_observe`, `_reset`) through `torch.compile`, which
-                fuses its many small ops into a few kernels (the first step then takes seconds to
-                compile). A compiler failure falls back to eager with one warning.
+            compile: run each step (after the action checks) and each reset through `torch.compile`
+                as one graph, which fuses its many small ops into a few kernels (the first step then
+                takes seconds to compile). A compiler failure falls back to eager with one warning.
         """
         if config is None:
             config = self.Config()
@@ -167,13 +174,14 @@ class MultiAgentEnv:
         self._init_state()
         self._state_names = tuple(self._state_tensors())
         self.state_in_place = False
+        # What `step_data` and `reset_data` run after checking their arguments: the bodies, or with
+        # `compile` each body as one compiled call (a compiler failure falls back to eager, once).
+        self._step_call, self._reset_call = self._step_body, self._reset_body
         if compile:
             self.hold_state_in_place()
             cudagraphs.mark_static(self.static_tensors(), self.device)
-            # Instance attributes shadow the methods; a compiler failure falls back to eager, once.
-            self._step = maybe_compile(self._step, True, self.device, name=f"{self.name} step")
-            self._observe = maybe_compile(self._observe, True, self.device, name=f"{self.name} observe")
-            self._reset = maybe_compile(self._reset, True, self.device, name=f"{self.name} reset")
+            self._step_call = maybe_compile(self._step_body, True, self.device, name=f"{self.name} step")
+            self._reset_call = maybe_compile(self._reset_body, True, self.device, name=f"{self.name} reset")
         self._reset(torch.ones(num_envs, dtype=torch.bool, device=self.device))
 
     # ---- what an env author writes -------------------------------------------------------------
@@ -245,13 +253,25 @@ class MultiAgentEnv:
             mask = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
         else:
             self._check_tensor("mask", mask, (self.num_envs,), torch.bool)
-        self._reset_where(mask)
-        return self._observation_data()
+        # Traced into a caller's graph (the compiled rollout), the body is traced inline: no nested compile.
+        return (self._reset_body if torch.compiler.is_compiling() else self._reset_call)(mask)
 
     def step_data(self, action: Mapping[str, torch.Tensor] | TensorDictBase) -> tuple[dict, dict]:
         """`step` returning nested dicts of tensors instead of TensorDicts (same keys and shapes): the
         rollout's hot path, which skips building two TensorDicts per step."""
         action = self._check_action(action)
+        # Traced into a caller's graph (the compiled rollout), the body is traced inline: no nested compile.
+        return (self._step_body if torch.compiler.is_compiling() else self._step_call)(action)
+
+    def _reset_body(self, mask: torch.Tensor) -> dict:
+        """`reset_data` after its checks: reset where the bool `[B]` `mask` is true, observe."""
+        self._reset_where(mask)
+        return self._observation_data()
+
+    def _step_body(self, action: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+        """`step_data` after the action checks: the physics, step counts, flags, auto-reset and both
+        observations. Compiled, it is one graph: the output checks are on shapes and dtypes only, which
+        torch.compile decides while tracing, so they cost nothing when it runs."""
         reward, terminated = self._step(action)
         self._check_outputs("reward", reward)
         self._check_output(

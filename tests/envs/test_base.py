@@ -198,18 +198,20 @@ def test_register_again_replaces_a_redefinition_and_refuses_another_class():
         registry._ENVS.pop("toy_redefined", None)
 
 
-def test_what_the_author_methods_return_is_checked_on_every_reset_and_step():
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # compiled, the errors are the env's, not a compile failure
+@pytest.mark.parametrize("compile", [False, True])
+def test_what_the_author_methods_return_is_checked_on_every_reset_and_step(compile):
     # Without check_env, as `marl train` runs an env: a per-env reward [B] used to be broadcast into
     # every agent's slot without a word, a wrong observation crashed deep in the policy's matmul.
-    env = PerEnvReward(num_envs=4, seed=0)
+    env = PerEnvReward(num_envs=4, seed=0, compile=compile)
     with pytest.raises(EnvOutputError, match=r"_step\(\)'s reward\['mover'\] .* has shape \(4,\), expected \(4, 2\)"):
         env.step(good_action(env))
     with pytest.raises(EnvOutputError, match=r"_observe\(\)\['mover'\] .* has shape \(4, 2, 1\), expected \(4, 2, 2\)"):
-        WrongShape(num_envs=4, seed=0).reset()
+        WrongShape(num_envs=4, seed=0, compile=compile).reset()
     with pytest.raises(
         EnvOutputError, match=r"_observe\(\)\['mover'\] .* has dtype torch.float64, expected torch.float32"
     ):
-        WrongDtype(num_envs=4, seed=0).reset()
+        WrongDtype(num_envs=4, seed=0, compile=compile).reset()
 
 
 def test_state_must_match_its_spec():

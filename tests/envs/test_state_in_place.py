@@ -7,11 +7,17 @@ state tensors are the same objects after every step and reset, compiled or not, 
 are those of the plain env, step for step.
 """
 
+import collections
+
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 import envs
+import marl.core.rollout
 from envs.base import EnvOutputError
+from marl.core.models import Policy
+from marl.core.rollout import Acting, Collector
 from tests.envs.broken_envs import Counter
 
 NATIVE = ["navigation", "spread", "tag", "speaker_listener"]
@@ -88,3 +94,72 @@ def test_swapped_state_and_observed_views_stay_right_when_held_in_place():
     plain, held = Swapping(num_envs=4, seed=0), Swapping(num_envs=4, seed=0)
     held.hold_state_in_place()
     run_side_by_side(plain, held, steps=12)
+
+
+class CountingCompile:
+    """Stands in for `maybe_compile`: torch.compile with a backend that counts, by the name given, the graphs
+    made and each run of one (a compiled call runs one graph per piece: more than one where it breaks)."""
+
+    def __init__(self):
+        self.graphs, self.runs = collections.Counter(), collections.Counter()
+
+    def __call__(self, fn, enabled, device, cpp_wrapper=False, name=None):
+        if not enabled:
+            return fn
+
+        def backend(graph, example_inputs):
+            self.graphs[name] += 1
+
+            def run(*args):
+                self.runs[name] += 1
+                return graph.forward(*args)
+
+            return run
+
+        return torch.compile(fn, backend=backend, dynamic=False)
+
+
+@pytest.fixture
+def counting(monkeypatch):
+    torch._dynamo.reset()
+    counters.clear()
+    compile = CountingCompile()
+    monkeypatch.setattr(envs.base, "maybe_compile", compile)
+    monkeypatch.setattr(marl.core.rollout, "maybe_compile", compile)
+    return compile
+
+
+def test_a_compiled_env_steps_and_resets_in_one_graph_each(counting):
+    plain = envs.make("navigation", num_envs=6, seed=3, max_steps=7)
+    compiled = envs.make("navigation", num_envs=6, seed=3, max_steps=7, compile=True)
+    run_side_by_side(plain, compiled, steps=16)  # auto-resets included
+    mask = torch.tensor([True, False, True, False, False, True])
+    for kwargs in ({"mask": mask}, {}):
+        torch.testing.assert_close(compiled.reset(**kwargs).to_dict(), plain.reset(**kwargs).to_dict())
+    assert dict(counters["graph_break"]) == {}
+    assert counters["stats"]["unique_graphs"] == 2
+    # One compiled call, one graph, per step and per reset.
+    assert counting.graphs == {"navigation step": 1, "navigation reset": 1}
+    assert counting.runs == {"navigation step": 16, "navigation reset": 2}
+
+
+def test_the_compiled_rollout_traces_a_compiled_env_inline(counting):
+    """A rollout compiled with its env's step inside traces the step into its own graph, whether or not
+    the env compiled itself: equal buffers, one rollout graph, and the env's own step graph never made."""
+    buffers = []
+    for env_compiled in (False, True):
+        torch._dynamo.reset()
+        counters.clear()
+        counting.graphs.clear()
+        counting.runs.clear()
+        env = envs.make("navigation", num_envs=6, seed=3, max_steps=3, compile=env_compiled)
+        torch.manual_seed(0)
+        policies = {g: Policy(spec, [8], "tanh", share_params=True) for g, spec in env.groups.items()}
+        collector = Collector(env, Acting(policies), 8, torch.Generator().manual_seed(0), seed=0, compile=True)
+        buffers.append(collector.collect().clone())
+        assert dict(counters["graph_break"]) == {}
+        # The env's own reset graph runs once, in the collector's first reset.
+        assert counting.graphs == {"rollout step": 1, **({"navigation reset": 1} if env_compiled else {})}
+        assert counting.runs == {"rollout step": 8, **({"navigation reset": 1} if env_compiled else {})}
+    torch.testing.assert_close(buffers[1].to_dict(), buffers[0].to_dict())
+    assert buffers[0]["agent", "done"].any()  # auto-resets included
