@@ -72,8 +72,6 @@ def check_population(config: TrainConfig, world) -> None:
     algorithms.check_seeded(config.algo.algo)
     if world.size > 1:
         raise ValueError("several seeds (--seeds, --num-seeds) train in one process: run them without torchrun")
-    if config.run.compile:
-        raise ValueError("several seeds (--seeds, --num-seeds) train eagerly so far: leave out --compile")
     if config.uses_gru():
         raise ValueError("several seeds (--seeds, --num-seeds) train MLP networks so far: leave out --model gru")
 

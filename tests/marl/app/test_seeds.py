@@ -100,6 +100,24 @@ def test_an_iteration_launches_as_many_ops_for_any_number_of_members(tmp_path):
     assert not two - four
 
 
+def test_a_compiled_population_collects_as_the_eager_one_in_one_graph(tmp_path):
+    """`--seeds` with `--compile`: every member's acting and envs are one compiled rollout graph (no graph
+    break), which fills the buffer the eager population fills; the update runs eagerly."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    buffers = []
+    for compile in (False, True):
+        config = with_run(tiny_config(tmp_path), seeds=SEEDS, compile=compile)
+        trainer = Trainer(config, run_dir=tmp_path / f"compile-{compile}")
+        buffers.append([trainer.collector.collect().clone() for _ in range(2)])  # an auto-reset at step 6
+        trainer.algorithm.update(trainer.collector.buffer, trainer.timer)
+    assert dict(torch._dynamo.utils.counters["graph_break"]) == {}
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    for eager, compiled in zip(*buffers, strict=True):
+        for key, value in eager.items(include_nested=True, leaves_only=True):
+            torch.testing.assert_close(compiled[key], value, rtol=1e-5, atol=1e-5, msg=str(key))
+
+
 def test_member_envs_draw_as_single_envs_with_their_seeds():
     num_envs = 4
     batched = envs.make("tag", num_envs=len(SEEDS) * num_envs, seed=SEEDS, max_steps=3)
@@ -185,7 +203,6 @@ def tiny_argv(tmp_path) -> list[str]:
             ["--imports", "tests.marl.algorithms.reinforce", "--algo", "reinforce", "--num-seeds", "2"],
             "train iddpg, ippo, iql, isac, maddpg, mappo, masac, qmix, vdn so far, not --algo reinforce",
         ),
-        (["--num-seeds", "2", "--compile"], "leave out --compile"),
         (["--num-seeds", "2", "--model", "gru", "--chunk-length", "8"], "leave out --model gru"),
     ],
 )

@@ -191,7 +191,6 @@ def test_train_writes_member_logs_aggregate_and_checkpoints_that_eval_takes(tmp_
         ),
         ("masac", ["--sweep", "alpha_init=0.1,1"], "--sweep takes SAC's options lr, gamma, tau, not alpha_init"),
         ("maddpg", ["--sweep", "gamma=0.9,2"], "gamma must be in [0, 1], got 2.0"),
-        ("maddpg", ["--compile"], "leave out --compile"),
         ("iql", ["--model", "gru", "--chunk-length", "4"], "leave out --model gru"),
         ("masac", ["--model", "gru"], "--model gru: --algo masac trains MLPs only"),  # as a single run's
         (
