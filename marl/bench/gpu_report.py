@@ -11,8 +11,8 @@ The steps (`steps()`: name, share of the budget, command; sizes chosen to fit 8 
 timed on one) are the tests marked `gpu`; `check_env` (host-sync checker included) on every native env
 on CUDA; GAE kernels against the reference and their bandwidth; `navigation` and `spread` env-steps/s at
 4,096, 65,536 and 262,144 envs, eager and compiled; `marl train` defaults eager and `--compile` (with the
-CUDA graph skips torch logs), and MAPPO at 65,536 envs; 5 seeds in one process against one; the replay
-buffer on CUDA. A step's timeout is its share of `--minutes` plus whatever the steps before it left
+CUDA graph skips torch logs), MAPPO at 65,536 envs, and MASAC compiled with prioritized replay; 5 seeds
+in one process against one; the replay buffer on CUDA. A step's timeout is its share of `--minutes` plus whatever the steps before it left
 unused, never past the deadline; a step that fails or hangs is recorded as such and the next one runs.
 
 Without a CUDA GPU, or with `--dry`, nothing runs: the reports say so and list the steps that would run
@@ -47,9 +47,10 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository: the steps run here
 CHECK_NUM_ENVS = 4096
 ENV_SIZES = ("4096", "65536", "262144")
 SEEDS_FRAMES = 163_840  # per seed: 10 iterations of `marl train` defaults
-TRAIN_FRAMES = 524_288  # 32 iterations of the defaults (256 envs x 64 steps)
+TRAIN_FRAMES = 262_144  # 16 iterations of the defaults (256 envs x 64 steps)
 SCALE_ENVS, SCALE_MINIBATCH = 65_536, 262_144  # 16 minibatches per epoch of 65,536 x 64 frames
 SCALE_FRAMES = 4 * SCALE_ENVS * 64  # 4 iterations
+OFF_POLICY_FRAMES = 8 * 256 * 64  # MASAC's defaults: 8 iterations of 256 optimiser steps each
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,7 @@ def steps(out: Path, minutes: float = 8.0) -> list[Step]:
         ),
         (
             "check_envs",
-            0.05,
+            0.04,
             ["python", "-m", "marl.bench.gpu_report", "--check-envs", *native_envs()]
             + ["--device", "cuda", "--num-envs", str(CHECK_NUM_ENVS)],
             parse_check_envs,
@@ -211,38 +212,45 @@ def steps(out: Path, minutes: float = 8.0) -> list[Step]:
         ),
         (
             "envs_navigation",
-            0.11,
+            0.09,
             [*env_bench, "--env", "navigation", "--json", str(out / "step_envs_navigation.json")],
             parse_env_steps,
         ),
         (
             "envs_spread",
-            0.1,
+            0.09,
             [*env_bench, "--env", "spread", "--json", str(out / "step_envs_spread.json")],
             parse_env_steps,
         ),
         (
             "train_eager",
-            0.05,
+            0.04,
             [*train, "--total-frames", str(TRAIN_FRAMES), "--run-name", "train-eager"],
             parse_train("train-eager"),
         ),
         (
             "train_compile",
-            0.13,
+            0.11,
             [*train, "--total-frames", str(TRAIN_FRAMES), "--compile", "--run-name", "train-compile"],
             parse_train("train-compile"),
         ),
         (
             "train_mappo_65536",
-            0.05,
+            0.04,
             [*train, "--algo", "mappo", "--num-envs", str(SCALE_ENVS), "--minibatch-size", str(SCALE_MINIBATCH)]
             + ["--total-frames", str(SCALE_FRAMES), "--run-name", "train-mappo-65536"],
             parse_train("train-mappo-65536"),
         ),
         (
+            "train_masac_compile",
+            0.09,
+            [*train, "--algo", "masac", "--compile", "--prioritized", "--total-frames", str(OFF_POLICY_FRAMES)]
+            + ["--run-name", "train-masac-compile"],
+            parse_train("train-masac-compile"),
+        ),
+        (
             "seeds",
-            0.07,
+            0.06,
             ["python", "-m", "marl.bench.seeds", "--device", "cuda", "--envs", "navigation", "--seeds", "5"]
             + ["--frames", str(SEEDS_FRAMES), "--repeats", "1", "--json", str(out / "step_seeds.json")],
             parse_seeds,
