@@ -58,9 +58,9 @@ class SACConfig(OffPolicyConfig):
 
     algo: Literal["masac", "isac"] = "masac"
     """masac: a centralised critic (every group's observations and actions); isac: each agent's own."""
-    # SAC's own defaults, chosen by the time to a return of 0.9 on vmas/navigation (README, "Time to a
-    # return of 0.9"): with the shared ones (lr 3e-4, tau 0.005, 32 steps of 2048) and alpha 1 MASAC stayed
-    # at the random policy's return.
+    # SAC's own defaults, chosen by the time to a return of 0.9 on vmas/navigation (marl/bench/README.md,
+    # "Time to a return of 0.9"): with the shared ones (lr 3e-4, tau 0.005, 32 steps of 2048) and alpha 1
+    # MASAC stayed at the random policy's return.
     lr: float = 3e-3
     """Adam learning rate of the policies, critics and temperature (SAC's: 10x the shared one; with it and
     256 steps of 256 per iteration MASAC reached a return of 0.9 on vmas/navigation, with 3e-4 not in 600k

@@ -197,9 +197,9 @@ def scripted_return(options: dict, episodes: int = 512) -> float:
 
 
 def test_memory_task_a_recurrent_policy_learns_what_an_mlp_cannot(tmp_path):
-    """navigation with the goal seen only in the first observation, a small budget (the README has the full
-    run, where the MLP stays under half the scripted return): MAPPO with a GRU policy gets well past the
-    MLP. Here, seeded, about 0.49 against 0.30, of the scripted controller's 0.63."""
+    """navigation with the goal seen only in the first observation, a small budget (marl/bench/README.md has
+    the full run, where the MLP stays under half the scripted return): MAPPO with a GRU policy gets well past
+    the MLP. Here, seeded, about 0.49 against 0.30, of the scripted controller's 0.63."""
     options = {"n_agents": 1, "max_steps": 20, "goal_visible_steps": 1}
     returns = {}
     for model in ("gru", "mlp"):
