@@ -108,6 +108,12 @@ def _layout_of_size(numel: int) -> Layout | None:
     return layout if layout.numel == numel else None
 
 
+def _cached(function, *args):
+    """`function(*args)` of a `functools.cache`d function; traced into a compiled graph, without the cache
+    (dynamo would trace through it anyway, with a warning)."""
+    return (function.__wrapped__ if torch.compiler.is_compiling() else function)(*args)
+
+
 def sum_tree_zeros(capacity: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """An empty tree (all priorities zero) with room for `capacity` leaves: float64, `sum_tree_nbytes` bytes."""
     return torch.zeros(sum_tree_layout(capacity).numel, dtype=torch.float64, device=device)
@@ -121,7 +127,7 @@ def sum_tree_nbytes(capacity: int) -> int:
 def sum_tree_leaves(tree: torch.Tensor) -> torch.Tensor:
     """The leaves of `tree`, a view `[L]` (L >= the capacity it was made for; the rest stay 0)."""
     _check_tree("sum_tree_leaves", tree)
-    return tree[: _layout_of_size(tree.numel()).sizes[0]]
+    return tree[: _cached(_layout_of_size, tree.numel()).sizes[0]]
 
 
 # ---- Triton ---------------------------------------------------------------------------------------
@@ -230,7 +236,10 @@ def _rows_starts(numel: int, device: torch.device) -> torch.Tensor:
 
 
 def _on_device(tree: torch.Tensor):
-    return torch.cuda.device(tree.device) if tree.is_cuda else contextlib.nullcontext()
+    # Traced into a compiled graph, the kernels launch on the graph's device: no context to trace.
+    if tree.is_cuda and not torch.compiler.is_compiling():
+        return torch.cuda.device(tree.device)
+    return contextlib.nullcontext()
 
 
 def _rebuild_rows_triton(tree, layout, level, rows=None, run=(0, 0)):
@@ -254,7 +263,7 @@ def _rebuild_rows_triton(tree, layout, level, rows=None, run=(0, 0)):
 
 
 def _update_triton(tree, index, value):
-    k, layout = index.numel(), _layout_of_size(tree.numel())
+    k, layout = index.numel(), _cached(_layout_of_size, tree.numel())
     if k == 0:
         return tree
     bits, grid = tree.view(torch.int64), (triton.cdiv(k, BLOCK),)
@@ -270,7 +279,7 @@ def _update_triton(tree, index, value):
 
 
 def _write_triton(tree, start, value):
-    layout = _layout_of_size(tree.numel())
+    layout = _cached(_layout_of_size, tree.numel())
     tree[start : start + value.numel()].copy_(value)
     with _on_device(tree):
         for level, run in enumerate(_runs_above(start, value.numel(), layout.depth)):
@@ -279,12 +288,12 @@ def _write_triton(tree, start, value):
 
 
 def _find_triton(tree, fraction):
-    k, layout = fraction.numel(), _layout_of_size(tree.numel())
+    k, layout = fraction.numel(), _cached(_layout_of_size, tree.numel())
     index = torch.empty(k, dtype=torch.int64, device=tree.device)
     leaf = torch.empty(k, dtype=torch.float64, device=tree.device)
     if k:
         with _on_device(tree):
-            starts = _rows_starts(tree.numel(), tree.device)
+            starts = _cached(_rows_starts, tree.numel(), tree.device)
             _find_kernel[(triton.cdiv(k, BLOCK),)](
                 tree, fraction, index, leaf, starts, k, layout.depth, layout.widths[-1], FANOUT=FANOUT, BLOCK=BLOCK
             )
@@ -317,10 +326,20 @@ _VIEWS: dict[int, tuple[weakref.ref, _Views]] = {}
 
 
 def _views(tree: torch.Tensor) -> _Views:
+    if torch.compiler.is_compiling():  # views are free in a graph, and the cache (ids, weakrefs) does not trace
+        return _make_views(tree)
     entry = _VIEWS.get(id(tree))
     if entry is not None and entry[0]() is tree:
         return entry[1]
-    layout = _layout_of_size(tree.numel())
+    views = _make_views(tree)
+    # The entry goes when the tree does (its views would keep its memory alive).
+    key = id(tree)
+    _VIEWS[key] = (weakref.ref(tree, lambda _: _VIEWS.pop(key, None)), views)
+    return views
+
+
+def _make_views(tree: torch.Tensor) -> _Views:
+    layout = _cached(_layout_of_size, tree.numel())
     rows = [
         tree[start : start + size * (width + 1)].view(size, width + 1)
         for start, size, width in zip(layout.rows, layout.sizes[1:], layout.widths, strict=True)
@@ -328,11 +347,7 @@ def _views(tree: torch.Tensor) -> _Views:
     leaves = tree[: layout.sizes[0]]
     values = [leaves] + [below[:, -1] for below in rows[:-1]]  # each level's, leaves to the root's children
     children = [level.view(-1, width) for level, width in zip(values, layout.widths, strict=True)]
-    views = _Views(leaves, children, rows, [level[:, 1:] for level in rows], tree.new_zeros(()))
-    # The entry goes when the tree does (its views would keep its memory alive).
-    key = id(tree)
-    _VIEWS[key] = (weakref.ref(tree, lambda _: _VIEWS.pop(key, None)), views)
-    return views
+    return _Views(leaves, children, rows, [level[:, 1:] for level in rows], tree.new_zeros(()))
 
 
 def _running_sum(children: torch.Tensor) -> torch.Tensor:
@@ -397,7 +412,7 @@ def _find_torch(tree, fraction):
 
 def _rebuild_reference(tree: torch.Tensor) -> torch.Tensor:
     """Recompute every row from its children, bottom level first, as plain loops."""
-    layout = _layout_of_size(tree.numel())
+    layout = _cached(_layout_of_size, tree.numel())
     values = tree.tolist()
     below = values[: layout.sizes[0]]  # the values of the level below
     for level, (start, width) in enumerate(zip(layout.rows, layout.widths, strict=True)):
@@ -431,7 +446,7 @@ def sum_tree_write_reference(tree: torch.Tensor, start: int, value: torch.Tensor
 
 def sum_tree_find_reference(tree: torch.Tensor, fraction: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`sum_tree_find` as a plain loop per draw, walking down from the root."""
-    layout = _layout_of_size(tree.numel())
+    layout = _cached(_layout_of_size, tree.numel())
     values = tree.tolist()
     found = []
     for f in fraction.double().tolist():
@@ -453,7 +468,12 @@ def sum_tree_find_reference(tree: torch.Tensor, fraction: torch.Tensor) -> tuple
 def _check_tree(op: str, tree: torch.Tensor) -> None:
     if not isinstance(tree, torch.Tensor):
         raise TypeError(f"{op}: tree must be a torch.Tensor, got {type(tree).__name__}")
-    if tree.dtype != torch.float64 or tree.dim() != 1 or not tree.is_contiguous() or not _layout_of_size(tree.numel()):
+    if (
+        tree.dtype != torch.float64
+        or tree.dim() != 1
+        or not tree.is_contiguous()
+        or not _cached(_layout_of_size, tree.numel())
+    ):
         raise ValueError(
             f"{op}: tree has shape {tuple(tree.shape)}, dtype {tree.dtype}; expected a contiguous float64 tensor "
             "laid out as a sum tree (make it with sum_tree_zeros(capacity, device))"
@@ -505,7 +525,7 @@ def sum_tree_write_(tree: torch.Tensor, start: int, value: torch.Tensor, *, back
     and recompute the rows above them, by slices; returns `tree`. `backend` as in `sum_tree_update_`."""
     _check_tree("sum_tree_write_", tree)
     _check_vector("sum_tree_write_", "value", value, tree, "value")
-    num_leaves = _layout_of_size(tree.numel()).sizes[0]
+    num_leaves = _cached(_layout_of_size, tree.numel()).sizes[0]
     if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= num_leaves - value.numel():
         raise ValueError(
             f"sum_tree_write_: leaves {start!r} .. {start!r} + {value.numel()} do not fit in the tree's "

@@ -25,8 +25,8 @@ checkpoints are the same either way.
 
 An algorithm may ask for more: `aux=True` lets the loss return a third value, any tensors computed with the
 loss (e.g. the TD errors that set replay priorities), returned by the step beside the terms; `after_step`
-runs after the optimiser step, inside the compiled graph when compiled (e.g. the Polyak update of target
-networks).
+runs after the optimiser step with them, inside the compiled graph when compiled (e.g. the Polyak update
+of target networks, the replay priorities).
 
 A step may train some of every group's nets only (`nets`, e.g. `("policy",)`): the loss is then called
 with `nets=` those names and computes their part only, and only their parameters, gradient norms and Adam
@@ -96,7 +96,8 @@ class UpdateStep:
         cpp_wrapper: compile with Inductor's C++ wrapper, for a step run on a second thread
             (`envs.compile.maybe_compile`).
         aux: the loss returns `(total, terms, aux)`; the step then returns `(out, aux)`.
-        after_step: called with no arguments after every optimiser step (in the compiled graph when compiled).
+        after_step: called after every optimiser step with the loss's aux (None without `aux`), in the
+            compiled graph when compiled.
     """
 
     def __init__(
@@ -109,7 +110,7 @@ class UpdateStep:
         nets: tuple[str, ...] | None = None,
         cpp_wrapper: bool = False,
         aux: bool = False,
-        after_step: Callable[[], None] | None = None,
+        after_step: Callable[[object], None] | None = None,
     ) -> None:
         self.trainables, self.loss, self.device, self.world = dict(trainables), loss, device, world
         self.aux, self.after_step = aux, after_step
@@ -189,10 +190,11 @@ class UpdateStep:
                 norms = self.unmeasured[g]
             t.optimizer.step()
             out[g] = torch.cat([terms[g], norms])
+        aux = aux[0] if aux else None
         if self.after_step is not None:
             with torch.no_grad():
-                self.after_step()
-        return out, (aux[0] if aux else None)
+                self.after_step(aux)
+        return out, aux
 
     def _all_norms(self, g: str, norms: list[torch.Tensor]) -> torch.Tensor:
         """Group `g`'s gradient norm per net: the stepped nets' `norms`, 0 for the others."""
@@ -240,9 +242,10 @@ class UpdateStep:
             group_params = [params[name] for names in stepped for name in names]
             _adam_(group_params, [x for gs in net_grads for x in gs], *adam_state[g], *self.adam_constants[g])
             out[g] = torch.cat([terms[g], norms])
+        aux = aux[0] if aux else None
         if self.after_step is not None:
-            self.after_step()
-        return out, (aux[0] if aux else None)
+            self.after_step(aux)
+        return out, aux
 
 
 def _stepped(group: str, trainable: Trainable, nets: tuple[str, ...] | None) -> list[int]:
