@@ -12,7 +12,7 @@ from the buffer's storage, computes every group's critic, actor (and SAC's tempe
 every group's nets with their Adam, moves the target networks by Polyak averaging, `target <- (1 - tau) *
 target + tau * online`, and with prioritized replay sets the drawn steps' priorities to their TD errors
 (`|y - Q|`, reduced over the agents by `priority_reduce`) in the tree. Nothing reads the device on the
-host, and no op runs eagerly between the steps.
+host; between two steps only `UpdateStep`'s Adam step sizes run eagerly.
 
 Targets are TD(0) and per agent: `y = r + gamma * (1 - terminated) * V'(s')`, from the true next
 observation, so a truncated episode bootstraps and a terminated one does not.
@@ -219,6 +219,7 @@ class OffPolicy(Algorithm):
             compile=self.config.run.compile,
             aux=True,
             after_step=self.after_step,
+            prepare=self.select,
         )
 
     def after_step(self, aux: tuple[torch.Tensor, dict]) -> None:
@@ -300,11 +301,14 @@ class OffPolicy(Algorithm):
         once from this run's generator: `[steps, ...]`, row `t` step `t`'s (`ReplayBuffer.draw_ahead`)."""
         return buffer.draw_ahead(steps, self.config.algo.batch_size, self.generator)
 
-    def step_loss(self, storage, drawn, beta, noise, t):
-        """The loss of step `t`: its slots and importance weights from its row of the `drawn` numbers (with
-        the exponent `beta`, a 0-d tensor), then `loss`'s total and terms, and as aux the slots and `loss`'s
-        priorities (for `after_step`)."""
+    def select(self, storage, drawn, beta, noise, t) -> tuple:
+        """The step's inputs to its loss's: step `t`'s slots and importance weights from its row of the
+        `drawn` numbers (with the exponent `beta`, a 0-d tensor), in the tree as the previous step left it."""
         index, weight = self.replay_buffer.select(drawn.index_select(0, t).squeeze(0), beta)
+        return storage, index, weight, noise, t
+
+    def step_loss(self, storage, index, weight, noise, t):
+        """`loss`'s total and terms, and as aux the slots and `loss`'s priorities (for `after_step`)."""
         total, terms, priority = self.loss(storage, index, weight, noise, t)
         return total, terms, (index, priority)
 

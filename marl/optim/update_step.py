@@ -23,7 +23,9 @@ Two ways to take the step, the same update (tested):
 Adam's moments and step counts are the optimiser's own state tensors, updated in place by both, so
 checkpoints are the same either way.
 
-An algorithm may ask for more: `aux=True` lets the loss return a third value, any tensors computed with the
+An algorithm may ask for more: `prepare` maps the step's inputs to the loss's first (e.g. an off-policy
+step's draw from its replay buffer), inside the compiled graph when compiled but outside the gradient
+transform; `aux=True` lets the loss return a third value, any tensors computed with the
 loss (e.g. the TD errors that set replay priorities), returned by the step beside the terms; `after_step`
 runs after the optimiser step with them, inside the compiled graph when compiled (e.g. the Polyak update
 of target networks, the replay priorities).
@@ -98,6 +100,8 @@ class UpdateStep:
         aux: the loss returns `(total, terms, aux)`; the step then returns `(out, aux)`.
         after_step: called after every optimiser step with the loss's aux (None without `aux`), in the
             compiled graph when compiled.
+        prepare: `prepare(*inputs) -> loss inputs`, called first (in the compiled graph when compiled, with
+            no gradients); None: the loss takes the step's inputs.
     """
 
     def __init__(
@@ -111,9 +115,10 @@ class UpdateStep:
         cpp_wrapper: bool = False,
         aux: bool = False,
         after_step: Callable[[object], None] | None = None,
+        prepare: Callable[..., tuple] | None = None,
     ) -> None:
         self.trainables, self.loss, self.device, self.world = dict(trainables), loss, device, world
-        self.aux, self.after_step = aux, after_step
+        self.aux, self.after_step, self.prepare = aux, after_step, prepare
         for g, t in self.trainables.items():
             held = t.optimizer.param_groups
             if len(held) != 1 or [id(p) for p in held[0]["params"]] != [id(p) for p in t.parameters()]:
@@ -170,6 +175,9 @@ class UpdateStep:
     # ---- eager: autograd and torch's Adam -------------------------------------------------------------
 
     def _step_eager(self, inputs):
+        if self.prepare is not None:
+            with torch.no_grad():
+                inputs = self.prepare(*inputs)
         total, terms, *aux = self._loss(*inputs, **self.loss_kwargs)
         for t in self.trainables.values():
             t.optimizer.zero_grad(set_to_none=True)
@@ -221,6 +229,9 @@ class UpdateStep:
 
     @torch.no_grad()
     def _fused_step_eager(self, params, adam_state, inputs):
+        if self.prepare is not None:
+            inputs = self.prepare(*inputs)
+
         # d(total)/d(parameters); the per-group terms ride along as the auxiliary output. No weights are
         # tied, and looking for ties walks every buffer (traced, a float64 buffer became a symbolic float
         # and AOTAutograd restarted the whole trace to specialise it).

@@ -357,8 +357,12 @@ class Recording:
         return out, (index, priority)
 
 
-@pytest.mark.parametrize("prioritized", [False, True], ids=["uniform", "prioritized"])
-def test_a_compiled_update_is_one_graph_and_equals_the_eager_one(tmp_path, prioritized):
+@pytest.mark.parametrize(
+    ("algo", "env", "prioritized"),
+    [("masac", "speaker_listener", False), ("masac", "speaker_listener", True), ("qmix", "spread", True)],
+    ids=["masac-uniform", "masac-prioritized", "qmix-prioritized"],
+)
+def test_a_compiled_update_is_one_graph_and_equals_the_eager_one(tmp_path, algo, env, prioritized):
     # With --compile each optimiser step (its draw from the buffer, the losses, Adam, the targets and the
     # priorities) is one graph, compiled once: no graph break, no recompile when beta moves.
     from torch._dynamo.utils import counters
@@ -366,7 +370,7 @@ def test_a_compiled_update_is_one_graph_and_equals_the_eager_one(tmp_path, prior
     torch._dynamo.reset()
     trainers = {}
     for compile in (False, True):
-        config = small_config(tmp_path, "masac", "speaker_listener", compile=compile, prioritized=prioritized)
+        config = small_config(tmp_path, algo, env, compile=compile, prioritized=prioritized)
         trainer = trainers[compile] = Trainer(config, run_dir=tmp_path / f"compile{compile}")
         trainer.buffer.backend = "torch"
         algorithm = trainer.algorithm
