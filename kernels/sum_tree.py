@@ -37,7 +37,9 @@ Implementations, held to each other bit for bit by the tests:
 - torch (CPU): an update is, per level, a gather of the updated rows' children `[k, F]`, a `cumsum` (it
   adds in order on the CPU) and an `index_copy_` (levels with no more rows than updates, the root's
   always, are rebuilt whole, by slices); a find is a 1-d `searchsorted` in the root's row, then per level
-  a gather of the rows `[k, F + 1]`, a `searchsorted` and a few ops on `[k]`: all draws at once.
+  a gather of the rows `[k, F + 1]`, a `searchsorted` and a few ops on `[k]`: all draws at once. Traced
+  into a compiled graph (an off-policy step's), an update writes the flat tree by `index_copy_`, the
+  leaves' repeats reduced first (`_update_flat`), so that the graph writes in place.
 - `sum_tree_update_reference`, `sum_tree_write_reference`, `sum_tree_find_reference`: plain loops.
 """
 
@@ -370,7 +372,21 @@ def _rebuild_rows_torch(views: _Views, level: int, rows: torch.Tensor | slice) -
         views.sums[level].index_copy_(0, rows, _running_sum(children.index_select(0, rows)))
 
 
+def _largest_per_index(index: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`index` sorted `[k]` and for each the largest of the values given with that index `[k]`: each run of
+    equal sorted indices is one segment, reduced by a scatter into `[k]`: then every write to a leaf writes
+    the same value, and the writes are in place when compiled."""
+    index, order = index.sort()
+    starts = torch.ones_like(index, dtype=torch.bool)
+    starts[1:] = index[1:] != index[:-1]
+    segment = starts.cumsum(0) - 1  # [k] each sorted index's run
+    largest = torch.zeros_like(value).scatter_reduce_(0, segment, value[order], "amax", include_self=False)
+    return index, largest.index_select(0, segment)
+
+
 def _update_torch(tree, index, value):
+    if torch.compiler.is_compiling():
+        return _update_flat(tree, index, value)
     views = _views(tree)
     views.leaves.scatter_reduce_(0, index, value.to(torch.float64), "amax", include_self=False)
     rows = index
@@ -379,6 +395,25 @@ def _update_torch(tree, index, value):
         # A level with no more rows than updates is cheaper rebuilt whole, by slices.
         whole = children.shape[0] <= rows.numel()
         _rebuild_rows_torch(views, level, slice(0, children.shape[0]) if whole else rows)
+    return tree
+
+
+def _update_flat(tree, index, value):
+    """`_update_torch` traced into a compiled graph: every write goes into the flat tree itself, by
+    `index_copy_`. Compiled, a write through a view of the tree, or a scatter of maxima into it, became
+    copies of the whole tree (milliseconds a step at a million leaves); these stay in place."""
+    views, layout = _views(tree), _cached(_layout_of_size, tree.numel())
+    tree.index_copy_(0, *_largest_per_index(index, value.to(torch.float64)))  # the leaves: tree[:L]
+    rows = index
+    for children, start in zip(views.children, layout.rows, strict=True):
+        rows = rows >> SHIFT  # [k] the updated nodes' parents: the rows to rewrite (the root's: whole)
+        # A level with no more rows than updates is cheaper rebuilt whole. Repeated rows get the same
+        # sums, so the order of their writes does not matter.
+        count, width = children.shape
+        written = torch.arange(count, device=tree.device) if count <= rows.numel() else rows  # [r]
+        columns = torch.arange(start + 1, start + width + 1, device=tree.device)  # row 0's sums in the tree
+        slots = columns + (written * (width + 1)).unsqueeze(1)  # [r, width] the written rows' sums
+        tree.index_copy_(0, slots.flatten(), _running_sum(children.index_select(0, written)).flatten())
     return tree
 
 
