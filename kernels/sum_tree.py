@@ -37,7 +37,9 @@ Implementations, held to each other bit for bit by the tests:
 - torch (CPU): an update is, per level, a gather of the updated rows' children `[k, F]`, a `cumsum` (it
   adds in order on the CPU) and an `index_copy_` (levels with no more rows than updates, the root's
   always, are rebuilt whole, by slices); a find is a 1-d `searchsorted` in the root's row, then per level
-  a gather of the rows `[k, F + 1]`, a `searchsorted` and a few ops on `[k]`: all draws at once.
+  a gather of the rows `[k, F + 1]`, a `searchsorted` and a few ops on `[k]`: all draws at once. Traced
+  into a compiled graph (an off-policy step's), an update writes the flat tree by `index_copy_`, the
+  leaves' repeats reduced first (`_update_flat`), so that the graph writes in place.
 - `sum_tree_update_reference`, `sum_tree_write_reference`, `sum_tree_find_reference`: plain loops.
 """
 
@@ -108,6 +110,12 @@ def _layout_of_size(numel: int) -> Layout | None:
     return layout if layout.numel == numel else None
 
 
+def _cached(function, *args):
+    """`function(*args)` of a `functools.cache`d function; traced into a compiled graph, without the cache
+    (dynamo would trace through it anyway, with a warning)."""
+    return (function.__wrapped__ if torch.compiler.is_compiling() else function)(*args)
+
+
 def sum_tree_zeros(capacity: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """An empty tree (all priorities zero) with room for `capacity` leaves: float64, `sum_tree_nbytes` bytes."""
     return torch.zeros(sum_tree_layout(capacity).numel, dtype=torch.float64, device=device)
@@ -121,7 +129,7 @@ def sum_tree_nbytes(capacity: int) -> int:
 def sum_tree_leaves(tree: torch.Tensor) -> torch.Tensor:
     """The leaves of `tree`, a view `[L]` (L >= the capacity it was made for; the rest stay 0)."""
     _check_tree("sum_tree_leaves", tree)
-    return tree[: _layout_of_size(tree.numel()).sizes[0]]
+    return tree[: _cached(_layout_of_size, tree.numel()).sizes[0]]
 
 
 # ---- Triton ---------------------------------------------------------------------------------------
@@ -230,7 +238,10 @@ def _rows_starts(numel: int, device: torch.device) -> torch.Tensor:
 
 
 def _on_device(tree: torch.Tensor):
-    return torch.cuda.device(tree.device) if tree.is_cuda else contextlib.nullcontext()
+    # Traced into a compiled graph, the kernels launch on the graph's device: no context to trace.
+    if tree.is_cuda and not torch.compiler.is_compiling():
+        return torch.cuda.device(tree.device)
+    return contextlib.nullcontext()
 
 
 def _rebuild_rows_triton(tree, layout, level, rows=None, run=(0, 0)):
@@ -254,7 +265,7 @@ def _rebuild_rows_triton(tree, layout, level, rows=None, run=(0, 0)):
 
 
 def _update_triton(tree, index, value):
-    k, layout = index.numel(), _layout_of_size(tree.numel())
+    k, layout = index.numel(), _cached(_layout_of_size, tree.numel())
     if k == 0:
         return tree
     bits, grid = tree.view(torch.int64), (triton.cdiv(k, BLOCK),)
@@ -270,7 +281,7 @@ def _update_triton(tree, index, value):
 
 
 def _write_triton(tree, start, value):
-    layout = _layout_of_size(tree.numel())
+    layout = _cached(_layout_of_size, tree.numel())
     tree[start : start + value.numel()].copy_(value)
     with _on_device(tree):
         for level, run in enumerate(_runs_above(start, value.numel(), layout.depth)):
@@ -279,12 +290,12 @@ def _write_triton(tree, start, value):
 
 
 def _find_triton(tree, fraction):
-    k, layout = fraction.numel(), _layout_of_size(tree.numel())
+    k, layout = fraction.numel(), _cached(_layout_of_size, tree.numel())
     index = torch.empty(k, dtype=torch.int64, device=tree.device)
     leaf = torch.empty(k, dtype=torch.float64, device=tree.device)
     if k:
         with _on_device(tree):
-            starts = _rows_starts(tree.numel(), tree.device)
+            starts = _cached(_rows_starts, tree.numel(), tree.device)
             _find_kernel[(triton.cdiv(k, BLOCK),)](
                 tree, fraction, index, leaf, starts, k, layout.depth, layout.widths[-1], FANOUT=FANOUT, BLOCK=BLOCK
             )
@@ -317,10 +328,20 @@ _VIEWS: dict[int, tuple[weakref.ref, _Views]] = {}
 
 
 def _views(tree: torch.Tensor) -> _Views:
+    if torch.compiler.is_compiling():  # views are free in a graph, and the cache (ids, weakrefs) does not trace
+        return _make_views(tree)
     entry = _VIEWS.get(id(tree))
     if entry is not None and entry[0]() is tree:
         return entry[1]
-    layout = _layout_of_size(tree.numel())
+    views = _make_views(tree)
+    # The entry goes when the tree does (its views would keep its memory alive).
+    key = id(tree)
+    _VIEWS[key] = (weakref.ref(tree, lambda _: _VIEWS.pop(key, None)), views)
+    return views
+
+
+def _make_views(tree: torch.Tensor) -> _Views:
+    layout = _cached(_layout_of_size, tree.numel())
     rows = [
         tree[start : start + size * (width + 1)].view(size, width + 1)
         for start, size, width in zip(layout.rows, layout.sizes[1:], layout.widths, strict=True)
@@ -328,11 +349,7 @@ def _views(tree: torch.Tensor) -> _Views:
     leaves = tree[: layout.sizes[0]]
     values = [leaves] + [below[:, -1] for below in rows[:-1]]  # each level's, leaves to the root's children
     children = [level.view(-1, width) for level, width in zip(values, layout.widths, strict=True)]
-    views = _Views(leaves, children, rows, [level[:, 1:] for level in rows], tree.new_zeros(()))
-    # The entry goes when the tree does (its views would keep its memory alive).
-    key = id(tree)
-    _VIEWS[key] = (weakref.ref(tree, lambda _: _VIEWS.pop(key, None)), views)
-    return views
+    return _Views(leaves, children, rows, [level[:, 1:] for level in rows], tree.new_zeros(()))
 
 
 def _running_sum(children: torch.Tensor) -> torch.Tensor:
@@ -355,7 +372,21 @@ def _rebuild_rows_torch(views: _Views, level: int, rows: torch.Tensor | slice) -
         views.sums[level].index_copy_(0, rows, _running_sum(children.index_select(0, rows)))
 
 
+def _largest_per_index(index: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`index` sorted `[k]` and for each the largest of the values given with that index `[k]`: each run of
+    equal sorted indices is one segment, reduced by a scatter into `[k]`: then every write to a leaf writes
+    the same value, and the writes are in place when compiled."""
+    index, order = index.sort()
+    starts = torch.ones_like(index, dtype=torch.bool)
+    starts[1:] = index[1:] != index[:-1]
+    segment = starts.cumsum(0) - 1  # [k] each sorted index's run
+    largest = torch.zeros_like(value).scatter_reduce_(0, segment, value[order], "amax", include_self=False)
+    return index, largest.index_select(0, segment)
+
+
 def _update_torch(tree, index, value):
+    if torch.compiler.is_compiling():
+        return _update_flat(tree, index, value)
     views = _views(tree)
     views.leaves.scatter_reduce_(0, index, value.to(torch.float64), "amax", include_self=False)
     rows = index
@@ -364,6 +395,25 @@ def _update_torch(tree, index, value):
         # A level with no more rows than updates is cheaper rebuilt whole, by slices.
         whole = children.shape[0] <= rows.numel()
         _rebuild_rows_torch(views, level, slice(0, children.shape[0]) if whole else rows)
+    return tree
+
+
+def _update_flat(tree, index, value):
+    """`_update_torch` traced into a compiled graph: every write goes into the flat tree itself, by
+    `index_copy_`. Compiled, a write through a view of the tree, or a scatter of maxima into it, became
+    copies of the whole tree (milliseconds a step at a million leaves); these stay in place."""
+    views, layout = _views(tree), _cached(_layout_of_size, tree.numel())
+    tree.index_copy_(0, *_largest_per_index(index, value.to(torch.float64)))  # the leaves: tree[:L]
+    rows = index
+    for children, start in zip(views.children, layout.rows, strict=True):
+        rows = rows >> SHIFT  # [k] the updated nodes' parents: the rows to rewrite (the root's: whole)
+        # A level with no more rows than updates is cheaper rebuilt whole. Repeated rows get the same
+        # sums, so the order of their writes does not matter.
+        count, width = children.shape
+        written = torch.arange(count, device=tree.device) if count <= rows.numel() else rows  # [r]
+        columns = torch.arange(start + 1, start + width + 1, device=tree.device)  # row 0's sums in the tree
+        slots = columns + (written * (width + 1)).unsqueeze(1)  # [r, width] the written rows' sums
+        tree.index_copy_(0, slots.flatten(), _running_sum(children.index_select(0, written)).flatten())
     return tree
 
 
@@ -397,7 +447,7 @@ def _find_torch(tree, fraction):
 
 def _rebuild_reference(tree: torch.Tensor) -> torch.Tensor:
     """Recompute every row from its children, bottom level first, as plain loops."""
-    layout = _layout_of_size(tree.numel())
+    layout = _cached(_layout_of_size, tree.numel())
     values = tree.tolist()
     below = values[: layout.sizes[0]]  # the values of the level below
     for level, (start, width) in enumerate(zip(layout.rows, layout.widths, strict=True)):
@@ -431,7 +481,7 @@ def sum_tree_write_reference(tree: torch.Tensor, start: int, value: torch.Tensor
 
 def sum_tree_find_reference(tree: torch.Tensor, fraction: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`sum_tree_find` as a plain loop per draw, walking down from the root."""
-    layout = _layout_of_size(tree.numel())
+    layout = _cached(_layout_of_size, tree.numel())
     values = tree.tolist()
     found = []
     for f in fraction.double().tolist():
@@ -453,7 +503,12 @@ def sum_tree_find_reference(tree: torch.Tensor, fraction: torch.Tensor) -> tuple
 def _check_tree(op: str, tree: torch.Tensor) -> None:
     if not isinstance(tree, torch.Tensor):
         raise TypeError(f"{op}: tree must be a torch.Tensor, got {type(tree).__name__}")
-    if tree.dtype != torch.float64 or tree.dim() != 1 or not tree.is_contiguous() or not _layout_of_size(tree.numel()):
+    if (
+        tree.dtype != torch.float64
+        or tree.dim() != 1
+        or not tree.is_contiguous()
+        or not _cached(_layout_of_size, tree.numel())
+    ):
         raise ValueError(
             f"{op}: tree has shape {tuple(tree.shape)}, dtype {tree.dtype}; expected a contiguous float64 tensor "
             "laid out as a sum tree (make it with sum_tree_zeros(capacity, device))"
@@ -505,7 +560,7 @@ def sum_tree_write_(tree: torch.Tensor, start: int, value: torch.Tensor, *, back
     and recompute the rows above them, by slices; returns `tree`. `backend` as in `sum_tree_update_`."""
     _check_tree("sum_tree_write_", tree)
     _check_vector("sum_tree_write_", "value", value, tree, "value")
-    num_leaves = _layout_of_size(tree.numel()).sizes[0]
+    num_leaves = _cached(_layout_of_size, tree.numel()).sizes[0]
     if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= num_leaves - value.numel():
         raise ValueError(
             f"sum_tree_write_: leaves {start!r} .. {start!r} + {value.numel()} do not fit in the tree's "

@@ -2,14 +2,17 @@
 schedule, target networks, warm-up, and the update loop around one optimiser step.
 
 Per iteration the run loop extends the replay buffer (`marl.core.replay`) with the batch just collected;
-`update` then takes `updates_per_iteration` optimiser steps. Each step draws `batch_size` env steps
-(uniformly, or by priority with importance weights whose exponent β is annealed to 1 over the run),
-and one `UpdateStep` call gathers them from the buffer's storage, computes every group's critic, actor
-(and SAC's temperature) losses, steps every group's nets with their Adam, and moves the target networks
-by Polyak averaging, `target <- (1 - tau) * target + tau * online`: with `--compile`, one graph.
-Prioritized replay then sets the drawn steps' priorities to their TD errors (`|y - Q|`, reduced over
-the agents by `priority_reduce`). The draws and the priorities' sum tree (`kernels.sum_tree`) run
-between the compiled calls; nothing reads the device on the host.
+`update` then draws the random numbers of the iteration at once from the run's generator (the sampling
+noise, `draw_noise`, then the draws of env steps, `draw`: slots, or prioritized replay's stratified
+fractions, `[updates_per_iteration, batch_size]`) and takes `updates_per_iteration` optimiser steps. Each
+step is one `UpdateStep` call, with `--compile` one graph: it selects its row `t` of the draws (uniform:
+the slots; prioritized: a find in the sum tree, `kernels.sum_tree`, as the previous step left it, and
+importance weights whose exponent β is annealed to 1 over the run), gathers the `batch_size` env steps
+from the buffer's storage, computes every group's critic, actor (and SAC's temperature) losses, steps
+every group's nets with their Adam, moves the target networks by Polyak averaging, `target <- (1 - tau) *
+target + tau * online`, and with prioritized replay sets the drawn steps' priorities to their TD errors
+(`|y - Q|`, reduced over the agents by `priority_reduce`) in the tree. Nothing reads the device on the
+host; between two steps only `UpdateStep`'s Adam step sizes run eagerly.
 
 Targets are TD(0) and per agent: `y = r + gamma * (1 - terminated) * V'(s')`, from the true next
 observation, so a truncated episode bootstraps and a terminated one does not.
@@ -190,6 +193,9 @@ class OffPolicy(Algorithm):
             self.check_group(group, spec)
         self.warm = torch.zeros((), dtype=torch.bool, device=device)  # acting at random (warm-up)
         self.beta = config.algo.priority_beta
+        # β as the step reads it: a tensor, so that annealing it changes no constant of the compiled step.
+        self.beta_now = torch.full((), self.beta, dtype=torch.float64, device=device)
+        self.replay_buffer: ReplayBuffer | None = None  # the buffer `update` draws from
         self.step_indices = torch.arange(config.algo.updates_per_iteration, device=device).view(-1, 1)
 
     def check_group(self, group: str, spec) -> None:
@@ -207,13 +213,23 @@ class OffPolicy(Algorithm):
             return
         self.step = UpdateStep(
             self.trainables,
-            self.loss,
+            self.step_loss,
             self.device,
             self.world,
             compile=self.config.run.compile,
             aux=True,
-            after_step=self.update_targets,
+            after_step=self.after_step,
+            prepare=self.select,
         )
+
+    def after_step(self, aux: tuple[torch.Tensor, dict]) -> None:
+        """After every optimiser step (inside the compiled graph when compiled): the target update, then
+        the drawn steps' priorities (`aux`: their slots `[k]` and `loss`'s priorities)."""
+        self.update_targets()
+        buffer = self.replay_buffer
+        if buffer.prioritized is not None:
+            index, priority = aux
+            buffer.set_priority_(index, buffer.reduce_priority(priority))
 
     def update_targets(self) -> None:
         """After every optimiser step (inside the compiled graph when compiled): move the target networks;
@@ -249,6 +265,7 @@ class OffPolicy(Algorithm):
         algo = self.config.algo
         self.warm.fill_(frames < algo.warmup_frames)
         self.beta = linear(algo.priority_beta, 1.0, frames / total_frames)
+        self.beta_now.fill_(self.beta)
 
     def draw_noise(
         self, steps: int, batch_size: int, generator: torch.Generator | None = None
@@ -264,13 +281,12 @@ class OffPolicy(Algorithm):
     def update(self, buffer: ReplayBuffer, timer) -> dict[str, dict[str, torch.Tensor]]:
         algo = self.config.algo
         self.see_buffer(buffer)
+        self.replay_buffer = buffer
         noise = self.draw_noise(algo.updates_per_iteration, algo.batch_size)
+        drawn = self.draw(buffer, algo.updates_per_iteration)
         sums = None
-        for t in self.step_indices:  # [1]: step t's noise is selected on the device
-            index, weight = self.draw(buffer)
-            out, priority = self.step(buffer.storage, index, weight, noise, t)
-            if buffer.prioritized is not None:
-                buffer.update_priority(index, priority)
+        for t in self.step_indices:  # [1]: step t's draws and noise are selected on the device
+            out, _ = self.step(buffer.storage, drawn, self.beta_now, noise, t)
             sums = out if sums is None else {g: sums[g] + v for g, v in out.items()}
         timer.mark("update_s")
         fill = buffer.size.float() / buffer.capacity
@@ -280,10 +296,21 @@ class OffPolicy(Algorithm):
             out[g] = {**dict(zip(names, (v / algo.updates_per_iteration).unbind(), strict=True)), "buffer_fill": fill}
         return out
 
-    def draw(self, buffer: ReplayBuffer) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One optimiser step's slots of the buffer and their importance weights (None: uniform draws):
-        `batch_size` env steps."""
-        return buffer.draw(self.config.algo.batch_size, self.generator, self.beta)
+    def draw(self, buffer: ReplayBuffer, steps: int) -> torch.Tensor:
+        """The random numbers of `steps` optimiser steps' draws of `batch_size` env steps from `buffer`, at
+        once from this run's generator: `[steps, ...]`, row `t` step `t`'s (`ReplayBuffer.draw_ahead`)."""
+        return buffer.draw_ahead(steps, self.config.algo.batch_size, self.generator)
+
+    def select(self, storage, drawn, beta, noise, t) -> tuple:
+        """The step's inputs to its loss's: step `t`'s slots and importance weights from its row of the
+        `drawn` numbers (with the exponent `beta`, a 0-d tensor), in the tree as the previous step left it."""
+        index, weight = self.replay_buffer.select(drawn.index_select(0, t).squeeze(0), beta)
+        return storage, index, weight, noise, t
+
+    def step_loss(self, storage, index, weight, noise, t):
+        """`loss`'s total and terms, and as aux the slots and `loss`'s priorities (for `after_step`)."""
+        total, terms, priority = self.loss(storage, index, weight, noise, t)
+        return total, terms, (index, priority)
 
     def loss(self, storage, index, weight, noise, t):
         """`(total, {group: terms [len(term_names)]}, {group: |TD error| [k, n]})` of the env steps `index`

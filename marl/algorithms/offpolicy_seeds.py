@@ -123,17 +123,19 @@ class SeededOffPolicy(Seeded):
                 self.members.buffers[f"{g}.policy.{name}"].copy_(getattr(lr.policy, name))
 
     def update(self, buffer: MemberReplayBuffer, timer) -> dict[str, dict[str, torch.Tensor]]:
-        """`OffPolicy.update` for every member: each member's sampling noise of the iteration from its own
-        generator, then each optimiser step draws each member's slots of its own buffer and steps all members
-        at once; each term is `[S]`, one per member."""
+        """`OffPolicy.update` for every member: each member's sampling noise and slots of the iteration from
+        its own generator, then each optimiser step takes every member's step at once; each term is `[S]`,
+        one per member."""
         algo, template = self.config.algo, self.template
         template.see_buffer(buffer)  # the write position, shared by the members' rings (n-step returns)
         drawn = [template.draw_noise(algo.updates_per_iteration, algo.batch_size, g) for g in self.generators]
         noise = {g: torch.stack([d[g] for d in drawn]) for g in drawn[0]}  # [S, steps, ...]
+        # Then each member's slots of the iteration, as its single run draws them after its noise.
+        slots = buffer.draw_members(algo.updates_per_iteration, algo.batch_size, self.generators)  # [S, steps, k]
         storage = buffer.member_storage()  # [S, capacity, ...]
         sums = None
         for t in template.step_indices:
-            out = self.step(storage, buffer.draw_members(algo.batch_size, self.generators), noise, t)
+            out = self.step(storage, slots.index_select(1, t).squeeze(1), noise, t)
             sums = out if sums is None else {g: sums[g] + v for g, v in out.items()}
         timer.mark("update_s")
         fill = (buffer.size.float() / buffer.capacity).expand(self.count)

@@ -429,14 +429,16 @@ class QLearning(OffPolicy):
             if lr.policy.recurrent
         }
 
-    def draw(self, buffer: ReplayBuffer) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Uniform or prioritized env steps `[batch_size]`; with recurrent groups chunks' slots `[W, C]`,
-        `W = burn_in + chunk_length` steps of one env each, `C = batch_size // chunk_length` chunks."""
+    def draw(self, buffer: ReplayBuffer, steps: int) -> torch.Tensor:
+        """Uniform or prioritized env steps `[steps, batch_size]`; with recurrent groups chunks' slots
+        `[steps, W, C]`, `W = burn_in + chunk_length` steps of one env each, `C = batch_size // chunk_length`
+        chunks (drawn as `steps * C` chunks at once: uniform, their slots are known before the steps)."""
         if not self.chunked:
-            return super().draw(buffer)
+            return super().draw(buffer, steps)
         algo = self.config.algo
         count, length = algo.batch_size // algo.chunk_length, algo.burn_in + algo.chunk_length
-        return buffer.draw_chunks(count, length, self.stride, self.generator), None
+        slots = buffer.draw_chunks(steps * count, length, self.stride, self.generator)  # [W, steps * C]
+        return slots.view(length, steps, count).transpose(0, 1)  # [steps, W, C]
 
     @staticmethod
     def nets(learner: QLearner) -> dict[str, nn.Module]:

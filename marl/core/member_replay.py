@@ -67,13 +67,13 @@ class MemberReplayBuffer(ReplayBuffer):
         raise TypeError("a MemberReplayBuffer draws each member's slots from its own generator: call draw_members")
 
     @torch.no_grad()
-    def draw_members(self, batch_size: int, generators: Sequence[torch.Generator]) -> torch.Tensor:
-        """Each member's `batch_size` slots of its own ring, drawn uniformly from its own generator as a
-        single run's buffer draws them: `[S, batch_size]`. A loop over the members: torch draws from one
-        generator per call."""
+    def draw_members(self, steps: int, batch_size: int, generators: Sequence[torch.Generator]) -> torch.Tensor:
+        """Each member's slots of its own ring for `steps` draws of `batch_size`, drawn uniformly from its own
+        generator as a single run's buffer draws them (`draw_ahead`): `[S, steps, batch_size]`. A loop over
+        the members: torch draws from one generator per call."""
         if len(generators) != self.members:
             raise ValueError(f"draw_members: {len(generators)} generators for {self.members} members")
-        return torch.stack([super(MemberReplayBuffer, self).draw(batch_size, g)[0] for g in generators])
+        return torch.stack([self.draw_ahead(steps, batch_size, g) for g in generators])
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "members": self.members}

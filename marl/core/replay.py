@@ -14,6 +14,11 @@ and QMIX critics read the other agents' observations and actions).
     batch = buffer.sample(256, generator)       # TensorDict [256]: groups, "index", "weight"
     buffer.update_priority(batch["index"], {g: td_error[g].abs() for g in groups})
 
+An off-policy update draws an iteration's random numbers at once (`draw_ahead`), then each optimiser step
+turns its row into slots and importance weights (`select`: a find in the sum tree as the previous step
+left it) and sets their priorities (`reduce_priority`, `set_priority_`) inside its compiled graph: these
+three do no checks, so they trace; `draw`, `sample` and `update_priority` check their arguments first.
+
 Nothing in `extend`, `sample` or `update_priority` reads a device value on the host, and none of them loops
 over envs, agents or steps: the write position and fill count are device tensors (`position`, `size`), and
 a host mirror of the fill count (`len(buffer)`), known from the shapes alone, serves the argument checks.
@@ -39,6 +44,7 @@ from typing import Literal
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from envs import cudagraphs
 from envs.specs import Box, GroupSpec
 from kernels.sum_tree import (
     sum_tree_find,
@@ -192,6 +198,11 @@ class ReplayBuffer:
         self.position = torch.zeros((), dtype=torch.int64, device=self.device)  # next slot written
         self.size = torch.zeros((), dtype=torch.int64, device=self.device)  # slots filled: [0, size)
         self.max_priority = torch.ones((), dtype=torch.float64, device=self.device)  # before alpha
+        # An off-policy step finds slots in the tree and updates it inside its CUDA graph: the replays must
+        # read and write these very tensors (the storage too, read there, rather than copied in per replay).
+        cudagraphs.mark_static((*self.storage.values(), self.max_priority), self.device)
+        if self.tree is not None:
+            cudagraphs.mark_static((self.tree,), self.device)
         self._count = 0  # host mirror of `size`, from the shapes extended
         self._position = 0  # host mirror of `position`: extend writes slices
         self._aranges: dict[int, torch.Tensor] = {}
@@ -336,8 +347,24 @@ class ReplayBuffer:
     def draw(
         self, batch_size: int, generator: torch.Generator | None = None, beta: float | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """`sample`'s draw alone: the slots `[batch_size]` and the importance weights (None when uniform).
-        An algorithm that gathers inside its compiled step (`gather`) draws with this."""
+        """`sample`'s draw alone: the slots `[batch_size]` and the importance weights (None when uniform):
+        `select` of one row of `draw_ahead`."""
+        if self.tree is not None:
+            if beta is None:
+                beta = self.prioritized.beta
+            elif isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta <= 1.0:
+                raise ValueError(f"sample: beta = {beta!r}, expected a float in [0, 1]")
+        return self.select(self.draw_ahead(1, batch_size, generator)[0], beta)
+
+    @torch.no_grad()
+    def draw_ahead(self, steps: int, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """The random numbers of `steps` draws of `batch_size` env steps each, at once (an off-policy
+        update's, one per optimiser step; `select` turns row `t` into step `t`'s slots inside its
+        compiled step): uniform, the slots themselves `[steps, batch_size]` int64; prioritized, the
+        stratified fractions `[steps, batch_size]` float64 (draw `i` in the `i`-th of `batch_size` equal
+        slices of the total priority), which find slots in the tree as it is when `select` runs."""
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"sample: steps must be a positive int, got {steps!r}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"sample: batch_size must be a positive int, got {batch_size!r}")
         if batch_size > self._count:
@@ -348,17 +375,23 @@ class ReplayBuffer:
         if generator is not None and torch.device(generator.device).type != self.device.type:
             raise ValueError(f"sample: the generator is on {generator.device}, expected {self.device} like the buffer")
         if self.tree is None:
-            return torch.randint(self._count, (batch_size,), generator=generator, device=self.device), None
-        if beta is None:
-            beta = self.prioritized.beta
-        elif isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta <= 1.0:
-            raise ValueError(f"sample: beta = {beta!r}, expected a float in [0, 1]")
-        # Stratified: draw i falls in the i-th of batch_size equal slices of the total priority.
-        fraction = torch.rand(batch_size, dtype=torch.float64, generator=generator, device=self.device)
-        fraction.add_(self._arange(batch_size)).div_(batch_size)
-        index, leaf = sum_tree_find(self.tree, fraction, backend=self.backend)
+            return torch.randint(self._count, (steps, batch_size), generator=generator, device=self.device)
+        fraction = torch.rand(steps, batch_size, dtype=torch.float64, generator=generator, device=self.device)
+        return fraction.add_(self._arange(batch_size)).div_(batch_size)
+
+    def select(
+        self, drawn: torch.Tensor, beta: float | torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One draw's slots `[k]` and importance weights `[k]` float32 (None when uniform) from its row
+        `drawn` `[k]` of `draw_ahead` (or `[length, count]` chunk slots, uniform: returned as they are),
+        with the exponent `beta` (a float, or a 0-d tensor that changes without recompiling; None:
+        `prioritized.beta`). No checks (`draw` checks): traceable, an off-policy step runs it in its graph."""
+        if self.tree is None:
+            return drawn, None
+        index, leaf = sum_tree_find(self.tree, drawn, backend=self.backend)
         # (N P_i)^-beta / max_j (N P_j)^-beta = (min_j p_j / p_i)^beta: N and the total cancel.
-        return index, leaf.amin().div(leaf).pow_(beta).float()
+        beta = self.prioritized.beta if beta is None else beta
+        return index, leaf.amin().div(leaf).pow(beta).float()
 
     @torch.no_grad()
     def draw_chunks(
@@ -416,14 +449,32 @@ class ReplayBuffer:
             raise RuntimeError(
                 "update_priority: this buffer samples uniformly; build it with prioritized=Prioritized()"
             )
-        reduced = self._check_priority(index, priority)
+        self._check_priority(index, priority)
+        reduced = self.reduce_priority(priority)
         if self.check_values:
             self._check_priority_values(index, reduced)
-        p = reduced.double() + self.prioritized.eps  # [k]
-        torch.maximum(self.max_priority, p.amax(), out=self.max_priority)
-        sum_tree_update_(self.tree, index, p.pow_(self.prioritized.alpha), backend=self.backend)
+        self.set_priority_(index, reduced)
 
-    def _check_priority(self, index, priority) -> torch.Tensor:
+    def reduce_priority(self, priority: torch.Tensor | Mapping[str, torch.Tensor] | TensorDictBase) -> torch.Tensor:
+        """`update_priority`'s `priority` as one priority per env step `[k]`: the agents (of every group
+        given) reduced by `prioritized.reduce`. No checks: traceable."""
+        values = [priority] if isinstance(priority, torch.Tensor) else [priority[g] for g in priority.keys()]
+        columns = [value.reshape(value.shape[0], -1) for value in values]  # [k, agents] each
+        if len(columns) == 1 and columns[0].shape[1] == 1:
+            return columns[0][:, 0]
+        stacked = columns[0] if len(columns) == 1 else torch.cat(columns, dim=1)  # [k, agents of all groups]
+        return stacked.amax(1) if self.prioritized.reduce == "max" else stacked.mean(1)
+
+    def set_priority_(self, index: torch.Tensor, reduced: torch.Tensor) -> None:
+        """Set the priorities of slots `index` `[k]` to `reduced` `[k]` (`reduce_priority`'s), in place: the
+        sum tree and the largest priority given. No checks: traceable, an off-policy step runs it in its
+        graph (the tree and `max_priority` are static there: `mark_static`)."""
+        p = reduced.double() + self.prioritized.eps  # [k]
+        # Written through a [1] view: Inductor (torch 2.13, CPU) drops in-place writes to a 0-d float64 tensor.
+        self.max_priority.view(1).copy_(torch.maximum(self.max_priority, p.amax()).view(1))
+        sum_tree_update_(self.tree, index, p.pow(self.prioritized.alpha), backend=self.backend)
+
+    def _check_priority(self, index, priority) -> None:
         if not isinstance(index, torch.Tensor):
             raise TypeError(
                 f"update_priority: index must be a torch.Tensor (sample's 'index'), got {type(index).__name__}"
@@ -445,7 +496,6 @@ class ReplayBuffer:
             raise TypeError(
                 f"update_priority: priority must be a tensor or a mapping group -> tensor, got {type(priority).__name__}"
             )
-        columns = []
         for g, value in per_group.items():
             where = "priority" if g is None else f"priority of group {g!r}"
             if g is not None and g not in self.groups:
@@ -470,11 +520,6 @@ class ReplayBuffer:
                 raise ValueError(
                     f"update_priority: {where} is on {value.device}, expected {self.device} like the buffer"
                 )
-            columns.append(value.reshape(k, -1))
-        if len(columns) == 1 and columns[0].shape[1] == 1:
-            return columns[0][:, 0]
-        stacked = columns[0] if len(columns) == 1 else torch.cat(columns, dim=1)  # [k, agents of all groups]
-        return stacked.amax(1) if self.prioritized.reduce == "max" else stacked.mean(1)
 
     def _check_priority_values(self, index: torch.Tensor, reduced: torch.Tensor) -> None:
         # One host read for all checks (check_values=True only).

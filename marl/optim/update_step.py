@@ -23,10 +23,12 @@ Two ways to take the step, the same update (tested):
 Adam's moments and step counts are the optimiser's own state tensors, updated in place by both, so
 checkpoints are the same either way.
 
-An algorithm may ask for more: `aux=True` lets the loss return a third value, any tensors computed with the
+An algorithm may ask for more: `prepare` maps the step's inputs to the loss's first (e.g. an off-policy
+step's draw from its replay buffer), inside the compiled graph when compiled but outside the gradient
+transform; `aux=True` lets the loss return a third value, any tensors computed with the
 loss (e.g. the TD errors that set replay priorities), returned by the step beside the terms; `after_step`
-runs after the optimiser step, inside the compiled graph when compiled (e.g. the Polyak update of target
-networks).
+runs after the optimiser step with them, inside the compiled graph when compiled (e.g. the Polyak update
+of target networks, the replay priorities).
 
 A step may train some of every group's nets only (`nets`, e.g. `("policy",)`): the loss is then called
 with `nets=` those names and computes their part only, and only their parameters, gradient norms and Adam
@@ -96,7 +98,10 @@ class UpdateStep:
         cpp_wrapper: compile with Inductor's C++ wrapper, for a step run on a second thread
             (`envs.compile.maybe_compile`).
         aux: the loss returns `(total, terms, aux)`; the step then returns `(out, aux)`.
-        after_step: called with no arguments after every optimiser step (in the compiled graph when compiled).
+        after_step: called after every optimiser step with the loss's aux (None without `aux`), in the
+            compiled graph when compiled.
+        prepare: `prepare(*inputs) -> loss inputs`, called first (in the compiled graph when compiled, with
+            no gradients); None: the loss takes the step's inputs.
     """
 
     def __init__(
@@ -109,10 +114,11 @@ class UpdateStep:
         nets: tuple[str, ...] | None = None,
         cpp_wrapper: bool = False,
         aux: bool = False,
-        after_step: Callable[[], None] | None = None,
+        after_step: Callable[[object], None] | None = None,
+        prepare: Callable[..., tuple] | None = None,
     ) -> None:
         self.trainables, self.loss, self.device, self.world = dict(trainables), loss, device, world
-        self.aux, self.after_step = aux, after_step
+        self.aux, self.after_step, self.prepare = aux, after_step, prepare
         for g, t in self.trainables.items():
             held = t.optimizer.param_groups
             if len(held) != 1 or [id(p) for p in held[0]["params"]] != [id(p) for p in t.parameters()]:
@@ -169,6 +175,9 @@ class UpdateStep:
     # ---- eager: autograd and torch's Adam -------------------------------------------------------------
 
     def _step_eager(self, inputs):
+        if self.prepare is not None:
+            with torch.no_grad():
+                inputs = self.prepare(*inputs)
         total, terms, *aux = self._loss(*inputs, **self.loss_kwargs)
         for t in self.trainables.values():
             t.optimizer.zero_grad(set_to_none=True)
@@ -189,10 +198,11 @@ class UpdateStep:
                 norms = self.unmeasured[g]
             t.optimizer.step()
             out[g] = torch.cat([terms[g], norms])
+        aux = aux[0] if aux else None
         if self.after_step is not None:
             with torch.no_grad():
-                self.after_step()
-        return out, (aux[0] if aux else None)
+                self.after_step(aux)
+        return out, aux
 
     def _all_norms(self, g: str, norms: list[torch.Tensor]) -> torch.Tensor:
         """Group `g`'s gradient norm per net: the stepped nets' `norms`, 0 for the others."""
@@ -219,6 +229,9 @@ class UpdateStep:
 
     @torch.no_grad()
     def _fused_step_eager(self, params, adam_state, inputs):
+        if self.prepare is not None:
+            inputs = self.prepare(*inputs)
+
         # d(total)/d(parameters); the per-group terms ride along as the auxiliary output. No weights are
         # tied, and looking for ties walks every buffer (traced, a float64 buffer became a symbolic float
         # and AOTAutograd restarted the whole trace to specialise it).
@@ -240,9 +253,10 @@ class UpdateStep:
             group_params = [params[name] for names in stepped for name in names]
             _adam_(group_params, [x for gs in net_grads for x in gs], *adam_state[g], *self.adam_constants[g])
             out[g] = torch.cat([terms[g], norms])
+        aux = aux[0] if aux else None
         if self.after_step is not None:
-            self.after_step()
-        return out, (aux[0] if aux else None)
+            self.after_step(aux)
+        return out, aux
 
 
 def _stepped(group: str, trainable: Trainable, nets: tuple[str, ...] | None) -> list[int]:

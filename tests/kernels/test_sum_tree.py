@@ -121,6 +121,29 @@ def test_update_writes_only_the_updated_part(backend):
     assert tree[-1] == capacity - 3 + 2 + 3 + 4  # three of the ones replaced
 
 
+@pytest.mark.parametrize("capacity", [3, 1025, 40_000], ids=lambda c: f"cap{c}")
+def test_the_torch_path_compiled_matches_reference(capacity):
+    # Traced into a compiled graph (an off-policy step's), the torch path writes the flat tree in place: the
+    # same trees and finds as the plain loops, repeated indices included, each step seeing the last one's.
+    torch._dynamo.reset()
+    generator = torch.Generator().manual_seed(capacity)
+    tree, reference = sum_tree_zeros(capacity), sum_tree_zeros(capacity)
+
+    def step(tree, index, value, fraction):
+        sum_tree_update_(tree, index, value, backend="torch")
+        return sum_tree_find(tree, fraction, backend="torch")
+
+    compiled = torch.compile(step, dynamic=False)
+    for _ in range(3):
+        index, value = random_updates(capacity, 64, generator)  # repeats: 64 draws of 3 leaves at least
+        fraction = torch.rand(64, dtype=torch.float64, generator=generator)
+        found, leaf = compiled(tree, index, value, fraction)
+        sum_tree_update_(reference, index, value, backend="reference")
+        expected = sum_tree_find(reference, fraction, backend="reference")
+        assert torch.equal(tree, reference)
+        assert torch.equal(found, expected[0]) and torch.equal(leaf, expected[1])
+
+
 @pytest.mark.needs_interpreter
 @pytest.mark.parametrize("capacity", [1, 40, 1025, 3000], ids=lambda c: f"cap{c}")
 def test_write_of_a_run_matches_reference(capacity):

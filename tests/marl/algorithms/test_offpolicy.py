@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import envs
 from envs.native.navigation import scripted_action
+from kernels.sum_tree import sum_tree_find_reference, sum_tree_update_reference
 from marl import algorithms
 from marl.algorithms.ddpg import DDPGConfig, ddpg_terms
 from marl.algorithms.offpolicy import critic_loss, td_targets
@@ -342,6 +343,81 @@ def test_compiled_steps_match_eager_and_compile_once(tmp_path):
         for key in ("speaker/loss", "listener/loss", "listener/alpha", "speaker/critic_loss"):
             assert compiled[key] == pytest.approx(eager[key], rel=1e-4, abs=1e-5), key
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 3  # rollout steps and the update step
+
+
+class Recording:
+    """An update step that keeps what each call hands to `after_step`: the slots drawn and their priorities."""
+
+    def __init__(self, step) -> None:
+        self.step, self.trainables, self.aux = step, step.trainables, []
+
+    def __call__(self, *inputs):
+        out, (index, priority) = self.step(*inputs)
+        self.aux.append((index.clone(), {g: v.clone() for g, v in priority.items()}))
+        return out, (index, priority)
+
+
+@pytest.mark.parametrize(
+    ("algo", "env", "prioritized"),
+    [("masac", "speaker_listener", False), ("masac", "speaker_listener", True), ("qmix", "spread", True)],
+    ids=["masac-uniform", "masac-prioritized", "qmix-prioritized"],
+)
+def test_a_compiled_update_is_one_graph_and_equals_the_eager_one(tmp_path, algo, env, prioritized):
+    # With --compile each optimiser step (its draw from the buffer, the losses, Adam, the targets and the
+    # priorities) is one graph, compiled once: no graph break, no recompile when beta moves.
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    trainers = {}
+    for compile in (False, True):
+        config = small_config(tmp_path, algo, env, compile=compile, prioritized=prioritized)
+        trainer = trainers[compile] = Trainer(config, run_dir=tmp_path / f"compile{compile}")
+        trainer.buffer.backend = "torch"
+        algorithm = trainer.algorithm
+        for frames in (0, 64):
+            algorithm.begin_iteration(frames, 10**5)
+            trainer.buffer.extend(trainer.collector.collect())
+            counters.clear()
+            algorithm.update(trainer.buffer, trainer.timer)
+            if compile:
+                assert counters["stats"]["unique_graphs"] == (1 if frames == 0 else 0), frames
+                assert not counters["graph_break"], dict(counters["graph_break"])
+    eager, compiled = (trainers[c] for c in (False, True))
+    for a, b in zip(eager.algorithm.parameters(), compiled.algorithm.parameters(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+    if prioritized:
+        torch.testing.assert_close(compiled.buffer.tree, eager.buffer.tree, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(compiled.buffer.max_priority, eager.buffer.max_priority, rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_each_step_draws_from_the_tree_the_previous_step_left(tmp_path, compile):
+    # The tree after an update equals one rebuilt by replaying its draws and priorities step by step with
+    # the reference sum tree: each step finds its slots in the tree the previous step's priorities updated.
+    torch._dynamo.reset()
+    config = small_config(tmp_path, "masac", "speaker_listener", compile=compile, prioritized=True)
+    trainer = Trainer(config, run_dir=tmp_path / "run")
+    buffer, algorithm, algo = trainer.buffer, trainer.algorithm, config.algo
+    buffer.backend = "torch"
+    trainer.train_iteration()
+    algorithm.begin_iteration(64, 10**5)
+    buffer.extend(trainer.collector.collect())
+    tree, max_priority, state = buffer.tree.clone(), buffer.max_priority.item(), trainer.generator.get_state()
+    algorithm.step = Recording(algorithm.step)
+    algorithm.update(buffer, trainer.timer)
+    replay = torch.Generator().set_state(state)  # the iteration's draws, again: the noise, then the fractions
+    algorithm.draw_noise(algo.updates_per_iteration, algo.batch_size, replay)
+    fractions = torch.rand(algo.updates_per_iteration, algo.batch_size, dtype=torch.float64, generator=replay)
+    assert len(algorithm.step.aux) == algo.updates_per_iteration
+    for fraction, (index, priority) in zip(fractions, algorithm.step.aux, strict=True):
+        stratified = (fraction + torch.arange(algo.batch_size)) / algo.batch_size
+        assert torch.equal(index, sum_tree_find_reference(tree, stratified)[0])
+        per_step = torch.cat([priority[g].flatten(1) for g in ("speaker", "listener")], 1).amax(1).double()
+        per_step = per_step + buffer.prioritized.eps
+        max_priority = max(max_priority, per_step.max().item())
+        sum_tree_update_reference(tree, index, per_step**algo.priority_alpha)
+    torch.testing.assert_close(buffer.tree, tree, rtol=1e-12, atol=0)
+    assert buffer.max_priority.item() == max_priority
 
 
 def mean_return(policy, env, steps=25) -> float:

@@ -14,6 +14,7 @@ from torch._dynamo.backends.common import aot_autograd
 import envs.compile
 from envs import cudagraphs
 from marl.app.trainer import Trainer
+from tests.marl.algorithms.test_offpolicy import small_config as offpolicy_config
 from tests.marl.app.test_training import small_config
 
 
@@ -34,10 +35,16 @@ def test_compiled_rollout_and_update_steps_are_captured(tmp_path, capsys, unroll
     assert not [str(w.message) for w in caught if str(w.message).startswith("CUDA graphs:")]
 
 
-def test_compiled_steps_mutate_only_static_inputs(tmp_path, monkeypatch):
+@pytest.mark.parametrize("algo", ["ppo", "masac-prioritized"])
+def test_compiled_steps_mutate_only_static_inputs(tmp_path, monkeypatch, algo):
     # On CUDA torch skips recording a graph that mutates an input not marked static ("mutated inputs"):
     # here the compiled rollout and update steps are traced with what they mark on CUDA marked on the CPU,
-    # and every graph input they write must be among the static ones.
+    # and every graph input they write must be among the static ones (prioritized replay's update step
+    # writes the buffer's sum tree and largest priority).
+    if algo == "ppo":
+        config = small_config(tmp_path, compile=True)
+    else:
+        config = offpolicy_config(tmp_path, "masac", "speaker_listener", compile=True, prioritized=True)
     graphs = []
 
     def record_mutations(graph, example_inputs, cpp_wrapper=False):
@@ -57,7 +64,10 @@ def test_compiled_steps_mutate_only_static_inputs(tmp_path, monkeypatch):
     monkeypatch.setattr(cudagraphs, "mark_static", mark_everywhere)
     torch._dynamo.reset()
     try:
-        Trainer(small_config(tmp_path, compile=True)).train_iteration()
+        trainer = Trainer(config, run_dir=tmp_path / "run")
+        if trainer.buffer is not None:
+            trainer.buffer.backend = "torch"  # the sum tree's CPU path (Triton's interpreter is slow)
+        trainer.train_iteration()
     finally:
         torch._dynamo.reset()  # the graphs compiled with this backend go
     assert len(graphs) >= 2 and all(mutated for _, mutated, _ in graphs), graphs  # the rollout and update steps

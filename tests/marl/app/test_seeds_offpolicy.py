@@ -88,9 +88,9 @@ def test_member_buffers_hold_their_own_envs_steps_in_single_run_order():
         for key, tensor in single.storage.items():
             assert torch.equal(held[key][k], tensor), key
     assert repr(buffer).startswith(f"MemberReplayBuffer(2 members x {len(singles[0])}/10 env steps")
-    draws = buffer.draw_members(5, [torch.Generator().manual_seed(s) for s in SEEDS])
+    draws = buffer.draw_members(3, 5, [torch.Generator().manual_seed(s) for s in SEEDS])
     for k, s in enumerate(SEEDS):
-        assert torch.equal(draws[k], singles[k].draw(5, torch.Generator().manual_seed(s))[0])
+        assert torch.equal(draws[k], singles[k].draw_ahead(3, 5, torch.Generator().manual_seed(s)))
     restored = MemberReplayBuffer.for_env(env, 10, members=2)
     restored.load_state_dict(buffer.state_dict())
     assert all(torch.equal(restored.storage[key], value) for key, value in buffer.storage.items())
