@@ -11,7 +11,10 @@ before anything is timed. Rows, each the median of `--repeats` back-to-back call
 - `extend`: one `[T, B]` batch (`--extend`); TorchRL gets the same steps flattened to `[T * B]`;
 - `sample`: a batch, uniformly and by priority;
 - `update_priority`: new priorities `[k]` for the indices of a batch just drawn;
-- `sample + update_priority`: the two in a row, as a prioritized learner calls them.
+- `sample + update_priority`: the two in a row, as a prioritized learner calls them;
+- `select + gather + set_priority_ ..., compiled`: the same draw, gather and update as one compiled call (on CUDA one CUDA
+  graph), as `marl train --compile` runs them inside its optimiser step; vecmarl only, its ratio taken
+  against TorchRL's `sample + update_priority`.
 
 The peer is TorchRL's `TensorDictReplayBuffer` with `LazyTensorStorage(capacity)` and `RandomSampler()` or
 `PrioritizedSampler(capacity, alpha, beta)`. It runs in its own interpreter (`--peer-python`: this file run as
@@ -41,6 +44,7 @@ import torch
 
 N_AGENTS, OBSERVATION, ACTION = 3, 18, 2  # navigation's group "agent"
 ALPHA, BETA = 0.6, 0.4
+COMPILED = "compiled sample + update_priority"  # the operation of `compiled_draw_and_update`
 FILL_CHUNK = 65536
 
 
@@ -87,6 +91,7 @@ def cases(batch_sizes: list[int]) -> list[tuple[str, str, int | None]]:
     rows = [("extend", sampler, None) for sampler in ("uniform", "prioritized")]
     rows += [("sample", sampler, k) for sampler in ("uniform", "prioritized") for k in batch_sizes]
     rows += [(op, "prioritized", k) for op in ("update_priority", "sample + update_priority") for k in batch_sizes]
+    rows += [(COMPILED, "prioritized", k) for k in batch_sizes]  # vecmarl only: TorchRL has no such call
     return rows
 
 
@@ -96,7 +101,7 @@ def time_buffer(buffer, batch, sampler: str, config: dict, sample) -> dict[str, 
     device, repeats = torch.device(config["device"]), config["repeats"]
     results = {case_key("extend", sampler, None): median_ms(lambda: buffer.extend(batch), repeats, device)}
     for operation, case_sampler, k in cases(config["batch_sizes"]):
-        if case_sampler != sampler or operation == "extend":
+        if case_sampler != sampler or operation in ("extend", COMPILED):
             continue
         priority = torch.rand(k, generator=torch.Generator().manual_seed(k)).to(device) * 10
         index = sample(k)["index"]
@@ -123,8 +128,37 @@ def time_vecmarl(config: dict) -> dict[str, float]:
         buffer = filled_buffer(config, sampler)
         generator = torch.Generator(device).manual_seed(0)
         results.update(time_buffer(buffer, batch, sampler, config, lambda k, b=buffer, g=generator: b.sample(k, g)))
+        if sampler == "prioritized":
+            for k in config["batch_sizes"]:
+                call = compiled_draw_and_update(buffer, k, generator)
+                results[case_key(COMPILED, sampler, k)] = median_ms(call, config["repeats"], device)
         buffer = None  # freed before the next one is allocated
     return results
+
+
+def compiled_draw_and_update(buffer, k: int, generator: torch.Generator):
+    """What an off-policy step compiled with `--compile` does with a prioritized buffer, as one compiled call
+    (on CUDA one CUDA graph): step `t`'s `k` slots found in the tree from the random numbers drawn ahead for
+    the iteration (`draw_ahead`), their transitions gathered, their importance weights, and their new
+    priorities set. Returns the call
+    (its first one compiles)."""
+    from envs import cudagraphs
+    from envs.compile import maybe_compile
+
+    device = buffer.device
+    drawn = buffer.draw_ahead(1, k, generator)  # [1, k]: one step's draw, reused by every call
+    priority = torch.rand(k, generator=torch.Generator().manual_seed(k)).to(device) * 10
+    beta = torch.tensor(BETA, dtype=torch.float64, device=device)
+    cudagraphs.mark_static([buffer.tree, buffer.max_priority, drawn, priority, beta], device)
+
+    def step(t: torch.Tensor) -> dict:
+        index, weight = buffer.select(drawn.index_select(0, t).squeeze(0), beta)
+        buffer.set_priority_(index, priority)
+        return {**buffer.gather(index), "weight": weight}  # the batch, as `sample` gives it
+
+    compiled = maybe_compile(torch.no_grad()(step), True, device, name="replay draw + update")
+    t = torch.zeros(1, dtype=torch.long, device=device)
+    return lambda: compiled(t)
 
 
 def filled_buffer(config: dict, sampler: str):
@@ -266,12 +300,16 @@ def bench_replay(
     for operation, sampler, k in cases(list(batch_sizes)):
         key = case_key(operation, sampler, k)
         ours = statistics.median(r[0][key] for r in per_round)
-        theirs = [r[1][key] for r in per_round if r[1] is not None]
-        ratio = statistics.median(r[1][key] / r[0][key] for r in per_round if r[1] is not None) if theirs else None
+        # The compiled row against TorchRL's sample + update, the calls a learner makes there.
+        peer_key = case_key("sample + update_priority", sampler, k) if operation == COMPILED else key
+        theirs = [r[1][peer_key] for r in per_round if r[1] is not None]
+        ratio = statistics.median(r[1][peer_key] / r[0][key] for r in per_round if r[1] is not None) if theirs else None
         if operation == "extend":
             call = f"extend([{extend[0]}, {extend[1]}])"
         elif operation == "sample + update_priority":
             call = f"update_priority(sample({k}).index, [{k}])"
+        elif operation == COMPILED:
+            call = f"select + gather + set_priority_ of {k}, compiled"
         elif operation == "update_priority":
             call = f"update_priority([{k}], [{k}])"
         else:

@@ -31,6 +31,7 @@ def test_the_replay_benchmark_prints_its_table_and_writes_the_json(tmp_path):
     report = json.loads(out.read_text())
     calls = {(row["call"], row["sampler"]) for row in report["rows"]}
     assert {("sample(32)", "uniform"), ("sample(32)", "prioritized")} <= calls
+    assert ("select + gather + set_priority_ of 32, compiled", "prioritized") in calls
     assert all(row["vecmarl_ms"] > 0 and row["torchrl_ms"] is None for row in report["rows"])
     # --profile: the prioritized sample + update's ops, as torch's profiler counted them over 10 calls.
     assert report["profile"].startswith("profile: update_priority(sample(32).index, [32]), 10 calls on cpu: ")
