@@ -99,6 +99,18 @@ def sum_tree_layout(capacity: int) -> Layout:
     return _layout_for_leaves(-(-capacity // FANOUT) * FANOUT)
 
 
+def _uncached_when_compiling(cached):
+    """`cached` (a `functools.cache`d function), called without its cache when traced into a compiled graph
+    (dynamo would trace through the cache anyway, with a warning)."""
+
+    @functools.wraps(cached.__wrapped__)
+    def call(*args):
+        return (cached.__wrapped__ if torch.compiler.is_compiling() else cached)(*args)
+
+    return call
+
+
+@_uncached_when_compiling
 @functools.cache
 def _layout_of_size(numel: int) -> Layout | None:
     """The layout of a tree tensor of `numel` entries, or None where no tree has that size. The size grows
@@ -108,12 +120,6 @@ def _layout_of_size(numel: int) -> Layout | None:
     while (layout := _layout_for_leaves(num_leaves)).numel < numel:
         num_leaves += FANOUT
     return layout if layout.numel == numel else None
-
-
-def _cached(function, *args):
-    """`function(*args)` of a `functools.cache`d function; traced into a compiled graph, without the cache
-    (dynamo would trace through it anyway, with a warning)."""
-    return (function.__wrapped__ if torch.compiler.is_compiling() else function)(*args)
 
 
 def sum_tree_zeros(capacity: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -129,7 +135,7 @@ def sum_tree_nbytes(capacity: int) -> int:
 def sum_tree_leaves(tree: torch.Tensor) -> torch.Tensor:
     """The leaves of `tree`, a view `[L]` (L >= the capacity it was made for; the rest stay 0)."""
     _check_tree("sum_tree_leaves", tree)
-    return tree[: _cached(_layout_of_size, tree.numel()).sizes[0]]
+    return tree[: _layout_of_size(tree.numel()).sizes[0]]
 
 
 # ---- Triton ---------------------------------------------------------------------------------------
@@ -231,6 +237,7 @@ def _find_kernel(
     tl.store(leaf_ptr + offsets, tl.load(tree_ptr + node, mask=in_range, other=0.0), mask=in_range)
 
 
+@_uncached_when_compiling
 @functools.cache
 def _rows_starts(numel: int, device: torch.device) -> torch.Tensor:
     """`Layout.rows` as a device tensor for `_find_kernel`, made once per tree size and device."""
@@ -265,7 +272,7 @@ def _rebuild_rows_triton(tree, layout, level, rows=None, run=(0, 0)):
 
 
 def _update_triton(tree, index, value):
-    k, layout = index.numel(), _cached(_layout_of_size, tree.numel())
+    k, layout = index.numel(), _layout_of_size(tree.numel())
     if k == 0:
         return tree
     bits, grid = tree.view(torch.int64), (triton.cdiv(k, BLOCK),)
@@ -281,7 +288,7 @@ def _update_triton(tree, index, value):
 
 
 def _write_triton(tree, start, value):
-    layout = _cached(_layout_of_size, tree.numel())
+    layout = _layout_of_size(tree.numel())
     tree[start : start + value.numel()].copy_(value)
     with _on_device(tree):
         for level, run in enumerate(_runs_above(start, value.numel(), layout.depth)):
@@ -290,12 +297,12 @@ def _write_triton(tree, start, value):
 
 
 def _find_triton(tree, fraction):
-    k, layout = fraction.numel(), _cached(_layout_of_size, tree.numel())
+    k, layout = fraction.numel(), _layout_of_size(tree.numel())
     index = torch.empty(k, dtype=torch.int64, device=tree.device)
     leaf = torch.empty(k, dtype=torch.float64, device=tree.device)
     if k:
         with _on_device(tree):
-            starts = _cached(_rows_starts, tree.numel(), tree.device)
+            starts = _rows_starts(tree.numel(), tree.device)
             _find_kernel[(triton.cdiv(k, BLOCK),)](
                 tree, fraction, index, leaf, starts, k, layout.depth, layout.widths[-1], FANOUT=FANOUT, BLOCK=BLOCK
             )
@@ -341,7 +348,7 @@ def _views(tree: torch.Tensor) -> _Views:
 
 
 def _make_views(tree: torch.Tensor) -> _Views:
-    layout = _cached(_layout_of_size, tree.numel())
+    layout = _layout_of_size(tree.numel())
     rows = [
         tree[start : start + size * (width + 1)].view(size, width + 1)
         for start, size, width in zip(layout.rows, layout.sizes[1:], layout.widths, strict=True)
@@ -402,7 +409,7 @@ def _update_flat(tree, index, value):
     """`_update_torch` traced into a compiled graph: every write goes into the flat tree itself, by
     `index_copy_`. Compiled, a write through a view of the tree, or a scatter of maxima into it, became
     copies of the whole tree (milliseconds a step at a million leaves); these stay in place."""
-    views, layout = _views(tree), _cached(_layout_of_size, tree.numel())
+    views, layout = _views(tree), _layout_of_size(tree.numel())
     tree.index_copy_(0, *_largest_per_index(index, value.to(torch.float64)))  # the leaves: tree[:L]
     rows = index
     for children, start in zip(views.children, layout.rows, strict=True):
@@ -447,7 +454,7 @@ def _find_torch(tree, fraction):
 
 def _rebuild_reference(tree: torch.Tensor) -> torch.Tensor:
     """Recompute every row from its children, bottom level first, as plain loops."""
-    layout = _cached(_layout_of_size, tree.numel())
+    layout = _layout_of_size(tree.numel())
     values = tree.tolist()
     below = values[: layout.sizes[0]]  # the values of the level below
     for level, (start, width) in enumerate(zip(layout.rows, layout.widths, strict=True)):
@@ -481,7 +488,7 @@ def sum_tree_write_reference(tree: torch.Tensor, start: int, value: torch.Tensor
 
 def sum_tree_find_reference(tree: torch.Tensor, fraction: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`sum_tree_find` as a plain loop per draw, walking down from the root."""
-    layout = _cached(_layout_of_size, tree.numel())
+    layout = _layout_of_size(tree.numel())
     values = tree.tolist()
     found = []
     for f in fraction.double().tolist():
@@ -503,12 +510,7 @@ def sum_tree_find_reference(tree: torch.Tensor, fraction: torch.Tensor) -> tuple
 def _check_tree(op: str, tree: torch.Tensor) -> None:
     if not isinstance(tree, torch.Tensor):
         raise TypeError(f"{op}: tree must be a torch.Tensor, got {type(tree).__name__}")
-    if (
-        tree.dtype != torch.float64
-        or tree.dim() != 1
-        or not tree.is_contiguous()
-        or not _cached(_layout_of_size, tree.numel())
-    ):
+    if tree.dtype != torch.float64 or tree.dim() != 1 or not tree.is_contiguous() or not _layout_of_size(tree.numel()):
         raise ValueError(
             f"{op}: tree has shape {tuple(tree.shape)}, dtype {tree.dtype}; expected a contiguous float64 tensor "
             "laid out as a sum tree (make it with sum_tree_zeros(capacity, device))"
@@ -560,7 +562,7 @@ def sum_tree_write_(tree: torch.Tensor, start: int, value: torch.Tensor, *, back
     and recompute the rows above them, by slices; returns `tree`. `backend` as in `sum_tree_update_`."""
     _check_tree("sum_tree_write_", tree)
     _check_vector("sum_tree_write_", "value", value, tree, "value")
-    num_leaves = _cached(_layout_of_size, tree.numel()).sizes[0]
+    num_leaves = _layout_of_size(tree.numel()).sizes[0]
     if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= num_leaves - value.numel():
         raise ValueError(
             f"sum_tree_write_: leaves {start!r} .. {start!r} + {value.numel()} do not fit in the tree's "
