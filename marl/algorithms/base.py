@@ -185,14 +185,19 @@ def register_seeded(*names: str):
     return decorate
 
 
-def check_seeded(name: str) -> None:
-    """Refuse several seeds for an algorithm that cannot train them in one process."""
+def check_seeded(name: str, recurrent: bool = False) -> None:
+    """Refuse several seeds for an algorithm that cannot train them in one process (`recurrent`: with
+    `--model gru`, which only a population whose class sets `recurrent` trains)."""
     get(name)
     if name not in _SEEDED:
         supported = ", ".join(sorted(_SEEDED))
         raise ValueError(
             f"several seeds in one process (--seeds, --num-seeds) train {supported} so far, not "
             f"--algo {name}: run its seeds one after another (marl train --algo {name} --seed N for each)"
+        )
+    if recurrent and not _SEEDED[name].recurrent:
+        raise ValueError(
+            f"several seeds (--seeds, --num-seeds) of --algo {name} train MLP networks so far: leave out --model gru"
         )
 
 

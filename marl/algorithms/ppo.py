@@ -456,29 +456,7 @@ class PPO(Algorithm):
         its burn-in lies in the rollout. The state `[C, W, ...]` or None."""
         algo = self.config.algo
         flat, state = self.update_inputs(batch, flatten=False)
-        L, b = algo.chunk_length, algo.burn_in
-        T, B = batch.batch_size
-        starts = torch.arange(0, T, L, device=self.device)  # [K]
-        times = (starts[:, None] + torch.arange(-b, L, device=self.device)).clamp_min(0)  # [K, W]
-        burn_starts = (starts - b).clamp_min(0)
-
-        def windows(v: torch.Tensor) -> torch.Tensor:  # [T, B, ...] -> [K * B, W, ...]
-            return v[times].transpose(1, 2).flatten(0, 1)
-
-        def at(v: torch.Tensor, t: torch.Tensor) -> torch.Tensor:  # [T, B, ...] at t [K] -> [K * B, ...]
-            return v[t].flatten(0, 1)
-
-        reset = windows(batch["is_init"])
-        valid = (starts >= b)[:, None].expand(len(starts), B).flatten()  # [K * B]
-        for g, data in flat.items():
-            hidden = {"hidden": data.pop("hidden", None), "critic_hidden": data.pop("critic_hidden", None)}
-            flat[g] = {k: windows(v) for k, v in data.items()}
-            flat[g].update(reset=reset, burn_valid=valid)
-            for key, stored in hidden.items():
-                if stored is not None:
-                    flat[g][f"{key}0"] = at(stored, starts)
-                    flat[g][f"burn_{key}0"] = at(stored, burn_starts)
-        return flat, windows(state) if state is not None else None
+        return chunk_windows(flat, state, batch["is_init"], algo.chunk_length, algo.burn_in)
 
     def epochs(self, batch: TensorDict, timer=None) -> dict[str, dict[str, torch.Tensor]]:
         """`epochs` passes of minibatch steps; each group's loss terms and gradient norms, averaged."""
@@ -656,6 +634,41 @@ class PPO(Algorithm):
         if len(set(names.values())) == 1:
             return next(iter(names.values()))
         return ", ".join(f"{name} ({g})" for g, name in names.items())
+
+
+def chunk_windows(
+    flat: dict[str, dict[str, torch.Tensor]],
+    state: torch.Tensor | None,
+    is_init: torch.Tensor,
+    chunk_length: int,
+    burn_in: int,
+) -> tuple[dict[str, dict[str, torch.Tensor]], torch.Tensor | None]:
+    """`PPO.sequence_inputs` of a rollout's update inputs `[T, B, ...]` (`update_inputs(flatten=False)`,
+    with `is_init` `[T, B]`): a pure function of tensors, so a population runs it per member under vmap."""
+    L, b = chunk_length, burn_in
+    T, B = is_init.shape
+    starts = torch.arange(0, T, L, device=is_init.device)  # [K]
+    times = (starts[:, None] + torch.arange(-b, L, device=is_init.device)).clamp_min(0)  # [K, W]
+    burn_starts = (starts - b).clamp_min(0)
+
+    def windows(v: torch.Tensor) -> torch.Tensor:  # [T, B, ...] -> [K * B, W, ...]
+        return v[times].transpose(1, 2).flatten(0, 1)
+
+    def at(v: torch.Tensor, t: torch.Tensor) -> torch.Tensor:  # [T, B, ...] at t [K] -> [K * B, ...]
+        return v[t].flatten(0, 1)
+
+    reset = windows(is_init)
+    valid = (starts >= b)[:, None].expand(len(starts), B).flatten()  # [K * B]
+    out = {}
+    for g, data in flat.items():
+        hidden = {"hidden": data.get("hidden"), "critic_hidden": data.get("critic_hidden")}
+        out[g] = {k: windows(v) for k, v in data.items() if k not in hidden}
+        out[g].update(reset=reset, burn_valid=valid)
+        for key, stored in hidden.items():
+            if stored is not None:
+                out[g][f"{key}0"] = at(stored, starts)
+                out[g][f"burn_{key}0"] = at(stored, burn_starts)
+    return out, windows(state) if state is not None else None
 
 
 def _burn_in(

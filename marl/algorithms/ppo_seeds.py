@@ -16,6 +16,11 @@ A population (`--sweep lr=1e-4,1e-3`) gives each member its own values of `SWEEP
 tensors: the loss reads them (vmapped, one value per member), and a swept learning rate scales each
 member's Adam step (Adam then steps with lr 1). A swept `gamma` or `lmbda` is a per-env-column tensor to
 the GAE kernel (member `k`'s value on its block of columns): one call for the whole population.
+
+Recurrent nets (`--model gru`) as `PPO`'s: the members' policies act from their envs' states (`MemberPolicy`
+with `hidden`), a recurrent critic runs over each member's rollout from its envs' carried states (the
+template's `critic_hidden`, `[S * B, m, h]`, in the checkpoint as a single run's), and each member's rollout
+is cut into its chunks by `PPO`'s own `chunk_windows` under vmap; each epoch shuffles each member's chunks.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from torch.func import vmap
 
 import kernels
 from marl.algorithms.base import register_seeded
-from marl.algorithms.ppo import LOSS_TERMS, NETS, PPO, UPDATE_KEYS, explained_variance
+from marl.algorithms.ppo import LOSS_TERMS, NETS, PPO, UPDATE_KEYS, chunk_windows, explained_variance
 from marl.algorithms.seeded import Seeded, swept_options
 from marl.config import TrainConfig
 from marl.core.members import (
@@ -56,6 +61,7 @@ class SeededPPO(Seeded):
     minibatch orders), as a single run's."""
 
     SWEEPABLE = SWEEPABLE
+    recurrent = True  # --model gru: recurrent policies and critics, trained on each member's chunks
     sweep_owner = "PPO's"
     single = PPO
 
@@ -91,7 +97,14 @@ class SeededPPO(Seeded):
 
     @property
     def acting(self) -> Acting:
-        return Acting({g: MemberPolicy(self.members, lr.policy) for g, lr in self.template.learners.items()}, True)
+        single = self.template.acting  # its recurrent groups' state shapes, whether it stores is_init
+        policies = {g: MemberPolicy(self.members, lr.policy) for g, lr in self.template.learners.items()}
+        return Acting(policies, True, single.hidden, single.episode_starts)
+
+    @property
+    def sequences(self) -> bool:
+        """Recurrent nets: the update's samples are each member's chunks (`PPO.sequence_inputs`)."""
+        return self.template.sequences
 
     def begin_iteration(self, frames: int, total_frames: int) -> None:
         """With `lr_schedule` linear: lr * (1 - progress), as `PPO.begin_iteration`."""
@@ -123,13 +136,16 @@ class SeededPPO(Seeded):
         state, next_state = (split(s, S, 1) if s is not None else None for s in (state, next_state))
         explained = {}
         for g, learner in self.template.learners.items():
-
-            def value(obs, state, learner=learner):
-                return learner.critic.value(learner.critic_input(obs, state))
-
-            values = self._in_chunks(value, obs, state)  # [S, T, B, n]
-            next_values = self._in_chunks(value, next_obs, next_state)
             data = batch[g]
+            if learner.critic.gru is not None:
+                values, next_values = self._recurrent_values(g, learner, batch, obs, state, next_obs, next_state)
+            else:
+
+                def value(obs, state, learner=learner):
+                    return learner.critic.value(learner.critic_input(obs, state))
+
+                values = self._in_chunks(value, obs, state)  # [S, T, B, n]
+                next_values = self._in_chunks(value, next_obs, next_state)
             advantage, target = self._gae(learner.algo, data, join(values, 1), join(next_values, 1))
             data.update({"value": join(values, 1), "advantage": advantage, "value_target": target})
             wide = split(target.double(), S, 1).flatten(1)  # [S, T * B * n]
@@ -137,6 +153,32 @@ class SeededPPO(Seeded):
             self.members.broadcast(learner.critic.update_moments, *moments)
             explained[g] = vmap(explained_variance)(values, split(target, S, 1))
         return explained
+
+    def _recurrent_values(self, g: str, learner, batch: TensorDict, obs, state, next_obs, next_state):
+        """A recurrent critic's values of the rollout and of its next observations `[S, T, B, n]` (reward
+        units), every member in one call from its envs' carried states (the template's `critic_hidden`,
+        `[S * B, m, h]`), as `PPO.advantages`: it stores each step's starting state in `batch` and carries
+        the last to the next rollout. Not in chunks of steps: each step needs the previous one's state."""
+        S, critic, carried = self.count, learner.critic, self.template.critic_hidden[g]
+
+        def values(obs, state, next_obs, next_state, h0, reset):
+            x, next_x = learner.critic_input(obs, state), learner.critic_input(next_obs, next_state)
+            value, next_value, started, last = critic.rollout_values(x, next_x, h0, reset)
+            return critic.denormalize(value), critic.denormalize(next_value), started, last
+
+        reset = split(batch["is_init"], S, 1)
+        value, next_value, started, last = self.members(
+            values, obs, state, next_obs, next_state, split(carried, S), reset
+        )
+        batch[g]["critic_hidden"] = join(started, 1)  # [T, S * B, m, h]
+        carried.copy_(join(last))  # the next rollout's first step zeroes it where is_init
+        return value, next_value
+
+    def env_state_dict(self) -> dict:
+        return self.template.env_state_dict()  # every member's envs' recurrent critic states [S * B, m, h]
+
+    def load_env_state_dict(self, state: dict) -> None:
+        self.template.load_env_state_dict(state)
 
     def _gae(self, algo, data: TensorDict, value: torch.Tensor, next_value: torch.Tensor):
         """`kernels.gae` over the `[T, S * B, ...]` batch of a group (its `algo` config), in one call: a swept
@@ -165,28 +207,45 @@ class SeededPPO(Seeded):
 
     def update_inputs(self, batch: TensorDict) -> tuple[dict[str, dict[str, torch.Tensor]], torch.Tensor | None]:
         """`PPO.update_inputs` per member: `[S, T * B, ...]` (member `k`'s rows in a single run's order),
-        values and targets in each member's critic's normalised units."""
-        S = self.count
+        values and targets in each member's critic's normalised units. With recurrent nets, as
+        `PPO.sequence_inputs`, each member's chunks `[S, C, W, ...]` (its `PER_CHUNK` keys `[S, C, ...]`),
+        windowed by `chunk_windows` for every member at once under vmap."""
+        S, sequences = self.count, self.sequences
+        keys = (*UPDATE_KEYS, "hidden", "critic_hidden") if sequences else UPDATE_KEYS
 
-        def per_member(x: torch.Tensor) -> torch.Tensor:
-            return split(x, S, 1).flatten(1, 2)  # [T, S * B, ...] -> [S, T * B, ...]
+        def per_member(x: torch.Tensor) -> torch.Tensor:  # [T, S * B, ...] -> [S, T, B, ...] or [S, T * B, ...]
+            return split(x, S, 1) if sequences else split(x, S, 1).flatten(1, 2)
 
-        flat = {g: {k: per_member(v) for k, v in batch[g].items() if k in UPDATE_KEYS} for g in self.template.learners}
+        flat = {g: {k: per_member(v) for k, v in batch[g].items() if k in keys} for g in self.template.learners}
         for g, data in flat.items():
             mean, std = self._critic_buffer(g, "target_mean"), self._critic_buffer(g, "target_var").sqrt()
             for key in ("value", "value_target"):
-                data[key] = (data[key] - mean.view(S, 1, 1)) / std.view(S, 1, 1)
+                shape = (S, *(1,) * (data[key].dim() - 1))
+                data[key] = (data[key] - mean.view(shape)) / std.view(shape)
         state = per_member(batch["state"]) if "state" in batch.keys() else None
-        return flat, state
+        if not sequences:
+            return flat, state
+        algo = self.config.algo
+
+        def windows(flat, is_init):
+            return chunk_windows(flat, None, is_init, algo.chunk_length, algo.burn_in)[0]
+
+        def state_windows(state, is_init):
+            return chunk_windows({}, state, is_init, algo.chunk_length, algo.burn_in)[1]
+
+        is_init = split(batch["is_init"], S, 1)
+        return vmap(windows)(flat, is_init), vmap(state_windows)(state, is_init) if state is not None else None
 
     def epochs(self, batch: TensorDict) -> dict[str, dict[str, torch.Tensor]]:
         """`PPO.epochs` for every member: each epoch, every member shuffles its own frames with its own
         generator (a loop over the members once per epoch: one draw per generator) and every minibatch step
         steps all members."""
         algo, S = self.config.algo, self.count
-        frames = batch.batch_size.numel() // S
         flat, state = self.update_inputs(batch)
-        size, count = algo.minibatch_size, frames // algo.minibatch_size
+        # The samples shuffled: each member's frames, or with recurrent nets its chunks (as `PPO.epochs`).
+        L = algo.chunk_length if self.sequences else 1
+        frames, size = batch.batch_size.numel() // S // L, algo.minibatch_size // L
+        count = frames // size
         sums = {g: torch.zeros(S, len(LOSS_TERMS) + 2, device=self.device) for g in flat}
         rows = torch.arange(S, device=self.device)[:, None]
         for _ in range(algo.epochs):
@@ -250,10 +309,13 @@ class SeededPPO(Seeded):
         """`flat` with each group's advantages normalised per member over the minibatch (where its config
         says so), as `policy_terms` normalises a single run's."""
         out = {}
+        burn_in = self.config.algo.burn_in if self.sequences else 0
         for g, data in flat.items():
             if self.template.learners[g].algo.normalize_advantage:
-                advantage = data["advantage"]  # [S, M, n]
-                mean, std = advantage.mean((1, 2), keepdim=True), advantage.std((1, 2), keepdim=True)
+                advantage = data["advantage"]  # [S, M, n], or chunks [S, M, W, n]: over their last L steps
+                loss_steps = advantage[:, :, burn_in:] if self.sequences else advantage
+                dims = tuple(range(1, advantage.dim()))
+                mean, std = loss_steps.mean(dims, keepdim=True), loss_steps.std(dims, keepdim=True)
                 data = {**data, "advantage": (advantage - mean) / (std + 1e-8)}
             out[g] = data
         return out

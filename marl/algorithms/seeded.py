@@ -26,6 +26,8 @@ class Seeded(Algorithm):
 
     single: ClassVar[type[Algorithm]]
     SWEEPABLE: ClassVar[tuple[str, ...]] = ()
+    recurrent: ClassVar[bool] = False
+    """Whether it trains recurrent nets (`--model gru`); `check_seeded` refuses them otherwise."""
     sweep_owner: ClassVar[str] = ""
     """Whose options `SWEEPABLE` are, for the refusal of any other (`PPO's`)."""
 

@@ -69,11 +69,9 @@ def logs(run_dir: Path, members: Sequence[Member]) -> list[Path]:
 
 def check_population(config: TrainConfig, world) -> None:
     """Refuse what several seeds in one process do not support (yet), before anything is built."""
-    algorithms.check_seeded(config.algo.algo)
+    algorithms.check_seeded(config.algo.algo, config.uses_gru())
     if world.size > 1:
         raise ValueError("several seeds (--seeds, --num-seeds) train in one process: run them without torchrun")
-    if config.uses_gru():
-        raise ValueError("several seeds (--seeds, --num-seeds) train MLP networks so far: leave out --model gru")
 
 
 def env_seed(config: TrainConfig, seeds: tuple[int, ...]) -> int | tuple[int, ...]:
@@ -95,12 +93,15 @@ def env_seed(config: TrainConfig, seeds: tuple[int, ...]) -> int | tuple[int, ..
 
 def member_nbytes(config: TrainConfig, env, algorithm) -> dict[str, int]:
     """What one member takes, by part: its rollout (every transition and, on-policy, the values, advantages
-    and targets computed on it), on-policy the update's per-member copies of the rollout (member-major, then
-    shuffled: two), off-policy its replay buffer, and its nets with their gradients and Adam's two moments
-    (target nets: the parameters alone)."""
+    and targets computed on it; with recurrent nets the policies' and critics' stored states and `is_init`),
+    on-policy the update's per-member copies of the rollout (member-major, then shuffled: two; with
+    recurrent nets windows of `burn_in + chunk_length` steps per chunk of `chunk_length`), off-policy its
+    replay buffer, and its nets with their gradients and Adam's two moments (target nets: the parameters
+    alone)."""
     frames = config.env.num_envs * config.run.rollout_length
     on_policy = algorithm.collects == "rollout"
-    layout = transition_layout(env.groups, env.state_spec, log_prob=on_policy)
+    acting = algorithm.acting
+    layout = transition_layout(env.groups, env.state_spec, on_policy, acting.hidden, acting.episode_starts)
     per_frame = sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size() for shape, dtype in layout.values())
     # A trained tensor, its gradient and Adam's two moments: 4 copies; a target net's (no gradient): 1.
     nets = sum((4 if p.requires_grad else 1) * p.numel() * p.element_size() for p in algorithm.parameters())
@@ -109,7 +110,13 @@ def member_nbytes(config: TrainConfig, env, algorithm) -> dict[str, int]:
         replay = replay_nbytes(env.groups, algorithm.replay()[0], env.state_spec)
         return {"rollout": frames * per_frame, "replay buffer": replay, "nets and Adam": nets}
     per_frame += sum(3 * 4 * spec.n_agents for spec in env.groups.values())  # value, advantage, target
-    return {"rollout": frames * per_frame, "update": 2 * frames * per_frame, "nets and Adam": nets}
+    critic_hidden = algorithm.env_state_dict().get("critic_hidden", {})  # per env [S * B, m, h]
+    per_frame += sum(4 * math.prod(h.shape[1:]) for h in critic_hidden.values())  # each step's, stored
+    windows = 1.0
+    if getattr(algorithm, "sequences", False):
+        windows = (config.algo.burn_in + config.algo.chunk_length) / config.algo.chunk_length
+    update = int(2 * frames * per_frame * windows)
+    return {"rollout": frames * per_frame, "update": update, "nets and Adam": nets}
 
 
 def check_memory(config: TrainConfig, env, device: torch.device, algorithm, free: int | None = None) -> None:

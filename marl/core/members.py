@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+from marl.core.models import flat_observation
 from marl.optim.tanh import EAGER_TANH_VIA_SIGMOID, Tanh
 
 
@@ -129,8 +130,20 @@ class MemberPolicy:
     def __init__(self, members: Members, policy: nn.Module, log_prob: bool = True) -> None:
         self.members, self.policy, self.log_prob = members, policy, log_prob
 
-    def __call__(self, observation: torch.Tensor, action_mask: torch.Tensor | None = None) -> MemberDistribution:
-        return MemberDistribution(self, observation, action_mask)
+    def __call__(
+        self, observation: torch.Tensor, action_mask: torch.Tensor | None = None, hidden: torch.Tensor | None = None
+    ) -> MemberDistribution | tuple[MemberDistribution, torch.Tensor]:
+        """With a recurrent policy (`Acting.hidden`), `hidden` `[S * B, n, h]`: the GRU steps every member
+        at once, and the distribution reads the next state, `(distribution, next hidden)` as `Policy`."""
+        if hidden is None:
+            return MemberDistribution(self, observation, action_mask)
+        policy, count = self.policy, self.members.count
+
+        def step(observation, hidden):
+            return policy.gru(flat_observation(observation, policy.spec), hidden)
+
+        next_hidden = join(self.members(step, split(observation, count), split(hidden, count)))
+        return MemberDistribution(self, observation, action_mask, next_hidden), next_hidden
 
 
 class MemberDistribution:
@@ -138,19 +151,30 @@ class MemberDistribution:
     for `[S * B]` envs: the sample computes all three in one pass of the members' policies, and the other
     two return them (of another raw action, they run the policies again)."""
 
-    def __init__(self, owner: MemberPolicy, observation: torch.Tensor, mask: torch.Tensor | None) -> None:
+    def __init__(
+        self,
+        owner: MemberPolicy,
+        observation: torch.Tensor,
+        mask: torch.Tensor | None,
+        hidden: torch.Tensor | None = None,
+    ) -> None:
         self.owner, self.observation, self.mask = owner, observation, mask
+        self.hidden = hidden  # a recurrent policy's next state [S * B, n, h]: its MLP reads it
         self._raw: torch.Tensor | None = None
 
     def _run(self, fn: Callable, *per_env: torch.Tensor):
         """`fn(dist, *args)` with each member's distribution, over `[S * B, ...]` tensors."""
         members, policy = self.owner.members, self.owner.policy
         mask = split(self.mask, members.count) if self.mask is not None else None
+        hidden = split(self.hidden, members.count) if self.hidden is not None else None
 
-        def one(observation, mask, *args):
-            return fn(policy(observation, mask), *args)
+        def one(observation, mask, hidden, *args):
+            if hidden is None:
+                return fn(policy(observation, mask), *args)
+            return fn(policy.distribution(policy.net(hidden), mask), *args)
 
-        out = members(one, split(self.observation, members.count), mask, *(split(x, members.count) for x in per_env))
+        per_member = (split(x, members.count) for x in per_env)
+        out = members(one, split(self.observation, members.count), mask, hidden, *per_member)
         return tuple(join(x) for x in out) if isinstance(out, tuple) else join(out)
 
     def sample(self, noise: torch.Tensor) -> torch.Tensor:

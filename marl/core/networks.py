@@ -120,6 +120,9 @@ class MultiAgentGRU(nn.Module):
         self.weight_hh = nn.Parameter(torch.empty(k, hidden_size, 3 * hidden_size))  # [k, h, 3h]
         self.bias_ih = nn.Parameter(torch.zeros(k, 3 * hidden_size))  # [k, 3h]
         self.bias_hh = nn.Parameter(torch.zeros(k, 3 * hidden_size))  # [k, 3h]
+        # The candidate's activation, a child module (no parameters): a population (`marl.core.members`)
+        # swaps it for one that runs under vmap.
+        self.tanh = Tanh()
         for weight in (self.weight_ih, self.weight_hh):
             for gate in weight.split(hidden_size, -1):  # each gate's block orthogonal, as RL GRUs start
                 _orthogonal_(gate.detach(), 1.0)
@@ -151,7 +154,7 @@ class MultiAgentGRU(nn.Module):
         """One step: `x` `[*B, n, d]`, `h` `[*B, n, h]` -> the next state `[*B, n, h]` (also the output)."""
         self._check(x, h, time=False)
         gi = _affine(self.bias_ih, self._rows(x), self.weight_ih)  # [k, R, 3h]
-        return self._unrows(_gru_step(gi, self._rows(h), self.weight_hh, self.bias_hh), x.shape[:-2])
+        return self._unrows(_gru_step(gi, self._rows(h), self.weight_hh, self.bias_hh, self.tanh), x.shape[:-2])
 
     def scan(self, x: torch.Tensor, h0: torch.Tensor, reset: torch.Tensor) -> torch.Tensor:
         """`x` `[L, *M, n, d]` from `h0` `[*M, n, h]`; `reset` `[L, *M]` bool zeroes the state before
@@ -169,13 +172,10 @@ class MultiAgentGRU(nn.Module):
         # step: an index's backward fills a zero tensor of all L steps, at every step. Under `--compile`
         # the loop is traced into the update step's graph.
         for gi_t, keep_t in zip(gi.unbind(1), keep.unbind(1)):
-            h = _gru_step(gi_t, h * keep_t, self.weight_hh, self.bias_hh)
+            h = _gru_step(gi_t, h * keep_t, self.weight_hh, self.bias_hh, self.tanh)
             states.append(h)
         y = torch.stack(states, 1)  # [k, L, R, h]
         return self._unrows(y.view(y.shape[0], -1, self.hidden_size), (L, *batch))
-
-
-_TANH = Tanh()
 
 
 def _affine(bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -186,7 +186,9 @@ def _affine(bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.
     return torch.baddbmm(bias.unsqueeze(1), x, weight)
 
 
-def _gru_step(gi: torch.Tensor, h: torch.Tensor, weight_hh: torch.Tensor, bias_hh: torch.Tensor) -> torch.Tensor:
+def _gru_step(
+    gi: torch.Tensor, h: torch.Tensor, weight_hh: torch.Tensor, bias_hh: torch.Tensor, tanh: nn.Module
+) -> torch.Tensor:
     """One step on rows: `gi` `[k, R, 3h]` (input product with its bias), `h` `[k, R, h]` -> the next state.
     Acting and training run this same arithmetic, so training recomputes exactly what acting computed."""
     size = h.shape[-1]
@@ -195,5 +197,5 @@ def _gru_step(gi: torch.Tensor, h: torch.Tensor, weight_hh: torch.Tensor, bias_h
     gi_rz, gi_c = gi.split([2 * size, size], -1)
     gh_rz, gh_c = gh.split([2 * size, size], -1)
     r, z = torch.sigmoid(gi_rz + gh_rz).split(size, -1)  # [k, R, h] each
-    candidate = _TANH(torch.addcmul(gi_c, r, gh_c))
+    candidate = tanh(torch.addcmul(gi_c, r, gh_c))
     return torch.lerp(candidate, h, z)  # (1 - z) c + z h

@@ -64,6 +64,29 @@ def test_each_member_trains_as_the_single_run_with_its_seed(tmp_path, monkeypatc
     assert row["members"][0]["agent/loss"] != row["members"][1]["agent/loss"]
 
 
+def gru_config(tmp_path, nets: str, burn_in: int) -> TrainConfig:
+    """`tiny_config` with recurrent nets: chunks of 4 of an 8-step rollout, with `burn_in` steps before."""
+    config = tiny_config(tmp_path, "mappo")
+    algo = dataclasses.replace(config.algo, chunk_length=4, burn_in=burn_in, minibatch_size=32)
+    model = dataclasses.replace(config.model, model="gru", gru_hidden=8, gru_nets=nets)
+    return dataclasses.replace(config, algo=algo, model=model)
+
+
+@pytest.mark.parametrize(("nets", "burn_in", "chunks"), [("policy", 0, False), ("both", 2, True)])
+def test_each_recurrent_member_trains_as_the_single_run_with_its_seed(tmp_path, monkeypatch, nets, burn_in, chunks):
+    if chunks:  # each minibatch step in uneven chunks of a member's chunks of steps
+        monkeypatch.setattr(ppo_seeds, "UPDATE_CHUNK_ROWS", 6)
+    config = gru_config(tmp_path, nets, burn_in)
+    batched = Trainer(with_run(config, seeds=SEEDS), run_dir=tmp_path / "seeds")
+    batched.algorithm.chunked = chunks
+    singles = [Trainer(with_run(config, seed=s), run_dir=tmp_path / f"seed{s}") for s in SEEDS]
+    for _ in range(2):
+        row = batched.train_iteration()
+        for member, single in zip(row["members"], singles):
+            assert_rows_match(member, single.train_iteration())
+    assert row["members"][0]["agent/loss"] != row["members"][1]["agent/loss"]
+
+
 class OpCounter(TorchDispatchMode):
     """Counts the aten ops dispatched, by name (views included: on a GPU each costs host time too)."""
 
@@ -134,17 +157,25 @@ def test_member_envs_draw_as_single_envs_with_their_seeds():
             assert torch.equal(obs[g, "observation"], torch.cat([p[g, "observation"] for p in parts]))
 
 
-@pytest.mark.parametrize("sweep", [None, ("gamma=0.9,0.99", "lmbda=0.8,0.95")], ids=["seeds", "gamma-lmbda-sweep"])
-def test_population_collects_and_learns_without_host_sync(tmp_path, sweep):
+@pytest.mark.parametrize(
+    ("sweep", "gru"),
+    [(None, False), (("gamma=0.9,0.99", "lmbda=0.8,0.95"), False), (None, True)],
+    ids=["seeds", "gamma-lmbda-sweep", "gru"],
+)
+def test_population_collects_and_learns_without_host_sync(tmp_path, sweep, gru):
     # A swept gamma or lmbda reaches GAE as a per-column tensor, read without a sync.
-    trainer = Trainer(with_run(tiny_config(tmp_path), seeds=SEEDS, **({"sweep": sweep} if sweep else {})))
+    config = gru_config(tmp_path, "both", 2) if gru else tiny_config(tmp_path)
+    trainer = Trainer(with_run(config, seeds=SEEDS, **({"sweep": sweep} if sweep else {})))
     with envs.forbid_host_sync():
         batch = trainer.collector.collect()
         trainer.algorithm.update(batch, trainer.timer)
 
 
-def test_population_resumes_exactly_and_each_member_resumes_alone(tmp_path):
-    member = assert_resumes_exactly(with_run(tiny_config(tmp_path), seeds=SEEDS, total_frames=16 * 8 * 3), tmp_path)
+@pytest.mark.parametrize("gru", [False, True], ids=["mlp", "gru"])
+def test_population_resumes_exactly_and_each_member_resumes_alone(tmp_path, gru):
+    # With recurrent nets the checkpoints carry the policies' and the critics' states per env.
+    config = gru_config(tmp_path, "both", 2) if gru else tiny_config(tmp_path)
+    member = assert_resumes_exactly(with_run(config, seeds=SEEDS, total_frames=16 * 8 * 3), tmp_path)
     assert member.config.run.seed == SEEDS[1]
 
 
@@ -203,7 +234,7 @@ def tiny_argv(tmp_path) -> list[str]:
             ["--imports", "tests.marl.algorithms.reinforce", "--algo", "reinforce", "--num-seeds", "2"],
             "train iddpg, ippo, iql, isac, maddpg, mappo, masac, qmix, vdn so far, not --algo reinforce",
         ),
-        (["--num-seeds", "2", "--model", "gru", "--chunk-length", "8"], "leave out --model gru"),
+        (["--algo", "iql", "--num-seeds", "2", "--model", "gru"], "of --algo iql train MLP networks so far"),
     ],
 )
 def test_bad_seed_lists_and_algorithms_are_one_clear_line(tmp_path, argv, message, capsys):
@@ -218,6 +249,29 @@ def test_seeds_reach_the_config():
     assert config_from_args(args).run.member_seeds() == (4, 2, 9)
     args = build_parser().parse_args(["train", "--seed", "5", "--num-seeds", "3"])
     assert config_from_args(args).run.member_seeds() == (5, 6, 7)
+
+
+def test_a_recurrent_population_trains_from_the_command_line(tmp_path):
+    argv = ["--num-seeds", "2", "--model", "gru", "--gru-nets", "both", "--chunk-length", "4", "--burn-in", "2"]
+    assert main(["train", *tiny_argv(tmp_path), *argv]) == 0
+    assert len((tmp_path / "run" / population.AGGREGATE).read_text().splitlines()) == 3
+    checkpoint = str(tmp_path / "run" / "checkpoint.pt")
+    assert main(["eval", "--checkpoint", checkpoint, "--member", "1", "--episodes", "2"]) == 0
+
+
+def test_the_memory_estimate_counts_what_recurrent_nets_add(tmp_path):
+    """Per frame the policies' and critics' stored states and is_init; the update's chunks hold their
+    burn-in steps too: (burn_in + chunk_length) / chunk_length times the rows."""
+    mlp, gru = (
+        Trainer(with_run(c, seeds=SEEDS), run_dir=tmp_path / name)
+        for name, c in (("mlp", tiny_config(tmp_path)), ("gru", gru_config(tmp_path, "both", 2)))
+    )
+    parts = [population.member_nbytes(t.config, t.env, t.algorithm) for t in (mlp, gru)]
+    frames, n, h = 16 * 8, mlp.env.groups["agent"].n_agents, 8
+    critic_state = math.prod(gru.algorithm.template.critic_hidden["agent"].shape[1:])
+    added = frames * (4 * n * h + 4 * critic_state + 1)  # policy state, critic state, is_init
+    assert parts[1]["rollout"] - parts[0]["rollout"] == added
+    assert parts[1]["update"] == int(2 * parts[1]["rollout"] * (2 + 4) / 4)
 
 
 def test_too_many_seeds_are_refused_saying_how_many_fit(tmp_path):
