@@ -110,12 +110,14 @@ def iteration_ops(config: TrainConfig, seeds: tuple[int, ...], run_dir) -> colle
     return counter.counts
 
 
-def test_an_iteration_launches_as_many_ops_for_any_number_of_members(tmp_path):
+@pytest.mark.parametrize("gru", [False, True], ids=["mlp", "gru"])
+def test_an_iteration_launches_as_many_ops_for_any_number_of_members(tmp_path, gru):
     """On a GPU at `marl train`'s sizes wall time is host time, per op launched: S seeds take about one
     seed's time only if an iteration's ops do not grow with S. Two and four members launch the same ops,
     but for the draws from each member's own `torch.Generator` (a single run's stream, which one call cannot
-    draw for several): per rollout one noise draw per group, per epoch one minibatch order."""
-    config = tiny_config(tmp_path)
+    draw for several): per rollout one noise draw per group, per epoch one minibatch order (of chunks, with
+    recurrent nets)."""
+    config = gru_config(tmp_path, "both", 2) if gru else tiny_config(tmp_path)
     two = iteration_ops(config, (3, 8), tmp_path / "two")
     four = iteration_ops(config, (3, 8, 5, 1), tmp_path / "four")
     groups, epochs = 1, config.algo.epochs  # navigation: one group
