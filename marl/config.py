@@ -121,14 +121,14 @@ def check_seed(seed: int) -> None:
 @dataclass(frozen=True)
 class RunConfig:
     total_frames: int = 2_000_000
-    """Frames (env steps) to train for."""
+    """Frames (env steps) to train for, rounded up to whole iterations."""
     rollout_length: int = 64
     """Steps collected per env per iteration (T); an iteration is num_envs * rollout_length frames."""
     seed: int = 0
     """Seeds the envs, the networks and the sampling."""
     seeds: tuple[int, ...] = ()
-    """Train one run per seed in one process (`--seeds 0 1 2 3 4`; PPO so far), each as a run with --seed
-    that seed: parameters stacked on a seed dim, all runs' envs in one batch; replaces --seed."""
+    """Train one run per seed in one process (`--seeds 0 1 2 3 4`), each as a run with --seed that seed:
+    parameters stacked on a seed dim, all runs' envs in one batch; replaces --seed."""
     num_seeds: int = 1
     """Train this many seeds in one process: seed, seed + 1, ... (as --seeds)."""
     sweep: tuple[str, ...] = ()

@@ -253,6 +253,14 @@ def sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
+def _frames_text(total_frames: int, trainer) -> str:
+    """The frames a run trains for: whole iterations, so `total_frames` rounded up (and said so)."""
+    text = f"{trainer.frames_to_run:,} frames" + (" per run" if len(trainer.members) > 1 else "")
+    if trainer.frames_to_run != total_frames:
+        text += f" (--total-frames {total_frames:,} rounded up to whole iterations of {trainer.frames_per_iteration:,})"
+    return text
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from marl.app import seeds
     from marl.app.summary import print_summary
@@ -268,7 +276,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(
             f"training {config.env.env} ({groups}) "
             f"with {algorithms_text(config, trainer.env.groups)} on {trainer.device}, {envs_text}, "
-            f"{config.run.total_frames:,} frames{' per run' if len(trainer.members) > 1 else ''}; "
+            f"{_frames_text(config.run.total_frames, trainer)}; "
             f"logging to {trainer.run_dir}"
         )
     with sigterm_as_interrupt():

@@ -219,13 +219,15 @@ class PopulationLogger:
     """Each member's row to its own `seed_<s>/metrics.csv` (and with --wandb its own W&B run, all in one group
     named after the run); the aggregate to `aggregate.csv` (and TensorBoard), with the progress bar."""
 
-    def __init__(self, run_dir: Path, members: Sequence[Member], config: TrainConfig, start_frames: int) -> None:
+    def __init__(
+        self, run_dir: Path, members: Sequence[Member], total_frames: int, config: TrainConfig, start_frames: int
+    ) -> None:
         run = config.run
         group = run.wandb_name or Path(run_dir).name
         self.members = [
             RunLogger(
                 member_dir(run_dir, m),
-                run.total_frames,
+                total_frames,
                 start_frames,
                 progress=False,
                 tensorboard=False,
@@ -234,7 +236,7 @@ class PopulationLogger:
             for m in members
         ]
         self.aggregate = RunLogger(
-            run_dir, run.total_frames, start_frames, run.progress, run.tensorboard, csv_name=AGGREGATE
+            run_dir, total_frames, start_frames, run.progress, run.tensorboard, csv_name=AGGREGATE
         )
 
     def log(self, row: dict) -> None:

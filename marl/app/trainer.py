@@ -98,6 +98,8 @@ class Trainer:
         self.buffer = self._replay_buffer()
         self._pending: TensorDict | None = None  # the next batch, when the update collected it ahead
         self.frames_per_iteration = self.world.size * config.env.num_envs * config.run.rollout_length
+        # Whole iterations only: total_frames rounded up to a multiple of an iteration's frames.
+        self.frames_to_run = -(-config.run.total_frames // self.frames_per_iteration) * self.frames_per_iteration
         self.iteration, self.frames, self.elapsed = 0, 0, 0.0
         self.timer = PhaseTimer(self.device)
         # --compile on CUDA: whether the rollout and update steps were captured as CUDA graphs is said once
@@ -203,11 +205,13 @@ class Trainer:
         `checkpoint_every` iterations and at the end; returns the logged rows."""
         run = self.config.run
         if self.world.is_main and len(self.members) > 1:
-            logger = seeds.PopulationLogger(self.run_dir, self.members, self.config, self.frames)
+            logger = seeds.PopulationLogger(self.run_dir, self.members, self.frames_to_run, self.config, self.frames)
         elif self.world.is_main:
             name = run.wandb_name or self.run_dir.name
             wandb = wandb_run(run, name, None, self.config.to_dict())
-            logger = RunLogger(self.run_dir, run.total_frames, self.frames, run.progress, run.tensorboard, wandb=wandb)
+            logger = RunLogger(
+                self.run_dir, self.frames_to_run, self.frames, run.progress, run.tensorboard, wandb=wandb
+            )
         else:
             logger = NoLogger()
         rows = []

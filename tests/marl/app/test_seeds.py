@@ -226,6 +226,18 @@ def tiny_argv(tmp_path) -> list[str]:
     ]
 
 
+@pytest.mark.parametrize(("argv", "said"), [([], "128 frames ("), (["--num-seeds", "2"], "128 frames per run (")])
+def test_total_frames_round_up_to_whole_iterations_and_say_so(tmp_path, capsys, argv, said):
+    # 8 envs x 8 steps: an iteration is 64 frames, so 100 frames take 2 iterations, 128 frames
+    tiny = tiny_argv(tmp_path)
+    tiny[tiny.index("--total-frames") + 1] = "100"
+    assert main(["train", *tiny, *argv]) == 0
+    out = capsys.readouterr().out
+    assert f"{said}--total-frames 100 rounded up to whole iterations of 64)" in out
+    csv = tmp_path / "run" / (population.AGGREGATE if argv else "metrics.csv")
+    assert len(csv.read_text().splitlines()) == 3  # a header and 2 iterations
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
