@@ -17,7 +17,8 @@ With `--sweep lr=...` each member's Adam step is scaled by its own learning rate
 `--sweep tau=...` moves each member's targets by its own Polyak factor (`member_polyak_`; Q-learning's hard
 copies have none, and are refused); `--sweep gamma=...` gives the vmapped loss each member's discount as a
 0-d tensor its learners' configs read (`swept_options`), in its TD targets and Q-learning's n-step returns.
-Uniform replay only: prioritized replay (one sum tree per member) is refused.
+Uniform replay only: prioritized replay (one sum tree per member) is refused. Recurrent Q-networks (`--model
+gru`): `marl.algorithms.qlearning_seeds`.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ class SeededOffPolicy(Seeded):
         drawn = [template.draw_noise(algo.updates_per_iteration, algo.batch_size, g) for g in self.generators]
         noise = {g: torch.stack([d[g] for d in drawn]) for g in drawn[0]}  # [S, steps, ...]
         # Then each member's slots of the iteration, as its single run draws them after its noise.
-        slots = buffer.draw_members(algo.updates_per_iteration, algo.batch_size, self.generators)  # [S, steps, k]
+        slots = self.draw(buffer, algo.updates_per_iteration)  # [S, steps, ...]
         storage = buffer.member_storage()  # [S, capacity, ...]
         sums = None
         for t in template.step_indices:
@@ -145,6 +146,11 @@ class SeededOffPolicy(Seeded):
             terms = (v / algo.updates_per_iteration).unbind(-1)
             out[g] = {**dict(zip(names, terms, strict=True)), "buffer_fill": fill}
         return out
+
+    def draw(self, buffer: MemberReplayBuffer, steps: int) -> torch.Tensor:
+        """Each member's slots of its ring for `steps` optimiser steps, from its own generator: `[S, steps,
+        batch_size]` (a subclass may draw otherwise: Q-learning's chunks of steps)."""
+        return buffer.draw_members(steps, self.config.algo.batch_size, self.generators)
 
     def step(self, storage: dict, index: torch.Tensor, noise: dict, t: torch.Tensor) -> dict[str, torch.Tensor]:
         """One optimiser step of every member on its slots `index` `[S, batch_size]` of its buffer, with its

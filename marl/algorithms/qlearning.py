@@ -227,13 +227,26 @@ class QPolicy(nn.Module):
     def forward(
         self, observation: torch.Tensor, action_mask: torch.Tensor | None = None, hidden: torch.Tensor | None = None
     ) -> EpsilonGreedy | tuple[EpsilonGreedy, torch.Tensor]:
-        mask = action_mask if self.spec.has_action_mask else None
         if not self.recurrent:
-            return EpsilonGreedy(self.values(observation), self.epsilon, mask, self.nvec, self.heads)
+            return self.greedy(self.values(observation), action_mask)
         if hidden is None:
             raise ValueError("a recurrent Q-network (model gru) acts from its hidden state: pass hidden=[*B, n, h]")
-        q, hidden = self.net(flat_observation(observation, self.spec), hidden)
-        return EpsilonGreedy(q, self.epsilon, mask, self.nvec, self.heads), hidden
+        hidden = self.recur(observation, hidden)
+        return self.from_hidden(hidden, action_mask), hidden
+
+    def recur(self, observation: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """A recurrent Q-network's next state `[*B, n, h]` after `observation`, from `hidden` (as `Policy.recur`:
+        a population steps every member's GRU at once, `marl.core.members.MemberPolicy`)."""
+        return self.net.gru(flat_observation(observation, self.spec), hidden)
+
+    def from_hidden(self, hidden: torch.Tensor, action_mask: torch.Tensor | None = None) -> EpsilonGreedy:
+        """The ε-greedy choice of the Q values at the state `hidden` `recur` returned."""
+        return self.greedy(self.net.mlp(hidden), action_mask)
+
+    def greedy(self, q: torch.Tensor, action_mask: torch.Tensor | None) -> EpsilonGreedy:
+        """ε-greedy over the Q values `q` `[*B, n, sum(nvec)]`, within the action mask where the group has one."""
+        mask = action_mask if self.spec.has_action_mask else None
+        return EpsilonGreedy(q, self.epsilon, mask, self.nvec, self.heads)
 
 
 def chosen_values(q: torch.Tensor, action: torch.Tensor, nvec: tuple[int, ...]) -> torch.Tensor:
@@ -314,6 +327,12 @@ def n_step_returns(
     total = (reward * (counted * powers[:, None]).unsqueeze(-1)).sum(0)
     steps = counted.sum(0)
     return total, steps.long(), (gamma**steps).unsqueeze(-1)
+
+
+def by_step(slots: torch.Tensor, steps: int) -> torch.Tensor:
+    """The slots `[..., W, steps * C]` of an iteration's chunks (`draw_chunks`) as each optimiser step's
+    `[..., steps, W, C]`."""
+    return slots.unflatten(-1, (steps, -1)).movedim(-2, -3)
 
 
 def gather_chunks(storage, index: torch.Tensor, burn_in: int) -> tuple[dict, dict]:
@@ -435,10 +454,14 @@ class QLearning(OffPolicy):
         chunks (drawn as `steps * C` chunks at once: uniform, their slots are known before the steps)."""
         if not self.chunked:
             return super().draw(buffer, steps)
+        count, length = self.chunks()
+        return by_step(buffer.draw_chunks(steps * count, length, self.stride, self.generator), steps)
+
+    def chunks(self) -> tuple[int, int]:
+        """An optimiser step's chunks: how many, `C = batch_size // chunk_length`, and the steps of each, `W =
+        burn_in + chunk_length`."""
         algo = self.config.algo
-        count, length = algo.batch_size // algo.chunk_length, algo.burn_in + algo.chunk_length
-        slots = buffer.draw_chunks(steps * count, length, self.stride, self.generator)  # [W, steps * C]
-        return slots.view(length, steps, count).transpose(0, 1)  # [steps, W, C]
+        return algo.batch_size // algo.chunk_length, algo.burn_in + algo.chunk_length
 
     @staticmethod
     def nets(learner: QLearner) -> dict[str, nn.Module]:

@@ -3,13 +3,22 @@ population (`marl.algorithms.offpolicy_seeds`) with each member's epsilon anneal
 n-step returns read from its own ring, and the clock of the hard target copies, every member's (each takes
 the same number of steps), saved with the population and with each member's own checkpoint. A swept `tau`
 needs Polyak targets (`--target-update polyak`): hard copies are refused.
+
+Recurrent Q-networks (`--model gru`) as `QLearning`'s: the members' Q-networks act from their envs' states
+(`MemberPolicy` with `hidden`, the `[S * B, n, h]` states carried by the collector and saved with the
+checkpoints), each member's buffer stores with every step the state it was acted from and `is_init`, each
+member draws its chunks of steps of one of its envs from its own generator (`draw_member_chunks`), and the
+vmapped loss unrolls each member's nets (Q-network, target, mixers) over its chunks from their stored states.
 """
 
 from __future__ import annotations
 
+import torch
+
 from marl.algorithms.base import register_seeded
 from marl.algorithms.offpolicy_seeds import SeededOffPolicy
-from marl.algorithms.qlearning import QLearning
+from marl.algorithms.qlearning import QLearning, by_step
+from marl.core.member_replay import MemberReplayBuffer
 
 
 @register_seeded("qmix", "vdn", "iql")
@@ -21,6 +30,7 @@ class SeededQLearning(SeededOffPolicy):
     family = "IQL, VDN or QMIX"
     sweep_owner = "Q-learning's"
     scheduled = ("epsilon",)
+    recurrent = True  # --model gru: recurrent Q-networks, trained on each member's chunks of steps
 
     def check(self) -> None:
         super().check()
@@ -41,6 +51,14 @@ class SeededQLearning(SeededOffPolicy):
         super().build(singles)
         self.template.stride = self.config.env.num_envs  # a member's buffer holds its own B envs per step
         self.updates = self.template.updates  # optimiser steps, every member's (the template's update moves it)
+
+    def draw(self, buffer: MemberReplayBuffer, steps: int) -> torch.Tensor:
+        """With recurrent Q-networks each member's chunks' slots `[S, steps, W, C]`, drawn from its own generator
+        as its single run's `QLearning.draw` draws them; else its env steps'."""
+        if not self.template.chunked:
+            return super().draw(buffer, steps)
+        count, length = self.template.chunks()
+        return by_step(buffer.draw_member_chunks(steps * count, length, self.template.stride, self.generators), steps)
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "updates": self.updates.clone()}

@@ -5,7 +5,9 @@ Member `k`'s buffer is a ring of `capacity` env steps that holds only its own en
 slot `t * B + j` for its env `j` at step `t`), so that a draw of the same slots gives the same steps. All
 members' rings live in one storage `[S * capacity, ...]`, viewed `[S, capacity, ...]` (`member_storage`), which
 a vmapped loss reads as each member's `[capacity, ...]`. Every member writes as many steps per batch, so one
-write position and one fill count serve them all. Draws are uniform, each member's from its own generator.
+write position and one fill count serve them all. Draws are uniform, each member's from its own generator:
+of env steps, or (recurrent Q-networks, which store each step's acted-from `hidden` state and `is_init`)
+of chunks of consecutive steps of one env.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from marl.core.replay import Key, ReplayBuffer, format_bytes
 
 class MemberReplayBuffer(ReplayBuffer):
     """`members` replay buffers of `capacity` env steps each (uniform draws only): `extend` takes the
-    population's `[T, S * B]` batch, `draw_members` each member's slots, `member_storage` the storage."""
+    population's `[T, S * B]` batch, `draw_members` each member's slots (`draw_member_chunks` its chunks of
+    steps, with recurrent groups' `hidden`), `member_storage` the storage."""
 
     slot_dim = 1
 
@@ -33,10 +36,11 @@ class MemberReplayBuffer(ReplayBuffer):
         *,
         members: int,
         state_spec: Box | None = None,
+        hidden: Mapping[str, tuple[int, int]] | None = None,
     ) -> None:
         if isinstance(members, bool) or not isinstance(members, int) or members < 1:
             raise ValueError(f"MemberReplayBuffer: members must be a positive int, got {members!r}")
-        super().__init__(groups, members * capacity, device, state_spec=state_spec)
+        super().__init__(groups, members * capacity, device, state_spec=state_spec, hidden=hidden)
         self.members, self.capacity = members, capacity  # from here on, each member's capacity
 
     def __repr__(self) -> str:
@@ -74,6 +78,19 @@ class MemberReplayBuffer(ReplayBuffer):
         if len(generators) != self.members:
             raise ValueError(f"draw_members: {len(generators)} generators for {self.members} members")
         return torch.stack([self.draw_ahead(steps, batch_size, g) for g in generators])
+
+    @torch.no_grad()
+    def draw_member_chunks(
+        self, count: int, length: int, stride: int, generators: Sequence[torch.Generator]
+    ) -> torch.Tensor:
+        """Each member's `count` chunks of `length` consecutive steps of one of its envs (`stride` of them per
+        step), drawn from its own generator as a single run's buffer draws them (`draw_chunks`): their slots
+        of its ring `[S, length, count]`. The draws alone loop over the members (one generator per call); the
+        slots of all are one computation."""
+        if len(generators) != self.members:
+            raise ValueError(f"draw_member_chunks: {len(generators)} generators for {self.members} members")
+        start = torch.stack([self._chunk_starts(count, length, stride, g) for g in generators])  # [S, count]
+        return self.chunk_slots(start, length, stride)
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "members": self.members}

@@ -20,7 +20,6 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from marl.core.models import flat_observation
 from marl.optim.tanh import EAGER_TANH_VIA_SIGMOID, Tanh
 
 
@@ -134,15 +133,12 @@ class MemberPolicy:
         self, observation: torch.Tensor, action_mask: torch.Tensor | None = None, hidden: torch.Tensor | None = None
     ) -> MemberDistribution | tuple[MemberDistribution, torch.Tensor]:
         """With a recurrent policy (`Acting.hidden`), `hidden` `[S * B, n, h]`: the GRU steps every member
-        at once, and the distribution reads the next state, `(distribution, next hidden)` as `Policy`."""
+        at once (the policy's `recur`), and the distribution reads the next state (its `from_hidden`),
+        `(distribution, next hidden)` as `Policy` (or Q-learning's `QPolicy`)."""
         if hidden is None:
             return MemberDistribution(self, observation, action_mask)
-        policy, count = self.policy, self.members.count
-
-        def step(observation, hidden):
-            return policy.gru(flat_observation(observation, policy.spec), hidden)
-
-        next_hidden = join(self.members(step, split(observation, count), split(hidden, count)))
+        count = self.members.count
+        next_hidden = join(self.members(self.policy.recur, split(observation, count), split(hidden, count)))
         return MemberDistribution(self, observation, action_mask, next_hidden), next_hidden
 
 
@@ -171,7 +167,7 @@ class MemberDistribution:
         def one(observation, mask, hidden, *args):
             if hidden is None:
                 return fn(policy(observation, mask), *args)
-            return fn(policy.distribution(policy.net(hidden), mask), *args)
+            return fn(policy.from_hidden(hidden, mask), *args)
 
         per_member = (split(x, members.count) for x in per_env)
         out = members(one, split(self.observation, members.count), mask, hidden, *per_member)

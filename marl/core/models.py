@@ -105,13 +105,21 @@ class Policy(nn.Module):
     def forward(
         self, observation: torch.Tensor, action_mask: torch.Tensor | None = None, hidden: torch.Tensor | None = None
     ) -> Distribution | tuple[Distribution, torch.Tensor]:
-        x = flat_observation(observation, self.spec)
         if self.gru is None:
-            return self.distribution(self.net(x), action_mask)
+            return self.distribution(self.net(flat_observation(observation, self.spec)), action_mask)
         if hidden is None:
             raise ValueError("a recurrent policy (model gru) acts from its hidden state: pass hidden=[*B, n, h]")
-        hidden = self.gru(x, hidden)  # [*B, n, h]
-        return self.distribution(self.net(hidden), action_mask), hidden
+        hidden = self.recur(observation, hidden)  # [*B, n, h]
+        return self.from_hidden(hidden, action_mask), hidden
+
+    def recur(self, observation: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """A recurrent policy's next state `[*B, n, h]` after `observation`, from `hidden` (`forward`'s first half:
+        a population steps every member's GRU at once, `marl.core.members.MemberPolicy`)."""
+        return self.gru(flat_observation(observation, self.spec), hidden)
+
+    def from_hidden(self, hidden: torch.Tensor, action_mask: torch.Tensor | None = None) -> Distribution:
+        """A recurrent policy's distribution at the state `hidden` `recur` returned (`forward`'s second half)."""
+        return self.distribution(self.net(hidden), action_mask)
 
     def sequence(
         self, observation: torch.Tensor, action_mask: torch.Tensor | None, h0: torch.Tensor, reset: torch.Tensor

@@ -406,6 +406,10 @@ class ReplayBuffer:
         stored: its start is one of the `len(self) - (length - 1) * stride` oldest stored steps, so no chunk
         runs past the write position into older, overwritten, steps. Uniform only: a prioritized buffer
         keeps priorities per step, not per chunk."""
+        return self.chunk_slots(self._chunk_starts(count, length, stride, generator), length, stride)
+
+    def _chunk_starts(self, count: int, length: int, stride: int, generator: torch.Generator | None) -> torch.Tensor:
+        """`draw_chunks`' random draw: `count` chunks' first steps `[count]`, counted from the oldest stored step."""
         for name, value in (("count", count), ("length", length), ("stride", stride)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"draw_chunks: {name} must be a positive int, got {value!r}")
@@ -423,10 +427,14 @@ class ReplayBuffer:
             )
         if generator is not None and torch.device(generator.device).type != self.device.type:
             raise ValueError(f"draw_chunks: the generator is on {generator.device}, expected {self.device}")
-        start = torch.randint(starts, (count,), generator=generator, device=self.device)  # from the oldest step
+        return torch.randint(starts, (count,), generator=generator, device=self.device)
+
+    def chunk_slots(self, start: torch.Tensor, length: int, stride: int) -> torch.Tensor:
+        """The slots of chunks of `length` steps, `stride` slots apart, whose first steps are `start` `[..., count]`
+        (counted from the oldest stored step): `[..., length, count]`."""
         oldest = self.position - self.size  # the oldest stored step's slot, before the modulo
         offsets = self._arange(length).mul(stride).unsqueeze(-1)  # [length, 1]
-        return (offsets + (start + oldest)).remainder_(self.capacity)  # [length, count]
+        return (offsets + (start + oldest).unsqueeze(-2)).remainder_(self.capacity)
 
     def gather(self, index: torch.Tensor) -> dict:
         """The stored env steps `index` (`[k]`, from `draw`): `{group: {key: [k, ...]}}` and the root keys."""

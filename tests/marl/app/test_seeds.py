@@ -9,6 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import envs
+from marl import algorithms
 from marl.algorithms import ppo_seeds
 from marl.algorithms.ppo import PPOConfig
 from marl.app import seeds as population
@@ -248,7 +249,6 @@ def test_total_frames_round_up_to_whole_iterations_and_say_so(tmp_path, capsys, 
             ["--imports", "tests.marl.algorithms.reinforce", "--algo", "reinforce", "--num-seeds", "2"],
             "train iddpg, ippo, iql, isac, maddpg, mappo, masac, qmix, vdn so far, not --algo reinforce",
         ),
-        (["--algo", "iql", "--num-seeds", "2", "--model", "gru"], "of --algo iql train MLP networks so far"),
     ],
 )
 def test_bad_seed_lists_and_algorithms_are_one_clear_line(tmp_path, argv, message, capsys):
@@ -256,6 +256,13 @@ def test_bad_seed_lists_and_algorithms_are_one_clear_line(tmp_path, argv, messag
     assert main(["train", *common, *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_a_population_of_mlps_only_refuses_recurrent_nets(monkeypatch):
+    monkeypatch.setattr(ppo_seeds.SeededPPO, "recurrent", False)  # as a registered population that trains MLPs
+    with pytest.raises(ValueError, match="of --algo mappo train MLP networks so far: leave out --model gru"):
+        algorithms.check_seeded("mappo", recurrent=True)
+    algorithms.check_seeded("iql", recurrent=True)  # IQL, VDN and QMIX train recurrent Q-networks
 
 
 def test_seeds_reach_the_config():

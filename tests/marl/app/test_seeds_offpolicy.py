@@ -1,7 +1,8 @@
 """Several seeds of the off-policy algorithms in one process (`marl train --algo qmix --seeds`, `--algo masac`):
 each member is the single run with its seed, its own replay buffer, draws, exploration and sampling noise, SAC
-temperature and targets."""
+temperature and targets; with recurrent Q-networks (`--model gru`) its envs' states and its chunks of steps."""
 
+import collections
 import dataclasses
 import math
 
@@ -16,7 +17,7 @@ from marl.app.trainer import Trainer
 from marl.core.member_replay import MemberReplayBuffer
 from marl.core.replay import ReplayBuffer
 from tests.marl.algorithms.test_offpolicy import small_config
-from tests.marl.app.test_seeds import SEEDS, assert_resumes_exactly, assert_rows_match
+from tests.marl.app.test_seeds import SEEDS, assert_resumes_exactly, assert_rows_match, iteration_ops
 
 # Per algorithm an env and options that reach the parts a member keeps apart: a buffer that wraps (100 slots, 64
 # steps an iteration), warm-up (random actions from each member's noise), hard and Polyak target updates, n-step
@@ -44,21 +45,41 @@ def off_config(tmp_path, algo: str, **run):
     return dataclasses.replace(config, env=settings, run=dataclasses.replace(config.run, **run))
 
 
-@pytest.mark.parametrize("algo", list(CASES))
-def test_each_member_trains_as_the_single_run_with_its_seed(tmp_path, algo):
-    batched = Trainer(off_config(tmp_path, algo, seeds=SEEDS), run_dir=tmp_path / "seeds")
-    singles = [Trainer(off_config(tmp_path, algo, seed=s), run_dir=tmp_path / f"seed{s}") for s in SEEDS]
-    for _ in range(3):
+def gru_off_config(tmp_path, algo: str, **run):
+    """`off_config` with recurrent Q-networks: chunks of 4 steps after a burn-in of 2, from a buffer of 48 steps
+    a member (written 64 an iteration: it wraps), which holds a chunk of one of a member's 8 envs (41 slots) but
+    not one of the population's 16 (81 slots): the chunks' checks take a member's envs. TD(0) (n_step 1)."""
+    config = off_config(tmp_path, algo, **run)
+    algo_config = dataclasses.replace(config.algo, chunk_length=4, burn_in=2, n_step=1, buffer_size=48)
+    model = dataclasses.replace(config.model, model="gru", gru_hidden=8)
+    return dataclasses.replace(config, algo=algo_config, model=model)
+
+
+@pytest.mark.parametrize("case", [*CASES, "iql-gru", "qmix-gru"])
+def test_each_member_trains_as_the_single_run_with_its_seed(tmp_path, case):
+    """Its rows, its buffer and its nets are its single run's; with recurrent Q-networks (`-gru`) each member acts
+    from its own envs' states, stores them with its steps, draws its own chunks and unrolls its own nets."""
+    algo, gru = case.removesuffix("-gru"), case.endswith("-gru")
+    make = gru_off_config if gru else off_config
+    batched = Trainer(make(tmp_path, algo, seeds=SEEDS), run_dir=tmp_path / "seeds")
+    singles = [Trainer(make(tmp_path, algo, seed=s), run_dir=tmp_path / f"seed{s}") for s in SEEDS]
+    for _ in range(2 if gru else 3):
         row = batched.train_iteration()
         for member, single in zip(row["members"], singles):
             assert_rows_match(member, single.train_iteration())
     # each member's buffer holds its own single run's steps, slot for slot: exactly where actions are discrete,
-    # to the rounding of the batched policies where they (and the states they lead to) are continuous
-    tolerance = 0 if algo in VALUE_BASED else 1e-5
+    # to the rounding of the batched policies where they (and the states they lead to) are continuous, and of the
+    # batched GRUs in the acting states stored
+    tolerance = 0 if algo in VALUE_BASED and not gru else 1e-5
     held = batched.buffer.member_storage()
+    assert gru == ({("agent", "hidden"), ("is_init",)} <= held.keys())
     for k, single in enumerate(singles):
         for key, tensor in single.buffer.storage.items():
             torch.testing.assert_close(held[key][k], tensor, rtol=10 * tolerance, atol=tolerance, msg=str(key))
+        state, member = single.algorithm.state_dict(), batched.algorithm.member_state_dict(k)
+        for g, learner in single.algorithm.learners.items():
+            for name in learner.modules():
+                torch.testing.assert_close(member[g][name], state[g][name], rtol=1e-4, atol=1e-5, msg=f"{g} {name}")
     group = next(iter(batched.env.groups))
     assert all(math.isfinite(member[f"{group}/episode_return"]) for member in row["members"])
     assert row["members"][0][f"{group}/loss"] != row["members"][1][f"{group}/loss"]
@@ -98,9 +119,22 @@ def test_member_buffers_hold_their_own_envs_steps_in_single_run_order():
         buffer.draw(5)
 
 
-@pytest.mark.parametrize("algo", ["qmix", "masac", "maddpg"])
-def test_population_update_reads_nothing_back_from_the_device(tmp_path, algo):
-    trainer = Trainer(off_config(tmp_path, algo, seeds=SEEDS, total_frames=10**5), run_dir=tmp_path / "run")
+def test_a_recurrent_population_launches_as_many_ops_for_any_number_of_members(tmp_path):
+    """As `test_seeds`' op count: two and four members of a GRU Q-learning population launch the same ops but for
+    the draws from each member's generator, per iteration one of its rollout's noise and one of its chunks."""
+    config = gru_off_config(tmp_path, "qmix")
+    two = iteration_ops(config, (3, 8), tmp_path / "two")
+    four = iteration_ops(config, (3, 8, 5, 1), tmp_path / "four")
+    assert four - two == collections.Counter({"aten.rand": 2, "aten.randint": 2})
+    assert not two - four
+
+
+@pytest.mark.parametrize(
+    ("algo", "gru"), [("qmix", False), ("masac", False), ("maddpg", False), ("qmix", True)], ids=str
+)
+def test_population_update_reads_nothing_back_from_the_device(tmp_path, algo, gru):
+    config = (gru_off_config if gru else off_config)(tmp_path, algo, seeds=SEEDS, total_frames=10**5)
+    trainer = Trainer(config, run_dir=tmp_path / "run")
     trainer.algorithm.begin_iteration(0, 10**5)
     trainer.buffer.extend(trainer.collector.collect())
     with envs.forbid_host_sync("cpu"):
@@ -109,10 +143,13 @@ def test_population_update_reads_nothing_back_from_the_device(tmp_path, algo):
         trainer.algorithm.update(trainer.buffer, trainer.timer)
 
 
-@pytest.mark.parametrize("algo", ["iql", "masac", "maddpg"])
-def test_population_resumes_exactly_and_each_member_resumes_alone_with_its_buffer(tmp_path, algo):
-    member = assert_resumes_exactly(off_config(tmp_path, algo, seeds=SEEDS), tmp_path)
-    assert type(member.buffer) is ReplayBuffer and len(member.buffer) == 100  # its own steps, from the checkpoint
+@pytest.mark.parametrize(("algo", "gru"), [("iql", False), ("masac", False), ("maddpg", False), ("iql", True)], ids=str)
+def test_population_resumes_exactly_and_each_member_resumes_alone_with_its_buffer(tmp_path, algo, gru):
+    # With recurrent Q-networks the checkpoints carry the envs' acting states and the stored states.
+    config = (gru_off_config if gru else off_config)(tmp_path, algo, seeds=SEEDS)
+    member = assert_resumes_exactly(config, tmp_path)
+    assert type(member.buffer) is ReplayBuffer and len(member.buffer) == config.algo.buffer_size  # its own steps
+    assert ("agent", "hidden") in member.buffer.storage if gru else not member.buffer.hidden
 
 
 SWEPT = {"lr": (0.001, 0.03), "tau": (0.01, 0.3), "gamma": (0.8, 0.99)}
@@ -178,6 +215,17 @@ def test_train_writes_member_logs_aggregate_and_checkpoints_that_eval_takes(tmp_
     assert len(member.buffer) == 128 and member.config.run.seed == 1
 
 
+def test_a_recurrent_q_learning_population_trains_from_the_command_line(tmp_path, capsys):
+    argv = ["--num-seeds", "2", "--model", "gru", "--chunk-length", "4", "--burn-in", "2", "--buffer-size", "48"]
+    assert main(["train", *off_argv(tmp_path, "qmix"), *argv, "--save-buffer"]) == 0
+    run = tmp_path / "run"
+    assert len((run / "aggregate.csv").read_text().splitlines()) == 3
+    assert main(["eval", "--checkpoint", str(run / "checkpoint.pt"), "--member", "1", "--episodes", "2"]) == 0
+    assert "agent: mean episode return" in capsys.readouterr().out
+    member = Trainer.resume(run / "seed_1" / "checkpoint.pt")
+    assert member.config.model.model == "gru" and len(member.buffer) == 48
+
+
 @pytest.mark.parametrize(
     ("algo", "argv", "message"),
     [
@@ -191,7 +239,11 @@ def test_train_writes_member_logs_aggregate_and_checkpoints_that_eval_takes(tmp_
         ),
         ("masac", ["--sweep", "alpha_init=0.1,1"], "--sweep takes SAC's options lr, gamma, tau, not alpha_init"),
         ("maddpg", ["--sweep", "gamma=0.9,2"], "gamma must be in [0, 1], got 2.0"),
-        ("iql", ["--model", "gru", "--chunk-length", "4"], "leave out --model gru"),
+        (
+            "vdn",
+            ["--model", "gru", "--chunk-length", "4", "--n-step", "2"],
+            "Q-learning on chunks takes TD(0) targets (n_step 1)",
+        ),
         ("masac", ["--model", "gru"], "--model gru: --algo masac trains MLPs only"),  # as a single run's
         (
             "iql",
@@ -211,12 +263,14 @@ def test_what_off_policy_populations_do_not_train_is_one_clear_line(tmp_path, al
     assert message in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("algo", ["qmix", "masac"])
-def test_memory_line_counts_a_members_buffer_and_its_target_nets_once(tmp_path, algo):
-    batched = Trainer(off_config(tmp_path, algo, seeds=SEEDS), run_dir=tmp_path / "seeds")
+@pytest.mark.parametrize(("algo", "gru"), [("qmix", False), ("masac", False), ("qmix", True)], ids=str)
+def test_memory_line_counts_a_members_buffer_and_its_target_nets_once(tmp_path, algo, gru):
+    make = gru_off_config if gru else off_config
+    batched = Trainer(make(tmp_path, algo, seeds=SEEDS), run_dir=tmp_path / "seeds")
     parts = population.member_nbytes(batched.config, batched.env, batched.algorithm)
-    single = Trainer(off_config(tmp_path, algo, seed=SEEDS[0]), run_dir=tmp_path / "single")
-    # A single run's allocated buffer; its trained nets 4 times (gradients, Adam's moments), its targets once.
+    single = Trainer(make(tmp_path, algo, seed=SEEDS[0]), run_dir=tmp_path / "single")
+    # A single run's allocated buffer (with recurrent Q-networks its stored states and is_init); its trained
+    # nets 4 times (gradients, Adam's moments), its targets once.
     assert parts["replay buffer"] == sum(t.numel() * t.element_size() for t in single.buffer.storage.values())
     expected = 0
     for g, learner in single.algorithm.learners.items():
