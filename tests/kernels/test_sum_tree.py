@@ -446,3 +446,24 @@ def test_compiled_kernels_match_reference_on_cuda(capacity):
     got = sum_tree_find(trees["cuda"], fraction.cuda())
     want = sum_tree_find(trees["cpu"], fraction, backend="reference" if capacity < 10_000 else "torch")
     assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+
+
+@pytest.mark.gpu
+def test_compiled_kernels_on_trees_of_members_match_each_tree_on_cuda():
+    # S trees on the GPU, one launch per kernel for all of them: each row the CPU torch path's tree alone.
+    capacity, members, generator = 100_000, 3, torch.Generator().manual_seed(1)
+    trees, alone = sum_tree_zeros(capacity, "cuda", members=members), [sum_tree_zeros(capacity) for _ in range(members)]
+    for k in (4096, 128):
+        index, value = member_updates(capacity, members, k, generator)
+        run = torch.rand(members, 1000, dtype=torch.float64, generator=generator)
+        sum_tree_update_(trees, index.cuda(), value.cuda())
+        sum_tree_write_(trees, 500, run.cuda())
+        for m, tree in enumerate(alone):
+            sum_tree_update_(tree, index[m], value[m], backend="torch")
+            sum_tree_write_(tree, 500, run[m], backend="torch")
+        assert torch.equal(trees.cpu(), torch.stack(alone))
+    fraction = torch.rand(members, 4096, dtype=torch.float64, generator=generator)
+    got = sum_tree_find(trees, fraction.cuda())
+    for m, tree in enumerate(alone):
+        want = sum_tree_find(tree, fraction[m], backend="torch")
+        assert torch.equal(got[0][m].cpu(), want[0]) and torch.equal(got[1][m].cpu(), want[1])
