@@ -5,7 +5,8 @@ Each member's nets (policies, critics or Q-networks, mixers, SAC's temperatures,
 single run builds them (the global RNG seeded with the member's seed), then stacked (`marl.core.members.Members`):
 acting and every optimiser step run every member at once under `vmap`, one batched matmul per layer for all
 members and agents. What a single run keeps to itself stays per member: its replay buffer
-(`MemberReplayBuffer`: only its own envs' steps, in its single run's slots), its draws of slots, its
+(`MemberReplayBuffer`: only its own envs' steps, in its single run's slots; with `--prioritized` its own sum
+tree and largest priority), its draws of slots (prioritized: its stratified fractions), its
 exploration noise and its update's sampling noise (SAC's actions at s and s'; all from its own generator, in
 its single run's order: the draws are a loop over the members, as torch draws from one generator per call),
 its loss means (inside the vmapped loss), its gradient-norm clipping per net (`clip_members_`), its Adam moments
@@ -17,8 +18,13 @@ With `--sweep lr=...` each member's Adam step is scaled by its own learning rate
 `--sweep tau=...` moves each member's targets by its own Polyak factor (`member_polyak_`; Q-learning's hard
 copies have none, and are refused); `--sweep gamma=...` gives the vmapped loss each member's discount as a
 0-d tensor its learners' configs read (`swept_options`), in its TD targets and Q-learning's n-step returns.
-Uniform replay only: prioritized replay (one sum tree per member) is refused. Recurrent Q-networks (`--model
-gru`): `marl.algorithms.qlearning_seeds`.
+
+With `--prioritized` each optimiser step first finds every member's slots in its own tree, as its previous
+step left it, with importance weights over its own draws (`MemberReplayBuffer.select`, outside the vmapped
+loss: a find is no vmappable op), with β annealed as the single run anneals it; the vmapped loss reduces each
+member's TD errors to its priorities (`reduce_priority`), which the step then sets in every member's tree at
+once (`set_priority_`), after the target update, as a single run's `after_step` does. Recurrent
+Q-networks (`--model gru`): `marl.algorithms.qlearning_seeds`.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from marl.core.members import (
     member_optimizer_state,
     member_polyak_,
 )
+from marl.core.replay import Prioritized
 from marl.core.rollout import Acting
 from marl.optim.update_step import adam
 
@@ -69,11 +76,6 @@ class SeededOffPolicy(Seeded):
             raise ValueError(
                 f"several seeds (--seeds, --num-seeds) of {algo} train every group with {self.family}; group(s) "
                 f"{others} take another algorithm (--group NAME.algo=...): run their seeds one after another"
-            )
-        if self.config.algo.prioritized:
-            raise ValueError(
-                "several seeds (--seeds, --num-seeds) of off-policy algorithms draw from their replay buffers "
-                "uniformly so far: leave out --prioritized"
             )
 
     def build(self, singles: list[OffPolicy]) -> None:
@@ -112,9 +114,10 @@ class SeededOffPolicy(Seeded):
         }
         return self.template.acting_with(policies)
 
-    def replay(self) -> tuple[int, None]:
-        """Each member's buffer capacity; uniform draws (the run loop builds a `MemberReplayBuffer`)."""
-        return self.config.algo.buffer_size, None
+    def replay(self) -> tuple[int, Prioritized | None]:
+        """Each member's buffer capacity and prioritized replay, as its single run's (the run loop builds a
+        `MemberReplayBuffer`: with `Prioritized`, one sum tree per member)."""
+        return self.template.replay()
 
     def begin_iteration(self, frames: int, total_frames: int) -> None:
         """The single run's `begin_iteration` (warm-up, exploration schedules): the same for every member."""
@@ -124,19 +127,19 @@ class SeededOffPolicy(Seeded):
                 self.members.buffers[f"{g}.policy.{name}"].copy_(getattr(lr.policy, name))
 
     def update(self, buffer: MemberReplayBuffer, timer) -> dict[str, dict[str, torch.Tensor]]:
-        """`OffPolicy.update` for every member: each member's sampling noise and slots of the iteration from
-        its own generator, then each optimiser step takes every member's step at once; each term is `[S]`,
-        one per member."""
+        """`OffPolicy.update` for every member: each member's sampling noise and draws of the iteration (slots,
+        or prioritized fractions) from its own generator, then each optimiser step takes every member's step at
+        once; each term is `[S]`, one per member."""
         algo, template = self.config.algo, self.template
         template.see_buffer(buffer)  # the write position, shared by the members' rings (n-step returns)
         drawn = [template.draw_noise(algo.updates_per_iteration, algo.batch_size, g) for g in self.generators]
         noise = {g: torch.stack([d[g] for d in drawn]) for g in drawn[0]}  # [S, steps, ...]
-        # Then each member's slots of the iteration, as its single run draws them after its noise.
-        slots = self.draw(buffer, algo.updates_per_iteration)  # [S, steps, ...]
+        # Then each member's draws of the iteration, as its single run draws them after its noise.
+        draws = self.draw(buffer, algo.updates_per_iteration)  # [S, steps, ...]
         storage = buffer.member_storage()  # [S, capacity, ...]
         sums = None
         for t in template.step_indices:
-            out = self.step(storage, slots.index_select(1, t).squeeze(1), noise, t)
+            out = self.step(buffer, storage, draws.index_select(1, t).squeeze(1), noise, t)
             sums = out if sums is None else {g: sums[g] + v for g, v in out.items()}
         timer.mark("update_s")
         fill = (buffer.size.float() / buffer.capacity).expand(self.count)
@@ -152,21 +155,25 @@ class SeededOffPolicy(Seeded):
         batch_size]` (a subclass may draw otherwise: Q-learning's chunks of steps)."""
         return buffer.draw_members(steps, self.config.algo.batch_size, self.generators)
 
-    def step(self, storage: dict, index: torch.Tensor, noise: dict, t: torch.Tensor) -> dict[str, torch.Tensor]:
-        """One optimiser step of every member on its slots `index` `[S, batch_size]` of its buffer, with its
-        `noise` (per group `[S, steps, ...]`): the members' losses summed (each member's gradient is its own
-        loss's), each member's gradients clipped per net, Adam, the targets moved; per group
-        `[S, terms + nets]` (the terms, then each net's norm)."""
-        template = self.template
+    def step(
+        self, buffer: MemberReplayBuffer, storage: dict, drawn: torch.Tensor, noise: dict, t: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """One optimiser step of every member on its draws `drawn` `[S, batch_size]` of its buffer (`select`:
+        the slots, prioritized found in its tree with their importance weights), with its `noise` (per group
+        `[S, steps, ...]`): the members' losses summed (each member's gradient is its own loss's), each
+        member's gradients clipped per net, Adam, the targets moved, prioritized the drawn steps' priorities
+        set; per group `[S, terms + nets]` (the terms, then each net's norm)."""
+        template, prioritized = self.template, buffer.prioritized is not None
+        index, weight = buffer.select(drawn, template.beta_now)  # [S, batch_size] each (weight: None uniform)
 
-        def loss(storage, index, noise, swept):
+        def loss(storage, index, weight, noise, swept):
             with swept_options(template, swept or {}):
-                total, terms, _ = template.loss(storage, index, None, noise, t)
-            return total, terms
+                total, terms, priority = template.loss(storage, index, weight, noise, t)
+            return (total, terms, buffer.reduce_priority(priority)) if prioritized else (total, terms)
 
         for optimizer in self.optimizers.values():
             optimizer.zero_grad(set_to_none=True)
-        total, terms = self.members(loss, storage, index, noise, self.swept)
+        total, terms, *priority = self.members(loss, storage, index, weight, noise, self.swept)
         total.sum().backward()
         out = {}
         for g, learner in template.learners.items():
@@ -178,6 +185,8 @@ class SeededOffPolicy(Seeded):
             member_lr_step(self.optimizers[g], self.optimized[g], self.member_lr)
             out[g] = torch.cat([terms[g], torch.stack(norms, -1)], -1)
         self.follow_targets()
+        if prioritized:  # after the targets, as the single run's `after_step`
+            buffer.set_priority_(index, priority[0])
         return out
 
     def follow_targets(self) -> None:

@@ -96,8 +96,8 @@ def member_nbytes(config: TrainConfig, env, algorithm) -> dict[str, int]:
     and targets computed on it; with recurrent nets the policies' and critics' stored states and `is_init`),
     on-policy the update's per-member copies of the rollout (member-major, then shuffled: two; with
     recurrent nets windows of `burn_in + chunk_length` steps per chunk of `chunk_length`), off-policy its
-    replay buffer (with recurrent Q-networks each step's stored state and `is_init` too), and its nets with
-    their gradients and Adam's two moments (target nets: the parameters alone)."""
+    replay buffer (prioritized: with its sum tree; with recurrent Q-networks each step's stored state and
+    `is_init` too), and its nets with their gradients and Adam's two moments (target nets: the parameters alone)."""
     frames = config.env.num_envs * config.run.rollout_length
     on_policy = algorithm.collects == "rollout"
     acting = algorithm.acting
@@ -107,7 +107,8 @@ def member_nbytes(config: TrainConfig, env, algorithm) -> dict[str, int]:
     nets = sum((4 if p.requires_grad else 1) * p.numel() * p.element_size() for p in algorithm.parameters())
     nets //= algorithm.count
     if not on_policy:  # its replay buffer, the rollout it is extended from, and its nets
-        replay = replay_nbytes(env.groups, algorithm.replay()[0], env.state_spec, hidden=acting.hidden)
+        capacity, prioritized = algorithm.replay()
+        replay = replay_nbytes(env.groups, capacity, env.state_spec, prioritized is not None, hidden=acting.hidden)
         return {"rollout": frames * per_frame, "replay buffer": replay, "nets and Adam": nets}
     per_frame += sum(3 * 4 * spec.n_agents for spec in env.groups.values())  # value, advantage, target
     critic_hidden = algorithm.env_state_dict().get("critic_hidden", {})  # per env [S * B, m, h]

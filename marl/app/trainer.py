@@ -136,7 +136,7 @@ class Trainer:
                 f"{self.device}{ranks}"
             )
         if count > 1:  # each member's buffer holds its own envs' steps
-            return MemberReplayBuffer.for_env(self.env, capacity, members=count, hidden=hidden)
+            return MemberReplayBuffer.for_env(self.env, capacity, members=count, prioritized=prioritized, hidden=hidden)
         return ReplayBuffer.for_env(self.env, capacity, prioritized=prioritized, hidden=hidden)
 
     def _collect(self) -> TensorDict:

@@ -5,9 +5,11 @@ Member `k`'s buffer is a ring of `capacity` env steps that holds only its own en
 slot `t * B + j` for its env `j` at step `t`), so that a draw of the same slots gives the same steps. All
 members' rings live in one storage `[S * capacity, ...]`, viewed `[S, capacity, ...]` (`member_storage`), which
 a vmapped loss reads as each member's `[capacity, ...]`. Every member writes as many steps per batch, so one
-write position and one fill count serve them all. Draws are uniform, each member's from its own generator:
-of env steps, or (recurrent Q-networks, which store each step's acted-from `hidden` state and `is_init`)
-of chunks of consecutive steps of one env.
+write position and one fill count serve them all. Each member draws from its own generator: uniformly, or
+with `prioritized` by priority from its own sum tree (the trees `[S, numel]`, row k member k's, exactly a
+single run's: `kernels.sum_tree`), its new steps at its own largest priority so far (`max_priority` `[S]`),
+its importance weights normalised over its own draws: `select` and `set_priority_` take `[S, k]`. Recurrent Q-networks store each step's
+acted-from `hidden` state and `is_init`, and draw uniformly chunks of consecutive steps of one env.
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ import torch
 from tensordict import TensorDictBase
 
 from envs.specs import Box, GroupSpec
-from marl.core.replay import Key, ReplayBuffer, format_bytes
+from marl.core.replay import Key, Prioritized, ReplayBuffer, format_bytes
 
 
 class MemberReplayBuffer(ReplayBuffer):
-    """`members` replay buffers of `capacity` env steps each (uniform draws only): `extend` takes the
-    population's `[T, S * B]` batch, `draw_members` each member's slots (`draw_member_chunks` its chunks of
-    steps, with recurrent groups' `hidden`), `member_storage` the storage."""
+    """`members` replay buffers of `capacity` env steps each, uniform or prioritized: `extend` takes the
+    population's `[T, S * B]` batch, `draw_members` each member's slots (or fractions, for `select`;
+    `draw_member_chunks` its chunks of steps, with recurrent groups' `hidden`), `member_storage` the storage."""
 
     slot_dim = 1
 
@@ -36,17 +38,22 @@ class MemberReplayBuffer(ReplayBuffer):
         *,
         members: int,
         state_spec: Box | None = None,
+        prioritized: Prioritized | None = None,
         hidden: Mapping[str, tuple[int, int]] | None = None,
     ) -> None:
         if isinstance(members, bool) or not isinstance(members, int) or members < 1:
             raise ValueError(f"MemberReplayBuffer: members must be a positive int, got {members!r}")
-        super().__init__(groups, members * capacity, device, state_spec=state_spec, hidden=hidden)
-        self.members, self.capacity = members, capacity  # from here on, each member's capacity
+        self.members = members  # before the base allocates: one sum tree per member
+        super().__init__(
+            groups, members * capacity, device, state_spec=state_spec, prioritized=prioritized, hidden=hidden
+        )
+        self.capacity = capacity  # from here on, each member's capacity
 
     def __repr__(self) -> str:
         return (
             f"MemberReplayBuffer({self.members} members x {len(self)}/{self.capacity} env steps, groups "
-            f"{list(self.groups)}, uniform, {format_bytes(self.nbytes)} in all on {self.device})"
+            f"{list(self.groups)}, {f'prioritized {self.prioritized}' if self.prioritized else 'uniform'}, "
+            f"{format_bytes(self.nbytes)} in all on {self.device})"
         )
 
     def _slotted(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -72,12 +79,13 @@ class MemberReplayBuffer(ReplayBuffer):
 
     @torch.no_grad()
     def draw_members(self, steps: int, batch_size: int, generators: Sequence[torch.Generator]) -> torch.Tensor:
-        """Each member's slots of its own ring for `steps` draws of `batch_size`, drawn uniformly from its own
-        generator as a single run's buffer draws them (`draw_ahead`): `[S, steps, batch_size]`. A loop over
-        the members: torch draws from one generator per call."""
+        """Each member's draws of its own ring for `steps` draws of `batch_size`, from its own generator as a
+        single run's buffer draws them (`draw_ahead`): `[S, steps, batch_size]`, the slots (uniform) or the
+        stratified fractions that `select` finds in each member's tree. The random numbers alone loop over
+        the members (torch draws from one generator per call)."""
         if len(generators) != self.members:
             raise ValueError(f"draw_members: {len(generators)} generators for {self.members} members")
-        return torch.stack([self.draw_ahead(steps, batch_size, g) for g in generators])
+        return self._stratified(torch.stack([self._draw_random(steps, batch_size, g) for g in generators]))
 
     @torch.no_grad()
     def draw_member_chunks(
@@ -105,6 +113,7 @@ class MemberReplayBuffer(ReplayBuffer):
     @staticmethod
     def member_state_dict(state: Mapping, k: int) -> dict:
         """Member `k`'s buffer in a population buffer's `state` (`state_dict()`), as a single run's
-        `ReplayBuffer.state_dict()`."""
+        `ReplayBuffer.state_dict()` (prioritized: its tree's leaves and its largest priority)."""
         single = {name: value for name, value in state.items() if name != "members"}
+        single.update({name: state[name][k].clone() for name in ("leaves", "max_priority") if name in state})
         return {**single, "storage": {name: value[k].clone() for name, value in state["storage"].items()}}

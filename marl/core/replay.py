@@ -185,19 +185,24 @@ class ReplayBuffer:
         self.backend = backend
         self.hidden = dict(hidden or {})
         self.layout = transition_layout(self.groups, state_spec, hidden=self.hidden)
-        self.nbytes = replay_nbytes(self.groups, capacity, state_spec, prioritized is not None, self.hidden)
+        # Prioritized: one sum tree over the slots, or one per member of `members` (each over its own ring).
+        trees = self.members or 1
+        self._tree_nbytes = trees * sum_tree_nbytes(capacity // trees) if prioritized else 0
+        self.nbytes = replay_nbytes(self.groups, capacity, state_spec, False, self.hidden) + self._tree_nbytes
         self._check_fits()
         try:
             self.storage = {
                 key: torch.zeros((capacity, *shape), dtype=dtype, device=self.device)
                 for key, (shape, dtype) in self.layout.items()
             }
-            self.tree = sum_tree_zeros(capacity, self.device) if prioritized else None
+            self.tree = sum_tree_zeros(capacity // trees, self.device, self.members) if prioritized else None
         except torch.OutOfMemoryError as error:
             raise MemoryError(self._too_large(free_bytes(self.device))) from error
         self.position = torch.zeros((), dtype=torch.int64, device=self.device)  # next slot written
         self.size = torch.zeros((), dtype=torch.int64, device=self.device)  # slots filled: [0, size)
-        self.max_priority = torch.ones((), dtype=torch.float64, device=self.device)  # before alpha
+        # The largest priority given so far (before alpha): `[]`, or `[S]` one per member.
+        lead = () if self.members is None else (trees,)
+        self.max_priority = torch.ones(lead, dtype=torch.float64, device=self.device)
         # An off-policy step finds slots in the tree and updates it inside its CUDA graph: the replays must
         # read and write these very tensors (the storage too, read there, rather than copied in per replay).
         cudagraphs.mark_static((*self.storage.values(), self.max_priority), self.device)
@@ -225,7 +230,7 @@ class ReplayBuffer:
     # ---- memory ----------------------------------------------------------------------------------
 
     def _too_large(self, free: int | None) -> str:
-        per_step = (self.nbytes - (sum_tree_nbytes(self.capacity) if self.prioritized else 0)) / self.capacity
+        per_step = (self.nbytes - self._tree_nbytes) / self.capacity
         fits = "" if free is None else f"; at most about {int(free // max(per_step, 1)):,} env steps would fit"
         where = "unknown" if free is None else format_bytes(free)
         return (
@@ -251,6 +256,7 @@ class ReplayBuffer:
         self._write({key: value.reshape(num_steps, *value.shape[len(batch) :]) for key, value in tensors.items()})
 
     slot_dim = 0  # the slots' dim in `_slotted` storage (a member dim before it: `MemberReplayBuffer`)
+    members: int | None = None  # `MemberReplayBuffer`'s count: its trees `[S, numel]`, `max_priority` `[S]`
 
     def _slotted(self, tensor: torch.Tensor) -> torch.Tensor:
         """A storage tensor as `_write` and the checkpoints index it: `[capacity, ...]` here."""
@@ -274,9 +280,9 @@ class ReplayBuffer:
             for slot, begin, end in runs:
                 held.narrow(d, slot, end - begin).copy_(value.narrow(d, skipped + begin, end - begin))
         if self.tree is not None:
-            leaf = self.max_priority.pow(self.prioritized.alpha).expand(kept)
+            leaf = self.max_priority.pow(self.prioritized.alpha).unsqueeze(-1).expand(*self.max_priority.shape, kept)
             for slot, begin, end in runs:
-                sum_tree_write_(self.tree, slot, leaf[: end - begin], backend=self.backend)
+                sum_tree_write_(self.tree, slot, leaf[..., : end - begin], backend=self.backend)
         self.position.add_(num_steps).remainder_(self.capacity)
         self.size.add_(num_steps).clamp_(max=self.capacity)
         self._position = (self._position + num_steps) % self.capacity
@@ -363,6 +369,11 @@ class ReplayBuffer:
         compiled step): uniform, the slots themselves `[steps, batch_size]` int64; prioritized, the
         stratified fractions `[steps, batch_size]` float64 (draw `i` in the `i`-th of `batch_size` equal
         slices of the total priority), which find slots in the tree as it is when `select` runs."""
+        return self._stratified(self._draw_random(steps, batch_size, generator))
+
+    def _draw_random(self, steps: int, batch_size: int, generator: torch.Generator | None) -> torch.Tensor:
+        """`draw_ahead`'s random numbers alone, after its checks: uniform, the slots; prioritized, uniform
+        numbers in `[0, 1)` for `_stratified` (a population draws them from each member's generator)."""
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"sample: steps must be a positive int, got {steps!r}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -376,8 +387,15 @@ class ReplayBuffer:
             raise ValueError(f"sample: the generator is on {generator.device}, expected {self.device} like the buffer")
         if self.tree is None:
             return torch.randint(self._count, (steps, batch_size), generator=generator, device=self.device)
-        fraction = torch.rand(steps, batch_size, dtype=torch.float64, generator=generator, device=self.device)
-        return fraction.add_(self._arange(batch_size)).div_(batch_size)
+        return torch.rand(steps, batch_size, dtype=torch.float64, generator=generator, device=self.device)
+
+    def _stratified(self, drawn: torch.Tensor) -> torch.Tensor:
+        """`_draw_random`'s numbers `[..., batch_size]` as `draw_ahead`'s: prioritized, draw `i` moved into the
+        `i`-th of `batch_size` equal slices of `[0, 1]`, in place; uniform, the slots as they are."""
+        if self.tree is None:
+            return drawn
+        batch_size = drawn.shape[-1]
+        return drawn.add_(self._arange(batch_size)).div_(batch_size)
 
     def select(
         self, drawn: torch.Tensor, beta: float | torch.Tensor | None = None
@@ -385,13 +403,15 @@ class ReplayBuffer:
         """One draw's slots `[k]` and importance weights `[k]` float32 (None when uniform) from its row
         `drawn` `[k]` of `draw_ahead` (or `[length, count]` chunk slots, uniform: returned as they are),
         with the exponent `beta` (a float, or a 0-d tensor that changes without recompiling; None:
-        `prioritized.beta`). No checks (`draw` checks): traceable, an off-policy step runs it in its graph."""
+        `prioritized.beta`). No checks (`draw` checks): traceable, an off-policy step runs it in its graph.
+        A population's (`members`): each member's `[S, k]` from its own row of `drawn` `[S, k]`, in its own
+        tree, its weights normalised over its own draws."""
         if self.tree is None:
             return drawn, None
         index, leaf = sum_tree_find(self.tree, drawn, backend=self.backend)
         # (N P_i)^-beta / max_j (N P_j)^-beta = (min_j p_j / p_i)^beta: N and the total cancel.
         beta = self.prioritized.beta if beta is None else beta
-        return index, leaf.amin().div(leaf).pow(beta).float()
+        return index, leaf.amin(-1, keepdim=True).div(leaf).pow(beta).float()
 
     @torch.no_grad()
     def draw_chunks(
@@ -476,10 +496,11 @@ class ReplayBuffer:
     def set_priority_(self, index: torch.Tensor, reduced: torch.Tensor) -> None:
         """Set the priorities of slots `index` `[k]` to `reduced` `[k]` (`reduce_priority`'s), in place: the
         sum tree and the largest priority given. No checks: traceable, an off-policy step runs it in its
-        graph (the tree and `max_priority` are static there: `mark_static`)."""
-        p = reduced.double() + self.prioritized.eps  # [k]
+        graph (the tree and `max_priority` are static there: `mark_static`). A population's (`members`):
+        `[S, k]`, each member's in its own tree and its own largest priority."""
+        p = reduced.double() + self.prioritized.eps  # [k] ([S, k])
         # Written through a [1] view: Inductor (torch 2.13, CPU) drops in-place writes to a 0-d float64 tensor.
-        self.max_priority.view(1).copy_(torch.maximum(self.max_priority, p.amax()).view(1))
+        self.max_priority.view(-1).copy_(torch.maximum(self.max_priority, p.amax(-1)).view(-1))
         sum_tree_update_(self.tree, index, p.pow(self.prioritized.alpha), backend=self.backend)
 
     def _check_priority(self, index, priority) -> None:
@@ -565,7 +586,7 @@ class ReplayBuffer:
             },
         }
         if self.tree is not None:
-            state["leaves"] = sum_tree_leaves(self.tree)[:count].clone()
+            state["leaves"] = sum_tree_leaves(self.tree)[..., :count].clone()
             state["max_priority"] = self.max_priority.clone()
         return state
 
@@ -594,6 +615,6 @@ class ReplayBuffer:
         self._count = count
         self._position = int(state["position"])  # one host read, on loading only
         if self.tree is not None:
-            self.tree.copy_(sum_tree_zeros(self.capacity, self.device))
+            self.tree.zero_()
             sum_tree_write_(self.tree, 0, state["leaves"].to(self.device, torch.float64), backend=self.backend)
             self.max_priority.copy_(state["max_priority"])

@@ -190,6 +190,93 @@ def test_find_matches_reference(capacity):
         assert (want[1] > 0).all()
 
 
+def member_updates(capacity, members, k, generator):
+    """Per call `[S, k]` indices and values, each tree its own: repeats within a row, a zero now and then,
+    the same index given different values in different rows."""
+    index, value = zip(*(random_updates(capacity, k, generator) for _ in range(members)), strict=True)
+    index, value = torch.stack(index), torch.stack(value)
+    index[:, -2:] = index[:, :1]  # repeats: the first index twice more, with other values
+    value[torch.rand(value.shape, generator=generator) < 0.2] = 0.0
+    return index, value
+
+
+@pytest.mark.needs_interpreter
+@pytest.mark.parametrize(("capacity", "members"), [(3, 3), (63, 1), (1025, 3), (3000, 2)], ids=str)
+def test_trees_of_members_are_each_members_tree_bit_for_bit(capacity, members):
+    # S trees [S, numel]: every call gives each row what the same call gives that tree alone, on every backend,
+    # and every backend builds the reference's trees: updates with repeats and zeros, runs written, finds.
+    generator = torch.Generator().manual_seed(capacity)
+    trees = {backend: sum_tree_zeros(capacity, members=members) for backend in BACKENDS}
+    alone = {backend: [sum_tree_zeros(capacity) for _ in range(members)] for backend in BACKENDS}
+    assert trees["torch"].shape == (members, sum_tree_layout(capacity).numel)
+    for step in range(3):
+        index, value = member_updates(capacity, members, 7 + 30 * step, generator)
+        start, count = (capacity // 3 * step) % capacity, min(capacity, 40)
+        run = torch.rand(members, min(count, capacity - start), dtype=torch.float64, generator=generator)
+        fraction = torch.cat([torch.rand(members, 64, generator=generator), torch.ones(members, 1)], 1).double()
+        for backend in BACKENDS:
+            assert sum_tree_update_(trees[backend], index, value, backend=backend) is trees[backend]
+            assert sum_tree_write_(trees[backend], start, run, backend=backend) is trees[backend]
+            found = sum_tree_find(trees[backend], fraction, backend=backend)
+            for m, tree in enumerate(alone[backend]):
+                sum_tree_update_(tree, index[m], value[m], backend=backend)
+                sum_tree_write_(tree, start, run[m], backend=backend)
+                assert torch.equal(trees[backend][m], tree), (backend, step, m)
+                one = sum_tree_find(tree, fraction[m], backend=backend)
+                assert torch.equal(found[0][m], one[0]) and torch.equal(found[1][m], one[1]), (backend, step, m)
+            assert found[0].shape == found[1].shape == fraction.shape and (found[1] > 0).all()
+        for backend in ("triton", "torch"):
+            assert torch.equal(trees[backend], trees["reference"]), (backend, step)
+    assert torch.equal(sum_tree_leaves(trees["torch"])[-1], sum_tree_leaves(alone["torch"][-1]))
+
+
+@pytest.mark.needs_interpreter
+def test_trees_of_members_keep_their_own_maxima_and_never_find_their_zero_leaves():
+    # Tree 0 takes leaf 2's largest of 1 and 5, tree 1 its largest of 7 and 3: no max across the trees. Each
+    # tree's zero leaves (at other places) are never found, at any running-sum boundary of its own.
+    index = torch.tensor([[2, 2, 0], [2, 2, 3]])
+    value = torch.tensor([[1.0, 5.0, 3.0], [7.0, 3.0, 1.0]], dtype=torch.float64)
+    for backend in BACKENDS:
+        trees = sum_tree_update_(sum_tree_zeros(4, members=2), index, value, backend=backend)
+        assert sum_tree_leaves(trees)[:, :4].tolist() == [[3.0, 0.0, 5.0, 0.0], [0.0, 0.0, 7.0, 1.0]], backend
+        assert trees[:, -1].tolist() == [8.0, 8.0]
+    capacity, members = 200, 3
+    generator = torch.Generator().manual_seed(1)
+    value = 10.0 ** torch.randint(-30, 30, (members, capacity), generator=generator).double()
+    value[torch.rand(members, capacity, generator=generator) < 0.6] = 0.0
+    value[0, -20:] = value[1, :20] = 0.0
+    trees = sum_tree_update_(
+        sum_tree_zeros(capacity, members=members), torch.arange(capacity).repeat(members, 1), value
+    )
+    boundary = value.cumsum(1) / trees[:, -1:]
+    fraction = torch.cat([boundary, boundary.nextafter(torch.zeros(())), boundary.nextafter(torch.ones(()))], 1)
+    fraction = torch.cat([fraction.clamp(0, 1), torch.tensor([[0.0, 1.0]] * members, dtype=torch.float64)], 1)
+    for backend in BACKENDS:
+        index, leaf = sum_tree_find(trees, fraction, backend=backend)
+        assert (value.gather(1, index) > 0).all() and (leaf > 0).all(), backend
+
+
+@pytest.mark.parametrize("capacity", [3, 1025], ids=lambda c: f"cap{c}")
+def test_the_torch_path_compiled_on_trees_of_members_matches_reference(capacity):
+    torch._dynamo.reset()
+    generator = torch.Generator().manual_seed(capacity)
+    trees, reference = sum_tree_zeros(capacity, members=2), sum_tree_zeros(capacity, members=2)
+
+    def step(trees, index, value, fraction):
+        sum_tree_update_(trees, index, value, backend="torch")
+        return sum_tree_find(trees, fraction, backend="torch")
+
+    compiled = torch.compile(step, dynamic=False)
+    for _ in range(2):
+        index, value = member_updates(capacity, 2, 64, generator)
+        fraction = torch.rand(2, 64, dtype=torch.float64, generator=generator)
+        found, leaf = compiled(trees, index, value, fraction)
+        sum_tree_update_(reference, index, value, backend="reference")
+        expected = sum_tree_find(reference, fraction, backend="reference")
+        assert torch.equal(trees, reference)
+        assert torch.equal(found, expected[0]) and torch.equal(leaf, expected[1])
+
+
 def naive_float32_find(leaves: list[float], fraction: float) -> int:
     """How a float32 tree that subtracts its way down finds a leaf, with no guard against empty subtrees."""
     level = torch.tensor(leaves, dtype=torch.float32)
@@ -276,6 +363,15 @@ def test_bad_inputs_are_clear_errors():
         sum_tree_write_(tree, 31, value)
     with pytest.raises(ValueError, match=r"capacity must be a positive int, got 0"):
         sum_tree_zeros(0)
+    trees = sum_tree_zeros(8, members=3)
+    with pytest.raises(ValueError, match=r"index has shape \(2,\); expected a 2-d tensor \(3, k\): a row per tree"):
+        sum_tree_update_(trees, index, value)
+    with pytest.raises(ValueError, match=r"value has shape \(3, 3\); expected a 2-d tensor \(3, 2\): a row per tree"):
+        sum_tree_update_(trees, index.repeat(3, 1), torch.ones(3, 3))
+    with pytest.raises(ValueError, match=r"fraction has shape \(2, 2\); expected a 2-d tensor \(3, k\)"):
+        sum_tree_find(trees, value.repeat(2, 1))
+    with pytest.raises(ValueError, match=r"members must be a positive int or None, got 0"):
+        sum_tree_zeros(8, members=0)
     with pytest.raises(ValueError, match=r"backend='cuda' is not one of"):
         sum_tree_find(tree, value, backend="cuda")
 
@@ -297,19 +393,20 @@ def compile_sm90(kernel, signature, constexprs, num_warps=4):
 i64, f64 = "*i64", "*fp64"
 report = {
     "zero_leaves": compile_sm90(st._zero_leaves_kernel, {"tree_bits_ptr": i64, "index_ptr": i64, "k": "i32",
-                                "num_leaves": "i32"}, {"BLOCK": st.BLOCK}),
+                                "lanes": "i32", "num_leaves": "i32", "numel": "i64"}, {"BLOCK": st.BLOCK}),
     "max_leaves": compile_sm90(st._max_leaves_kernel, {"tree_bits_ptr": i64, "index_ptr": i64, "value_ptr": f64,
-                               "k": "i32", "num_leaves": "i32"}, {"BLOCK": st.BLOCK}),
+                               "k": "i32", "lanes": "i32", "num_leaves": "i32", "numel": "i64"}, {"BLOCK": st.BLOCK}),
     "rebuild_rows": compile_sm90(st._rebuild_rows_kernel, {"tree_ptr": f64, "rows_ptr": i64, "num_rows": "i32",
-                                 "first_row": "i64", "last_row": "i64", "children_start": "i64",
-                                 "child_stride": "i64", "rows_start": "i64", "width": "i64"},
+                                 "lanes": "i32", "numel": "i64", "first_row": "i64", "last_row": "i64",
+                                 "children_start": "i64", "child_stride": "i64", "rows_start": "i64", "width": "i64"},
                                  {"RUN": False, "BLOCK": st.ROW_BLOCK}),
     "rebuild_run": compile_sm90(st._rebuild_rows_kernel, {"tree_ptr": f64, "rows_ptr": f64, "num_rows": "i32",
-                                "first_row": "i64", "last_row": "i64", "children_start": "i64",
-                                "child_stride": "i64", "rows_start": "i64", "width": "i64"},
+                                "lanes": "i32", "numel": "i64", "first_row": "i64", "last_row": "i64",
+                                "children_start": "i64", "child_stride": "i64", "rows_start": "i64", "width": "i64"},
                                 {"RUN": True, "BLOCK": st.ROW_BLOCK}),
     "find": compile_sm90(st._find_kernel, {"tree_ptr": f64, "fraction_ptr": f64, "index_ptr": i64, "leaf_ptr": f64,
-                         "rows_starts_ptr": i64, "k": "i32", "depth": "i32", "root_width": "i64"}, {"FANOUT": st.FANOUT, "BLOCK": st.BLOCK}),
+                         "rows_starts_ptr": i64, "k": "i32", "lanes": "i32", "numel": "i64", "depth": "i32",
+                         "root_width": "i64"}, {"FANOUT": st.FANOUT, "BLOCK": st.BLOCK}),
 }
 print(json.dumps(report))
 """
@@ -349,3 +446,24 @@ def test_compiled_kernels_match_reference_on_cuda(capacity):
     got = sum_tree_find(trees["cuda"], fraction.cuda())
     want = sum_tree_find(trees["cpu"], fraction, backend="reference" if capacity < 10_000 else "torch")
     assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+
+
+@pytest.mark.gpu
+def test_compiled_kernels_on_trees_of_members_match_each_tree_on_cuda():
+    # S trees on the GPU, one launch per kernel for all of them: each row the CPU torch path's tree alone.
+    capacity, members, generator = 100_000, 3, torch.Generator().manual_seed(1)
+    trees, alone = sum_tree_zeros(capacity, "cuda", members=members), [sum_tree_zeros(capacity) for _ in range(members)]
+    for k in (4096, 128):
+        index, value = member_updates(capacity, members, k, generator)
+        run = torch.rand(members, 1000, dtype=torch.float64, generator=generator)
+        sum_tree_update_(trees, index.cuda(), value.cuda())
+        sum_tree_write_(trees, 500, run.cuda())
+        for m, tree in enumerate(alone):
+            sum_tree_update_(tree, index[m], value[m], backend="torch")
+            sum_tree_write_(tree, 500, run[m], backend="torch")
+        assert torch.equal(trees.cpu(), torch.stack(alone))
+    fraction = torch.rand(members, 4096, dtype=torch.float64, generator=generator)
+    got = sum_tree_find(trees, fraction.cuda())
+    for m, tree in enumerate(alone):
+        want = sum_tree_find(tree, fraction[m], backend="torch")
+        assert torch.equal(got[0][m].cpu(), want[0]) and torch.equal(got[1][m].cpu(), want[1])

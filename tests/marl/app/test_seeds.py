@@ -16,6 +16,7 @@ from marl.app import seeds as population
 from marl.app.cli import build_parser, config_from_args, main
 from marl.app.trainer import Trainer
 from marl.config import EnvSettings, ModelConfig, TrainConfig
+from tests.marl.algorithms.test_offpolicy import small_config as off_policy_config
 from tests.marl.app.test_training import small_config
 
 SEEDS = (3, 8)
@@ -123,6 +124,20 @@ def test_an_iteration_launches_as_many_ops_for_any_number_of_members(tmp_path, g
     four = iteration_ops(config, (3, 8, 5, 1), tmp_path / "four")
     groups, epochs = 1, config.algo.epochs  # navigation: one group
     assert four - two == collections.Counter({"aten.randn": 2 * groups, "aten.randperm": 2 * epochs})
+    assert not two - four
+
+
+def test_a_prioritized_off_policy_iteration_launches_as_many_ops_for_any_number_of_members(tmp_path):
+    """The same for an off-policy population with prioritized replay (MASAC on navigation): every member's
+    finds, importance weights and priority updates, in its own sum tree, are the same ops for two members
+    and four. Beyond them only the draws from each member's generator: per rollout its exploration noise
+    (one `randn` per group), per update its sampling noise (one `randn` per continuous group) and its
+    stratified fractions (one `rand`)."""
+    config = off_policy_config(tmp_path, "masac", prioritized=True)
+    two = iteration_ops(config, (3, 8), tmp_path / "two")
+    four = iteration_ops(config, (3, 8, 5, 1), tmp_path / "four")
+    groups = 1
+    assert four - two == collections.Counter({"aten.randn": 2 * (groups + groups), "aten.rand": 2})
     assert not two - four
 
 

@@ -15,7 +15,7 @@ from marl.app import seeds as population
 from marl.app.cli import main
 from marl.app.trainer import Trainer
 from marl.core.member_replay import MemberReplayBuffer
-from marl.core.replay import ReplayBuffer
+from marl.core.replay import Prioritized, ReplayBuffer
 from tests.marl.algorithms.test_offpolicy import small_config
 from tests.marl.app.test_seeds import SEEDS, assert_resumes_exactly, assert_rows_match, iteration_ops
 
@@ -85,6 +85,94 @@ def test_each_member_trains_as_the_single_run_with_its_seed(tmp_path, case):
     assert row["members"][0][f"{group}/loss"] != row["members"][1][f"{group}/loss"]
 
 
+def prioritized(config, **options):
+    """`config` with prioritized replay (`options`: the algorithm's others)."""
+    return dataclasses.replace(config, algo=dataclasses.replace(config.algo, prioritized=True, **options))
+
+
+# MASAC: discrete and continuous groups, their priorities reduced by the mean; QMIX: n-step returns, one mixed
+# TD error per env step as every agent's priority. Both rings wrap in the second iteration (100 slots).
+PRIORITIZED = {"masac": {"priority_reduce": "mean"}, "qmix": {"n_step": 2, "priority_alpha": 0.8}}
+
+
+@pytest.mark.parametrize("algo", list(PRIORITIZED))
+def test_each_member_of_a_prioritized_population_trains_as_the_single_prioritized_run(tmp_path, algo):
+    options = PRIORITIZED[algo]
+    batched = Trainer(prioritized(off_config(tmp_path, algo, seeds=SEEDS), **options), run_dir=tmp_path / "seeds")
+    singles = [
+        Trainer(prioritized(off_config(tmp_path, algo, seed=s), **options), run_dir=tmp_path / f"seed{s}")
+        for s in SEEDS
+    ]
+    assert type(batched.buffer) is MemberReplayBuffer and batched.buffer.tree.shape[0] == len(SEEDS)
+    for _ in range(2):
+        row = batched.train_iteration()
+        for member, single in zip(row["members"], singles):
+            assert_rows_match(member, single.train_iteration())
+    # Each member's tree is its single run's (its priorities to the rounding of the batched losses), its own
+    # largest priority, its nets' parameters the single run's.
+    tree, largest = batched.buffer.tree, batched.buffer.max_priority
+    for k, single in enumerate(singles):
+        torch.testing.assert_close(tree[k], single.buffer.tree, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(largest[k], single.buffer.max_priority, rtol=1e-4, atol=1e-6)
+        state, own = batched.algorithm.member_state_dict(k), single.algorithm.state_dict()
+        nets = {(g, name): module for g, held in own.items() if isinstance(held, dict) for name, module in held.items()}
+        for (g, name), module in nets.items():
+            if name != "optimizer":
+                for key, value in module.items():
+                    torch.testing.assert_close(
+                        state[g][name][key], value, rtol=1e-4, atol=1e-5, msg=f"{g}.{name}.{key}"
+                    )
+    assert not torch.equal(tree[0], tree[1])  # the members' trees are their own
+    assert (
+        row["members"][0][f"{next(iter(batched.env.groups))}/loss"]
+        != row["members"][1][f"{next(iter(batched.env.groups))}/loss"]
+    )
+
+
+def test_member_buffers_keep_their_own_priorities_as_single_prioritized_buffers():
+    # Each member's tree, largest priority, draws and importance weights are its single buffer's, bit for bit,
+    # when both are given the same priorities; its checkpoint is a single buffer's.
+    env = envs.make("spread", num_envs=2 * 3, seed=SEEDS)
+    option = Prioritized(alpha=0.7, beta=0.5)
+    buffer = MemberReplayBuffer.for_env(env, 10, members=2, prioritized=option)
+    singles = [ReplayBuffer.for_env(env, 10, prioritized=option) for _ in SEEDS]
+    assert buffer.tree.shape == (2, singles[0].tree.numel()) and buffer.max_priority.shape == (2,)
+    assert buffer.nbytes == 2 * singles[0].nbytes
+    generators = [torch.Generator().manual_seed(s) for s in SEEDS]
+    alone = [torch.Generator().manual_seed(s) for s in SEEDS]
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(3):  # the rings wrap; new steps enter at each member's own largest priority
+        batch = random_steps(buffer.layout, (2, 6), generator)
+        buffer.extend(batch)
+        for k, single in enumerate(singles):
+            single.extend(batch[:, k * 3 : (k + 1) * 3])
+        drawn = buffer.draw_members(2, 5, generators)  # [S, steps, k] each member's stratified fractions
+        single_drawn = [single.draw_ahead(2, 5, g) for single, g in zip(singles, alone)]
+        assert all(torch.equal(drawn[k], d) for k, d in enumerate(single_drawn))
+        for t in range(2):  # each draw in the trees as the last priorities left them
+            index, weight = buffer.select(drawn[:, t], 0.5)  # [S, k] each
+            priority = torch.rand(2, 5, generator=generator) * torch.tensor([[1.0], [5.0]])  # member 1's larger
+            buffer.set_priority_(index, priority)
+            for k, single in enumerate(singles):
+                want = single.select(single_drawn[k][t], 0.5)
+                assert torch.equal(index[k], want[0]) and torch.equal(weight[k], want[1])
+                single.set_priority_(want[0], priority[k])
+                assert torch.equal(buffer.tree[k], single.tree), k
+                assert torch.equal(buffer.max_priority[k], single.max_priority), k
+    assert not torch.equal(buffer.tree[0], buffer.tree[1])
+    assert repr(buffer).startswith("MemberReplayBuffer(2 members x 10/10 env steps") and "prioritized" in repr(buffer)
+    state = buffer.state_dict()
+    for k, single in enumerate(singles):  # member k's checkpoint: a single prioritized buffer's, tree and all
+        alone_buffer = ReplayBuffer.for_env(env, 10, prioritized=option)
+        alone_buffer.load_state_dict(MemberReplayBuffer.member_state_dict(state, k))
+        assert torch.equal(alone_buffer.tree, single.tree) and torch.equal(
+            alone_buffer.max_priority, single.max_priority
+        )
+    restored = MemberReplayBuffer.for_env(env, 10, members=2, prioritized=option)
+    restored.load_state_dict(state)
+    assert torch.equal(restored.tree, buffer.tree) and torch.equal(restored.max_priority, buffer.max_priority)
+
+
 def random_steps(layout: dict, batch: tuple[int, ...], generator: torch.Generator) -> TensorDict:
     """Random env steps `[*batch]` of a buffer's `layout`, every value distinct enough to tell slots apart."""
     data = TensorDict({}, batch_size=batch)
@@ -129,11 +217,27 @@ def test_a_recurrent_population_launches_as_many_ops_for_any_number_of_members(t
     assert not two - four
 
 
+def variant_config(tmp_path, algo: str, variant: str, **run):
+    """`off_config` as it is ("mlp"), with recurrent Q-networks ("gru") or with prioritized replay ("prioritized")."""
+    config = (gru_off_config if variant == "gru" else off_config)(tmp_path, algo, **run)
+    return prioritized(config) if variant == "prioritized" else config
+
+
 @pytest.mark.parametrize(
-    ("algo", "gru"), [("qmix", False), ("masac", False), ("maddpg", False), ("qmix", True)], ids=str
+    ("algo", "variant"),
+    [
+        ("qmix", "mlp"),
+        ("masac", "mlp"),
+        ("maddpg", "mlp"),
+        ("qmix", "gru"),
+        ("qmix", "prioritized"),
+        ("masac", "prioritized"),
+    ],
+    ids=str,
 )
-def test_population_update_reads_nothing_back_from_the_device(tmp_path, algo, gru):
-    config = (gru_off_config if gru else off_config)(tmp_path, algo, seeds=SEEDS, total_frames=10**5)
+def test_population_update_reads_nothing_back_from_the_device(tmp_path, algo, variant):
+    # Prioritized: every member's finds, importance weights and priority updates in its own tree, no sync.
+    config = variant_config(tmp_path, algo, variant, seeds=SEEDS, total_frames=10**5)
     trainer = Trainer(config, run_dir=tmp_path / "run")
     trainer.algorithm.begin_iteration(0, 10**5)
     trainer.buffer.extend(trainer.collector.collect())
@@ -143,13 +247,28 @@ def test_population_update_reads_nothing_back_from_the_device(tmp_path, algo, gr
         trainer.algorithm.update(trainer.buffer, trainer.timer)
 
 
-@pytest.mark.parametrize(("algo", "gru"), [("iql", False), ("masac", False), ("maddpg", False), ("iql", True)], ids=str)
-def test_population_resumes_exactly_and_each_member_resumes_alone_with_its_buffer(tmp_path, algo, gru):
-    # With recurrent Q-networks the checkpoints carry the envs' acting states and the stored states.
-    config = (gru_off_config if gru else off_config)(tmp_path, algo, seeds=SEEDS)
+@pytest.mark.parametrize(
+    ("algo", "variant"),
+    [
+        ("iql", "mlp"),
+        ("masac", "mlp"),
+        ("maddpg", "mlp"),
+        ("iql", "gru"),
+        ("maddpg", "prioritized"),
+        ("vdn", "prioritized"),
+    ],
+    ids=str,
+)
+def test_population_resumes_exactly_and_each_member_resumes_alone_with_its_buffer(tmp_path, algo, variant):
+    # With recurrent Q-networks the checkpoints carry the envs' acting states and the stored states; prioritized,
+    # every member's tree and largest priority are in the population's checkpoint, and its own in its single-run
+    # checkpoint (the resumed runs' next draws come from those trees).
+    config = variant_config(tmp_path, algo, variant, seeds=SEEDS)
     member = assert_resumes_exactly(config, tmp_path)
-    assert type(member.buffer) is ReplayBuffer and len(member.buffer) == config.algo.buffer_size  # its own steps
-    assert ("agent", "hidden") in member.buffer.storage if gru else not member.buffer.hidden
+    held = min(config.algo.buffer_size, 2 * 64)  # its own steps of 2 iterations, from the checkpoint
+    assert type(member.buffer) is ReplayBuffer and len(member.buffer) == held
+    assert ("agent", "hidden") in member.buffer.storage if variant == "gru" else not member.buffer.hidden
+    assert (member.buffer.tree is not None) == (variant == "prioritized")
 
 
 SWEPT = {"lr": (0.001, 0.03), "tau": (0.01, 0.3), "gamma": (0.8, 0.99)}
@@ -199,11 +318,13 @@ def off_argv(tmp_path, algo="iql") -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("algo", ["qmix", "maddpg"])
-def test_train_writes_member_logs_aggregate_and_checkpoints_that_eval_takes(tmp_path, capsys, algo):
-    assert main(["train", *off_argv(tmp_path, algo), "--num-seeds", "2", "--save-buffer"]) == 0
+@pytest.mark.parametrize(("algo", "extra"), [("qmix", []), ("maddpg", []), ("iql", ["--prioritized"])])
+def test_train_writes_member_logs_aggregate_and_checkpoints_that_eval_takes(tmp_path, capsys, algo, extra):
+    assert main(["train", *off_argv(tmp_path, algo), "--num-seeds", "2", "--save-buffer", *extra]) == 0
     out = capsys.readouterr().out
     assert "seeds 0, 1: 2 runs in one process" in out and "replay buffer" in out and "final return" in out
+    kind = "prioritized" if extra else "uniform"
+    assert f"replay buffer: 200 env steps for each of 2 runs, {kind}" in out
     assert f"with {algo.upper()} on cpu" in out
     run = tmp_path / "run"
     assert len((run / "aggregate.csv").read_text().splitlines()) == 3
@@ -213,6 +334,7 @@ def test_train_writes_member_logs_aggregate_and_checkpoints_that_eval_takes(tmp_
     assert "agent: mean episode return" in capsys.readouterr().out
     member = Trainer.resume(run / "seed_1" / "checkpoint.pt")  # a single run's, with its own buffer
     assert len(member.buffer) == 128 and member.config.run.seed == 1
+    assert (member.buffer.tree is not None) == bool(extra) and member.config.algo.prioritized == bool(extra)
 
 
 def test_a_recurrent_q_learning_population_trains_from_the_command_line(tmp_path, capsys):
@@ -229,8 +351,6 @@ def test_a_recurrent_q_learning_population_trains_from_the_command_line(tmp_path
 @pytest.mark.parametrize(
     ("algo", "argv", "message"),
     [
-        ("iql", ["--prioritized"], "draw from their replay buffers uniformly so far: leave out --prioritized"),
-        ("masac", ["--prioritized"], "draw from their replay buffers uniformly so far: leave out --prioritized"),
         ("iql", ["--sweep", "epsilon=0.9,0.99"], "--sweep takes Q-learning's options lr, gamma, tau, not epsilon"),
         (
             "iql",
@@ -263,15 +383,18 @@ def test_what_off_policy_populations_do_not_train_is_one_clear_line(tmp_path, al
     assert message in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize(("algo", "gru"), [("qmix", False), ("masac", False), ("qmix", True)], ids=str)
-def test_memory_line_counts_a_members_buffer_and_its_target_nets_once(tmp_path, algo, gru):
-    make = gru_off_config if gru else off_config
-    batched = Trainer(make(tmp_path, algo, seeds=SEEDS), run_dir=tmp_path / "seeds")
+@pytest.mark.parametrize(
+    ("algo", "variant"), [("qmix", "mlp"), ("masac", "mlp"), ("qmix", "gru"), ("masac", "prioritized")], ids=str
+)
+def test_memory_line_counts_a_members_buffer_and_its_target_nets_once(tmp_path, algo, variant):
+    batched = Trainer(variant_config(tmp_path, algo, variant, seeds=SEEDS), run_dir=tmp_path / "seeds")
     parts = population.member_nbytes(batched.config, batched.env, batched.algorithm)
-    single = Trainer(make(tmp_path, algo, seed=SEEDS[0]), run_dir=tmp_path / "single")
-    # A single run's allocated buffer (with recurrent Q-networks its stored states and is_init); its trained
-    # nets 4 times (gradients, Adam's moments), its targets once.
-    assert parts["replay buffer"] == sum(t.numel() * t.element_size() for t in single.buffer.storage.values())
+    single = Trainer(variant_config(tmp_path, algo, variant, seed=SEEDS[0]), run_dir=tmp_path / "single")
+    # A single run's allocated buffer (with recurrent Q-networks its stored states and is_init; prioritized, its
+    # sum tree); its trained nets 4 times (gradients, Adam's moments), its targets once.
+    tree = single.buffer.tree.numel() * 8 if variant == "prioritized" else 0
+    assert parts["replay buffer"] == sum(t.numel() * t.element_size() for t in single.buffer.storage.values()) + tree
+    assert batched.buffer.nbytes == len(SEEDS) * parts["replay buffer"]  # what the population allocated
     expected = 0
     for g, learner in single.algorithm.learners.items():
         trained = {id(p) for net in single.algorithm.trainables[g].nets.values() for p in net.parameters()}
