@@ -127,9 +127,9 @@ class RunConfig:
     seed: int = 0
     """Seeds the envs, the networks and the sampling."""
     seeds: tuple[int, ...] = ()
-    """Train one run per seed in one process (`--seeds 0 1 2 3 4`; every built-in algorithm, with --model gru
-    too where a single run takes it), each as a run with --seed that seed: parameters stacked on a seed dim,
-    all runs' envs in one batch; replaces --seed."""
+    """Train one run per seed in one process (`--seeds 0 1 2 3 4`; every built-in algorithm, groups on different
+    off-policy ones too, with --model gru too where a single run takes it), each as a run with --seed that seed:
+    parameters stacked on a seed dim, all runs' envs in one batch; replaces --seed."""
     num_seeds: int = 1
     """Train this many seeds in one process: seed, seed + 1, ... (as --seeds)."""
     sweep: tuple[str, ...] = ()

@@ -4,8 +4,8 @@
 - `ddpg`: MADDPG and IDDPG, `sac`: MASAC and ISAC (off-policy, from a replay buffer: `offpolicy`);
 - `qlearning`: IQL, VDN and QMIX (value-based, discrete actions; on the same off-policy base);
 - `mixed`: groups of one run on off-policy algorithms of different modules (`--group NAME.algo=...`);
-- `ppo_seeds`, `offpolicy_seeds` (MADDPG/IDDPG, MASAC/ISAC), `qlearning_seeds` (IQL/VDN/QMIX): every
-  algorithm for several seeds in one process (`marl train --seeds`, `register_seeded`).
+- `ppo_seeds`, `offpolicy_seeds` (MADDPG/IDDPG, MASAC/ISAC, and mixed runs), `qlearning_seeds` (IQL/VDN/QMIX):
+  every algorithm for several seeds in one process (`marl train --seeds`, `register_seeded`).
 
 `marl.algorithms.base` holds the interface (`Algorithm`) and the registry.
 """

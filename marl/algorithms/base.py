@@ -203,9 +203,15 @@ def check_seeded(name: str, recurrent: bool = False) -> None:
 
 def build_seeded(config: TrainConfig, env, device: torch.device, world, generators, seeds, sweep=None) -> Algorithm:
     """The algorithm that trains `seeds` of `config.algo` in one process (`register_seeded`); `sweep` maps
-    swept options to each member's value (`--sweep`)."""
-    check_seeded(config.algo.algo)
-    return _SEEDED[config.algo.algo](config, env, device, world, generators, seeds, sweep)
+    swept options to each member's value (`--sweep`). When groups take algorithms of other modules (`--group
+    NAME.algo=...`), a population of the mixed runs `build` makes (`marl.algorithms.offpolicy_seeds.SeededMixed`)."""
+    for name in dict.fromkeys(config.for_group(g)[0].algo for g in env.groups):
+        check_seeded(name)
+    if len(set(group_classes(config, env.groups).values())) == 1:
+        return _SEEDED[config.algo.algo](config, env, device, world, generators, seeds, sweep)
+    from marl.algorithms.offpolicy_seeds import SeededMixed
+
+    return SeededMixed(config, env, device, world, generators, seeds, sweep)
 
 
 def names() -> list[str]:

@@ -103,6 +103,7 @@ class DDPG(OffPolicy):
 
     Config = DDPGConfig
     term_names = TERMS
+    scheduled = ("sigma",)
 
     def check_group(self, group: str, spec) -> None:
         if not isinstance(spec.action, Box):

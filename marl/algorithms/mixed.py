@@ -13,13 +13,15 @@ Q-network, as a one-hot), and at the stored steps each group's stored action.
 
 Options shared by the algorithms (lr, gamma, tau, ...) are the run's; run-wide options (the buffer,
 batch size, updates per iteration, warm-up, prioritized replay) are the same for every group.
+
+Several seeds of a mixed run train in one process (`--seeds 0 1 2`): `marl.algorithms.offpolicy_seeds.SeededMixed`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from marl.algorithms.offpolicy import OffPolicy
+from marl.algorithms.offpolicy import OffPolicy, polyak_
 from marl.config import TrainConfig
 from marl.core.replay import ReplayBuffer, gather
 
@@ -55,16 +57,18 @@ class Mixed(OffPolicy):
         for m in self.members:
             m.begin_iteration(frames, total_frames)
 
-    def draw_noise(self, steps: int, batch_size: int) -> dict[str, torch.Tensor]:
-        return {g: v for m in self.members for g, v in m.draw_noise(steps, batch_size).items()}
+    def draw_noise(
+        self, steps: int, batch_size: int, generator: torch.Generator | None = None
+    ) -> dict[str, torch.Tensor]:
+        return {g: v for m in self.members for g, v in m.draw_noise(steps, batch_size, generator).items()}
 
     def see_buffer(self, buffer: ReplayBuffer) -> None:
         for m in self.members:
             m.see_buffer(buffer)
 
-    def update_targets(self) -> None:
+    def update_targets(self, polyak=polyak_) -> None:
         for m in self.members:
-            m.update_targets()
+            m.update_targets(polyak)
 
     def loss(self, storage, index, weight, noise, t):
         batch = gather(storage, index)
@@ -80,12 +84,12 @@ class Mixed(OffPolicy):
     def parameters(self) -> list[torch.Tensor]:
         return [p for m in self.members for p in m.parameters()]
 
-    def state_dict(self) -> dict:
-        return {type(m).__name__: m.state_dict() for m in self.members}
+    def state_dict(self, group_state=None) -> dict:
+        return {type(m).__name__: m.state_dict(group_state) for m in self.members}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, load_group=None) -> None:
         for m in self.members:
-            m.load_state_dict(state[type(m).__name__])
+            m.load_state_dict(state[type(m).__name__], load_group)
 
     @classmethod
     def label(cls, config: TrainConfig, groups) -> str:

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
@@ -177,11 +178,18 @@ class OffPolicy(Algorithm):
     its terms and a gradient norm per net of its `Trainable`.
 
     `groups` (a subset of the env's, all by default) is what this algorithm trains: groups of one run may
-    take algorithms of different modules (`marl.algorithms.mixed`), which then see each other's actions.
+    take algorithms of different modules (`marl.algorithms.mixed`), which then see each other's actions;
+    `owner` maps each group to the algorithm that trains it (this one; a mixed run's: its module's).
     """
 
     collects = "transitions"
     term_names: tuple[str, ...] = ()
+    scheduled: ClassVar[tuple[str, ...]] = ()
+    """The acting policies' 0-d buffers `begin_iteration` anneals (DDPG's sigma, Q-learning's epsilon): a
+    population (`marl.algorithms.offpolicy_seeds`) sets every member's as its single run's."""
+    chunked = False
+    """Whether the optimiser steps train on chunks of consecutive steps (Q-learning's recurrent nets: `draw`
+    draws them, `chunks()` says how many of how many steps), else on env steps."""
 
     def __init__(
         self, config: TrainConfig, env, device: torch.device, world, generator: torch.Generator, groups=None
@@ -189,6 +197,7 @@ class OffPolicy(Algorithm):
         super().__init__(config, env, device, world, generator)
         self.groups = {g: env.groups[g] for g in (env.groups if groups is None else groups)}
         self.member = groups is not None
+        self.owner = {g: self for g in self.groups}
         for group, spec in self.groups.items():
             self.check_group(group, spec)
         self.warm = torch.zeros((), dtype=torch.bool, device=device)  # acting at random (warm-up)
@@ -231,11 +240,12 @@ class OffPolicy(Algorithm):
             index, priority = aux
             buffer.set_priority_(index, buffer.reduce_priority(priority))
 
-    def update_targets(self) -> None:
+    def update_targets(self, polyak: Callable = polyak_) -> None:
         """After every optimiser step (inside the compiled graph when compiled): move the target networks;
-        Polyak averaging by default."""
+        Polyak averaging by default, each group's step `polyak(targets, online, tau)` (a population with a
+        swept tau moves each member's by its own: `marl.core.members.member_polyak_`)."""
         for g, (targets, online) in self.targets.items():
-            polyak_(targets, online, self.learners[g].algo.tau)
+            polyak(targets, online, self.learners[g].algo.tau)
 
     def acting_policies(self) -> dict:
         """Each group's acting policy (a module: observation, mask -> distribution): its learner's `policy`."""
@@ -334,17 +344,33 @@ class OffPolicy(Algorithm):
         """The learned tensors and the targets (ranks must start from the same targets too)."""
         return [p for lr in self.learners.values() for m in lr.modules().values() for p in m.parameters()]
 
-    def state_dict(self) -> dict:
-        return {
-            g: {**{name: m.state_dict() for name, m in lr.modules().items()}, "optimizer": lr.optimizer.state_dict()}
-            for g, lr in self.learners.items()
-        }
+    def state_dict(self, group_state: Callable | None = None) -> dict:
+        """Per group its modules' and optimiser's state; `group_state(group, learner)` gives another one in
+        its place (a population's member's, or none: `marl.algorithms.offpolicy_seeds`). A subclass adds what
+        else it holds (Q-learning's clock)."""
+        group_state = group_state or own_state
+        return {g: group_state(g, lr) for g, lr in self.learners.items()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, load_group: Callable | None = None) -> None:
+        """`state_dict`'s inverse; `load_group(group, learner, its state)` loads each group's in its place."""
+        load_group = load_group or load_own_state
         for g, lr in self.learners.items():
-            for name, module in lr.modules().items():
-                module.load_state_dict(state[g][name])
-            lr.optimizer.load_state_dict(state[g]["optimizer"])
+            load_group(g, lr, state[g])
+
+
+def own_state(group: str, learner) -> dict:
+    """A group's state in a checkpoint: every module's (targets included) and its optimiser's."""
+    return {
+        **{name: m.state_dict() for name, m in learner.modules().items()},
+        "optimizer": learner.optimizer.state_dict(),
+    }
+
+
+def load_own_state(group: str, learner, state: dict) -> None:
+    """Restore `own_state`."""
+    for name, module in learner.modules().items():
+        module.load_state_dict(state[name])
+    learner.optimizer.load_state_dict(state["optimizer"])
 
 
 class _RandomWhileWarm(nn.Module):

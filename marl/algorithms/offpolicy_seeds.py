@@ -25,6 +25,14 @@ loss: a find is no vmappable op), with β annealed as the single run anneals it;
 member's TD errors to its priorities (`reduce_priority`), which the step then sets in every member's tree at
 once (`set_priority_`), after the target update, as a single run's `after_step` does. Recurrent
 Q-networks (`--model gru`): `marl.algorithms.qlearning_seeds`.
+
+Groups on different off-policy algorithms (`marl train --env speaker_listener --algo masac --group
+speaker.algo=iql --seeds 0 1 2`, `SeededMixed`): each member is the mixed run (`marl.algorithms.mixed.Mixed`)
+with its seed, and the population is the same one: whatever differs by group is read from the algorithm that
+trains the group in that run (`OffPolicy.owner`): the exploration schedule its policies' buffers follow (DDPG's
+sigma, Q-learning's epsilon: `OffPolicy.scheduled`), its targets and their update (with Q-learning's clock of
+the hard copies), the stride of its n-step returns (a member's own envs per step), its sampling noise. A
+member's checkpoint is the mixed run's (`member_state_dict`: per algorithm its groups' state and clock).
 """
 
 from __future__ import annotations
@@ -35,9 +43,10 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from marl.algorithms.base import group_classes, register_seeded
+from marl.algorithms.base import build, register_seeded
 from marl.algorithms.ddpg import DDPG
 from marl.algorithms.offpolicy import OffPolicy
+from marl.algorithms.qlearning import by_step
 from marl.algorithms.sac import SAC
 from marl.algorithms.seeded import Seeded, swept_options
 from marl.config import TrainConfig
@@ -57,26 +66,25 @@ from marl.optim.update_step import adam
 
 class SeededOffPolicy(Seeded):
     """An off-policy algorithm (`single`, an `OffPolicy`) for `len(seeds)` members; `generators[k]` is member
-    `k`'s random stream (its exploration and sampling noise, its buffer's draws), as a single run's."""
+    `k`'s random stream (its exploration and sampling noise, its buffer's draws), as a single run's. What differs
+    by group (exploration schedules, the target update and its clock, noise, chunks) is the algorithm's that
+    trains the group in the single run (`OffPolicy.owner`), so a population of mixed runs is this one too."""
 
     collects = "transitions"
     SWEEPABLE = ("lr", "gamma", "tau")
     single: ClassVar[type[OffPolicy]]
-    family: ClassVar[str] = ""
-    """The algorithms `single` trains, for the refusal of a group that takes another."""
-    scheduled: ClassVar[tuple[str, ...]] = ()
-    """The policies' 0-d buffers `begin_iteration` anneals (Q-learning's epsilon), the same for every member."""
 
     def check(self) -> None:
-        """Refuse what a population of off-policy learners does not train (yet)."""
-        algo = self.config.algo.algo
-        classes = group_classes(self.config, self.env.groups)
-        others = sorted(g for g, c in classes.items() if c is not self.single)
-        if others:
-            raise ValueError(
-                f"several seeds (--seeds, --num-seeds) of {algo} train every group with {self.family}; group(s) "
-                f"{others} take another algorithm (--group NAME.algo=...): run their seeds one after another"
+        """Refuse what a population of off-policy learners does not train: a swept tau for hard target copies."""
+        if "tau" in self.sweep:
+            hard = sorted(
+                g for g in self.env.groups if getattr(self.config.for_group(g)[0], "target_update", "") == "hard"
             )
+            if hard:
+                raise ValueError(
+                    f"--sweep tau: group(s) {hard} copy their targets (--target-update hard), with no tau to "
+                    "sweep: sweep tau with --target-update polyak"
+                )
 
     def build(self, singles: list[OffPolicy]) -> None:
         self.template = template = singles[0]  # its nets, loss and target update run every member's tensors
@@ -93,11 +101,13 @@ class SeededOffPolicy(Seeded):
             g: self.stacked(p for group in lr.optimizer.param_groups for p in group["params"])
             for g, lr in template.learners.items()
         }
-        # The template's targets become the stacked ones: its `update_targets` then moves every member's.
-        template.targets = {g: (self.stacked(t), self.stacked(o)) for g, (t, o) in template.targets.items()}
-        for targets, _ in template.targets.values():
-            for p in targets:
-                p.requires_grad_(False)  # moved by the target update, never by an optimiser
+        # The targets of the algorithms that train the groups become the stacked ones: the template's
+        # `update_targets` then moves every member's.
+        for owner in dict.fromkeys(template.owner.values()):
+            owner.targets = {g: (self.stacked(t), self.stacked(o)) for g, (t, o) in owner.targets.items()}
+            for targets, _ in owner.targets.values():
+                for p in targets:
+                    p.requires_grad_(False)  # moved by the target update, never by an optimiser
         # Each member's Polyak factor `[S]` when swept; each member's discount `[S]`, which the vmapped loss
         # reads as member k's 0-d gamma.
         self.member_tau = torch.tensor(self.sweep["tau"], device=self.device) if "tau" in self.sweep else None
@@ -120,10 +130,12 @@ class SeededOffPolicy(Seeded):
         return self.template.replay()
 
     def begin_iteration(self, frames: int, total_frames: int) -> None:
-        """The single run's `begin_iteration` (warm-up, exploration schedules): the same for every member."""
-        self.template.begin_iteration(frames, total_frames)
-        for g, lr in self.template.learners.items():
-            for name in self.scheduled:
+        """The single run's `begin_iteration` (warm-up, exploration schedules): the same for every member, each
+        group's schedules (`OffPolicy.scheduled`) its algorithm's."""
+        template = self.template
+        template.begin_iteration(frames, total_frames)
+        for g, lr in template.learners.items():
+            for name in template.owner[g].scheduled:
                 self.members.buffers[f"{g}.policy.{name}"].copy_(getattr(lr.policy, name))
 
     def update(self, buffer: MemberReplayBuffer, timer) -> dict[str, dict[str, torch.Tensor]]:
@@ -151,9 +163,14 @@ class SeededOffPolicy(Seeded):
         return out
 
     def draw(self, buffer: MemberReplayBuffer, steps: int) -> torch.Tensor:
-        """Each member's slots of its ring for `steps` optimiser steps, from its own generator: `[S, steps,
-        batch_size]` (a subclass may draw otherwise: Q-learning's chunks of steps)."""
-        return buffer.draw_members(steps, self.config.algo.batch_size, self.generators)
+        """Each member's draws for `steps` optimiser steps from its own generator, as its single run's `draw`:
+        its env steps' slots (prioritized: its fractions) `[S, steps, batch_size]`, or with recurrent
+        Q-networks its chunks' slots `[S, steps, W, C]` (`QLearning.draw`)."""
+        template = self.template
+        if not template.chunked:
+            return buffer.draw_members(steps, self.config.algo.batch_size, self.generators)
+        count, length = template.chunks()
+        return by_step(buffer.draw_member_chunks(steps * count, length, template.stride, self.generators), steps)
 
     def step(
         self, buffer: MemberReplayBuffer, storage: dict, drawn: torch.Tensor, noise: dict, t: torch.Tensor
@@ -190,27 +207,33 @@ class SeededOffPolicy(Seeded):
         return out
 
     def follow_targets(self) -> None:
-        """The single run's target update for every member; with a swept tau, each member's Polyak step."""
-        if self.member_tau is None:
-            with torch.no_grad():
+        """The single run's target update for every member (Q-learning's clock of the hard copies is every
+        member's: each takes the same steps); with a swept tau, each member's Polyak step by its own."""
+        with torch.no_grad():
+            if self.member_tau is None:
                 self.template.update_targets()
-        else:
-            for targets, online in self.template.targets.values():
-                member_polyak_(targets, online, self.member_tau)
+            else:
+                self.template.update_targets(
+                    lambda targets, online, _: member_polyak_(targets, online, self.member_tau)
+                )
+
+    def state_dict(self) -> dict:
+        """The stacked nets and optimisers, and under `single` what the single run holds beside its groups'
+        (Q-learning's clock, every member's)."""
+        return {**super().state_dict(), "single": self.template.state_dict(lambda g, lr: {})}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.template.load_state_dict(state["single"], lambda g, lr, held: None)
 
     def member_state_dict(self, k: int) -> dict:
-        """Member `k`'s state as its single run's `OffPolicy.state_dict()`: its checkpoint is an ordinary one."""
-        return {
-            g: {
+        """Member `k`'s state as its single run's `state_dict()`: its checkpoint is an ordinary one."""
+        return self.template.state_dict(
+            lambda g, lr: {
                 **{name: self.members.member(k, f"{g}.{name}") for name in lr.modules()},
                 "optimizer": member_optimizer_state(self.optimizers[g], k),
             }
-            for g, lr in self.template.learners.items()
-        }
-
-    @classmethod
-    def label(cls, config: TrainConfig, groups) -> str:
-        return cls.single.label(config, groups)
+        )
 
 
 @register_seeded("maddpg", "iddpg")
@@ -218,9 +241,7 @@ class SeededDDPG(SeededOffPolicy):
     """MADDPG and IDDPG populations: each member's exploration sigma follows the single run's schedule."""
 
     single = DDPG
-    family = "MADDPG or IDDPG"
     sweep_owner = "DDPG's"
-    scheduled = ("sigma",)
 
 
 @register_seeded("masac", "isac")
@@ -229,5 +250,18 @@ class SeededSAC(SeededOffPolicy):
     its own loss and Adam; its actions at s and s' sampled with its own noise."""
 
     single = SAC
-    family = "MASAC or ISAC"
     sweep_owner = "SAC's"
+
+
+class SeededMixed(SeededOffPolicy):
+    """Populations of runs whose groups take off-policy algorithms of different modules (`marl.algorithms.mixed`,
+    `--group NAME.algo=...`): each member is the `Mixed` run `marl.algorithms.build` makes of its config, built
+    by `build_seeded` as `build` builds `Mixed`, never registered."""
+
+    @staticmethod
+    def single(config: TrainConfig, env, device: torch.device, world, generator: torch.Generator) -> OffPolicy:
+        return build(config, env, device, world, generator)
+
+    @property
+    def sweep_owner(self) -> str:
+        return " and ".join(dict.fromkeys(f"{self.config.for_group(g)[0].algo.upper()}'s" for g in self.env.groups))

@@ -367,6 +367,7 @@ class QLearning(OffPolicy):
 
     Config = QConfig
     term_names = TERMS
+    scheduled = ("epsilon",)
 
     def check_group(self, group: str, spec) -> None:
         if not isinstance(spec.action, (Discrete, MultiDiscrete)):
@@ -410,7 +411,8 @@ class QLearning(OffPolicy):
         self.updates = torch.zeros((), dtype=torch.int64, device=device)
         cudagraphs.mark_static((self.updates,), device)
         self.position = torch.zeros((), dtype=torch.int64, device=device)  # the buffer's, from `update` on
-        self.stride = env.num_envs  # envs per step in the buffer (a population's member: its own, `qlearning_seeds`)
+        # Envs per step in the buffer: the run's (a population's member's own B of its S * B, `qlearning_seeds`).
+        self.stride = config.env.num_envs
         self.trainables = {
             g: Trainable(self.nets(lr), lr.optimizer, lr.algo.max_grad_norm) for g, lr in self.learners.items()
         }
@@ -468,12 +470,12 @@ class QLearning(OffPolicy):
         """A group's trained nets, in its optimiser's order."""
         return {"q": learner.policy.net, **({"mixer": learner.mixer} if learner.mixer is not None else {})}
 
-    def update_targets(self) -> None:
+    def update_targets(self, polyak=polyak_) -> None:
         self.updates += 1
         for g, (targets, online) in self.targets.items():
             algo = self.learners[g].algo
             if algo.target_update == "polyak":
-                polyak_(targets, online, algo.tau)
+                polyak(targets, online, algo.tau)
             else:  # a copy on the steps the clock says, read on the device: lerp by 1 copies, by 0 keeps
                 copy = (self.updates % algo.target_update_every == 0).float()
                 for target, source in zip(targets, online):
@@ -612,9 +614,9 @@ class QLearning(OffPolicy):
             return batch[f"{when}state"].flatten(1)
         return batch[group][f"{when}observation"].flatten(1)
 
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "updates": self.updates.clone()}
+    def state_dict(self, group_state=None) -> dict:
+        return {**super().state_dict(group_state), "updates": self.updates.clone()}
 
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
+    def load_state_dict(self, state: dict, load_group=None) -> None:
+        super().load_state_dict(state, load_group)
         self.updates.copy_(state["updates"])

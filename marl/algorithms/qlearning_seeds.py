@@ -13,59 +13,17 @@ vmapped loss unrolls each member's nets (Q-network, target, mixers) over its chu
 
 from __future__ import annotations
 
-import torch
-
 from marl.algorithms.base import register_seeded
 from marl.algorithms.offpolicy_seeds import SeededOffPolicy
-from marl.algorithms.qlearning import QLearning, by_step
-from marl.core.member_replay import MemberReplayBuffer
+from marl.algorithms.qlearning import QLearning
 
 
 @register_seeded("qmix", "vdn", "iql")
 class SeededQLearning(SeededOffPolicy):
     """`QLearning` for `len(seeds)` members; `generators[k]` is member `k`'s random stream (its exploration
-    noise and its buffer's draws), as a single run's."""
+    noise and its buffer's draws), as a single run's. What is Q-learning's own (epsilon, the clock, the n-step
+    stride, the chunks) `SeededOffPolicy` takes from the single run, as for a Q-learning group of a mixed run."""
 
     single = QLearning
-    family = "IQL, VDN or QMIX"
     sweep_owner = "Q-learning's"
-    scheduled = ("epsilon",)
     recurrent = True  # --model gru: recurrent Q-networks, trained on each member's chunks of steps
-
-    def check(self) -> None:
-        super().check()
-        if "tau" in self.sweep:
-            hard = sorted(g for g in self.env.groups if self.config.for_group(g)[0].target_update == "hard")
-            if hard:
-                raise ValueError(
-                    f"--sweep tau: group(s) {hard} copy their targets (--target-update hard), with no tau to "
-                    "sweep: sweep tau with --target-update polyak"
-                )
-
-    def follow_targets(self) -> None:
-        if self.member_tau is not None:
-            self.updates += 1  # the clock `update_targets` moves: every member's checkpoint holds it
-        super().follow_targets()
-
-    def build(self, singles: list[QLearning]) -> None:
-        super().build(singles)
-        self.template.stride = self.config.env.num_envs  # a member's buffer holds its own B envs per step
-        self.updates = self.template.updates  # optimiser steps, every member's (the template's update moves it)
-
-    def draw(self, buffer: MemberReplayBuffer, steps: int) -> torch.Tensor:
-        """With recurrent Q-networks each member's chunks' slots `[S, steps, W, C]`, drawn from its own generator
-        as its single run's `QLearning.draw` draws them; else its env steps'."""
-        if not self.template.chunked:
-            return super().draw(buffer, steps)
-        count, length = self.template.chunks()
-        return by_step(buffer.draw_member_chunks(steps * count, length, self.template.stride, self.generators), steps)
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "updates": self.updates.clone()}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.updates.copy_(state["updates"])
-
-    def member_state_dict(self, k: int) -> dict:
-        return {**super().member_state_dict(k), "updates": self.updates.clone()}

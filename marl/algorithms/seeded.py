@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import types
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import ClassVar
 
 import torch
@@ -20,11 +20,12 @@ from marl.core.members import Members
 
 class Seeded(Algorithm):
     """A population of `len(seeds)` members of one algorithm; `generators[k]` is member `k`'s random
-    stream, as a single run's. A subclass sets `single` (the algorithm each member trains as) and
+    stream, as a single run's. A subclass sets `single` (the algorithm each member trains as: its class, or a
+    function of the same arguments that builds it, as `marl.algorithms.build` builds a mixed run) and
     `SWEEPABLE` (the options `--sweep` may give each member), and writes `build`: from the members built as
     single runs, it stacks their nets in `self.members` and sets `self.optimizers`."""
 
-    single: ClassVar[type[Algorithm]]
+    single: ClassVar[Callable[..., Algorithm]]
     SWEEPABLE: ClassVar[tuple[str, ...]] = ()
     recurrent: ClassVar[bool] = False
     """Whether it trains recurrent nets (`--model gru`); `check_seeded` refuses them otherwise."""

@@ -69,7 +69,12 @@ def logs(run_dir: Path, members: Sequence[Member]) -> list[Path]:
 
 def check_population(config: TrainConfig, world) -> None:
     """Refuse what several seeds in one process do not support (yet), before anything is built."""
-    algorithms.check_seeded(config.algo.algo, config.uses_gru())
+    # Every group's algorithm (a mixed run's groups take several: `--group NAME.algo=...`), recurrent where
+    # the group's nets are.
+    run = (config.algo.algo, config.model.model)
+    taken = [run, *((o.get("algo", run[0]), o.get("model", run[1])) for o in config.group_overrides.values())]
+    for name, model in dict.fromkeys(taken):
+        algorithms.check_seeded(name, recurrent=model == "gru")
     if world.size > 1:
         raise ValueError("several seeds (--seeds, --num-seeds) train in one process: run them without torchrun")
 

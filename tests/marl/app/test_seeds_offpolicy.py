@@ -1,6 +1,7 @@
 """Several seeds of the off-policy algorithms in one process (`marl train --algo qmix --seeds`, `--algo masac`):
 each member is the single run with its seed, its own replay buffer, draws, exploration and sampling noise, SAC
-temperature and targets; with recurrent Q-networks (`--model gru`) its envs' states and its chunks of steps."""
+temperature and targets; with recurrent Q-networks (`--model gru`) its envs' states and its chunks of steps; with
+groups on different algorithms (`--group speaker.algo=iql`) the single mixed run with its seed."""
 
 import collections
 import dataclasses
@@ -11,6 +12,8 @@ import torch
 from tensordict import TensorDict
 
 import envs
+from marl.algorithms.mixed import Mixed
+from marl.algorithms.offpolicy_seeds import SeededMixed
 from marl.app import seeds as population
 from marl.app.cli import main
 from marl.app.trainer import Trainer
@@ -33,13 +36,30 @@ CASES = {
     "isac": ("navigation", {"warmup_frames": 64, "alpha_init": 0.5}),
 }
 VALUE_BASED = ("iql", "vdn", "qmix")
+# Mixed runs of speaker_listener: the speaker on IQL (`--group speaker.algo=iql`, with its own options here), the
+# listener on the run's algorithm (its options after): IQL's hard target copies and 2-step returns beside SAC's
+# Polyak targets and temperature; IQL's epsilon beside DDPG's sigma, annealed over the run, and warm-up.
+MIXED = {
+    "masac+iql": (
+        "masac",
+        {"target_update": "hard", "target_update_every": 2, "n_step": 2, "exploration_anneal": 0.01},
+        {"buffer_size": 100, "max_grad_norm": 0.5},
+    ),
+    "maddpg+iql": ("maddpg", {}, {"buffer_size": 100, "warmup_frames": 64, "exploration_anneal": 0.5}),
+}
 
 
 def off_config(tmp_path, algo: str, **run):
-    env, options = CASES[algo]
-    if algo in VALUE_BASED:
-        options = {"exploration_anneal": 0.01, **options}
-    config = small_config(tmp_path, algo, env, **options)
+    """A small run of `algo` (a key of `CASES` or of `MIXED`) whose episodes end in every iteration."""
+    if algo in MIXED:
+        algo, speaker, options = MIXED[algo]
+        config = small_config(tmp_path, algo, "speaker_listener", **options)
+        config = dataclasses.replace(config, group_overrides={"speaker": {"algo": "iql", **speaker}})
+    else:
+        env, options = CASES[algo]
+        if algo in VALUE_BASED:
+            options = {"exploration_anneal": 0.01, **options}
+        config = small_config(tmp_path, algo, env, **options)
     run = {"total_frames": 8 * 8 * 3, "checkpoint_every": 1, **run}
     settings = dataclasses.replace(config.env, env_options={"max_steps": 6})  # episodes end in every iteration
     return dataclasses.replace(config, env=settings, run=dataclasses.replace(config.run, **run))
@@ -83,6 +103,36 @@ def test_each_member_trains_as_the_single_run_with_its_seed(tmp_path, case):
     group = next(iter(batched.env.groups))
     assert all(math.isfinite(member[f"{group}/episode_return"]) for member in row["members"])
     assert row["members"][0][f"{group}/loss"] != row["members"][1][f"{group}/loss"]
+
+
+def tensors(state, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor of a (nested) state dict by its path."""
+    if isinstance(state, torch.Tensor):
+        return {prefix: state}
+    items = state.items() if isinstance(state, dict) else enumerate(state) if isinstance(state, list) else ()
+    return {k: v for key, value in items for k, v in tensors(value, f"{prefix}.{key}").items()}
+
+
+@pytest.mark.parametrize("case", list(MIXED))
+def test_each_member_of_a_mixed_population_trains_as_the_single_mixed_run_with_its_seed(tmp_path, case):
+    """Groups on different algorithms: member k's rows, buffer, nets, Adam moments and IQL clock are the single
+    mixed run's with seed k."""
+    batched = Trainer(off_config(tmp_path, case, seeds=SEEDS), run_dir=tmp_path / "seeds")
+    singles = [Trainer(off_config(tmp_path, case, seed=s), run_dir=tmp_path / f"seed{s}") for s in SEEDS]
+    assert type(batched.algorithm) is SeededMixed and all(type(s.algorithm) is Mixed for s in singles)
+    for _ in range(2):
+        row = batched.train_iteration()
+        for member, single in zip(row["members"], singles):
+            assert_rows_match(member, single.train_iteration())
+    held = batched.buffer.member_storage()
+    for k, single in enumerate(singles):
+        for key, tensor in single.buffer.storage.items():
+            torch.testing.assert_close(held[key][k], tensor, rtol=1e-4, atol=1e-5, msg=str(key))
+        state, member = tensors(single.algorithm.state_dict()), tensors(batched.algorithm.member_state_dict(k))
+        assert member.keys() == state.keys() and ".QLearning.updates" in state
+        for key, value in state.items():
+            torch.testing.assert_close(member[key], value, rtol=1e-4, atol=1e-5, msg=key)
+    assert row["members"][0]["speaker/loss"] != row["members"][1]["speaker/loss"]
 
 
 def prioritized(config, **options):
@@ -217,6 +267,17 @@ def test_a_recurrent_population_launches_as_many_ops_for_any_number_of_members(t
     assert not two - four
 
 
+def test_a_mixed_population_launches_as_many_ops_for_any_number_of_members(tmp_path):
+    """Speaker on IQL, listener on MASAC: beyond the ops of two members, four launch only the draws from each
+    member's generator: per rollout its exploration noise (one draw per group), per update the listener's
+    sampling noise and its slots."""
+    config = off_config(tmp_path, "masac+iql")
+    two = iteration_ops(config, (3, 8), tmp_path / "two")
+    four = iteration_ops(config, (3, 8, 5, 1), tmp_path / "four")
+    assert four - two == collections.Counter({"aten.rand": 2, "aten.randn": 2 * 2, "aten.randint": 2})
+    assert not two - four
+
+
 def variant_config(tmp_path, algo: str, variant: str, **run):
     """`off_config` as it is ("mlp"), with recurrent Q-networks ("gru") or with prioritized replay ("prioritized")."""
     config = (gru_off_config if variant == "gru" else off_config)(tmp_path, algo, **run)
@@ -232,15 +293,19 @@ def variant_config(tmp_path, algo: str, variant: str, **run):
         ("qmix", "gru"),
         ("qmix", "prioritized"),
         ("masac", "prioritized"),
+        ("masac+iql", "mlp"),
+        ("maddpg+iql", "prioritized"),
     ],
     ids=str,
 )
 def test_population_update_reads_nothing_back_from_the_device(tmp_path, algo, variant):
-    # Prioritized: every member's finds, importance weights and priority updates in its own tree, no sync.
+    # Prioritized: every member's finds, importance weights and priority updates in its own tree, no sync. The
+    # first update builds what is made once (the sum tree's layout on the device), as a run's first iteration.
     config = variant_config(tmp_path, algo, variant, seeds=SEEDS, total_frames=10**5)
     trainer = Trainer(config, run_dir=tmp_path / "run")
     trainer.algorithm.begin_iteration(0, 10**5)
     trainer.buffer.extend(trainer.collector.collect())
+    trainer.algorithm.update(trainer.buffer, trainer.timer)
     with envs.forbid_host_sync("cpu"):
         trainer.algorithm.begin_iteration(64, 10**5)
         trainer.buffer.extend(trainer.collector.collect())
@@ -256,6 +321,8 @@ def test_population_update_reads_nothing_back_from_the_device(tmp_path, algo, va
         ("iql", "gru"),
         ("maddpg", "prioritized"),
         ("vdn", "prioritized"),
+        ("masac+iql", "mlp"),
+        ("maddpg+iql", "prioritized"),
     ],
     ids=str,
 )
@@ -287,6 +354,8 @@ SWEPT = {"lr": (0.001, 0.03), "tau": (0.01, 0.3), "gamma": (0.8, 0.99)}
         ("qmix", "gamma"),
         ("masac", "gamma"),
         ("iddpg", "gamma"),
+        ("masac+iql", "gamma"),
+        ("maddpg+iql", "tau"),
     ],
 )
 def test_each_member_of_a_sweep_trains_as_the_single_run_with_its_value(tmp_path, algo, option):
@@ -305,7 +374,11 @@ def test_each_member_of_a_sweep_trains_as_the_single_run_with_its_value(tmp_path
         for member, single in zip(batched.train_iteration()["members"], singles):
             assert_rows_match(member, single.train_iteration())
     if algo in VALUE_BASED:  # the optimiser steps' clock, in every member's checkpoint, moved as the single runs'
-        assert torch.equal(batched.algorithm.updates, singles[0].algorithm.updates)
+        assert torch.equal(batched.algorithm.template.updates, singles[0].algorithm.updates)
+    if algo in MIXED:  # so does the IQL group's clock
+        assert torch.equal(
+            batched.algorithm.template.owner["speaker"].updates, singles[0].algorithm.owner["speaker"].updates
+        )
 
 
 def off_argv(tmp_path, algo="iql") -> list[str]:
@@ -348,6 +421,24 @@ def test_a_recurrent_q_learning_population_trains_from_the_command_line(tmp_path
     assert member.config.model.model == "gru" and len(member.buffer) == 48
 
 
+MIXED_ARGV = ("--env", "speaker_listener", "--group", "speaker.algo=iql")
+
+
+def test_a_mixed_population_trains_from_the_command_line_and_eval_takes_a_member(tmp_path, capsys):
+    argv = [*off_argv(tmp_path, "masac"), *MIXED_ARGV, "--seeds", "0", "1", "2", "--save-buffer"]
+    assert main(["train", *argv]) == 0
+    out = capsys.readouterr().out
+    assert "seeds 0-2: 3 runs in one process" in out and "replay buffer: 200 env steps for each of 3 runs" in out
+    assert "with IQL (speaker), MASAC (listener) on cpu, 3 runs x 8 envs" in out and "final return" in out
+    run = tmp_path / "run"
+    assert len((run / "aggregate.csv").read_text().splitlines()) == 3
+    assert main(["eval", "--checkpoint", str(run / "checkpoint.pt"), "--member", "1", "--episodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "speaker: mean episode return" in out and "listener: mean episode return" in out
+    member = Trainer.resume(run / "seed_1" / "checkpoint.pt")  # a single mixed run's, with its own buffer
+    assert type(member.algorithm) is Mixed and member.config.run.seed == 1 and len(member.buffer) == 128
+
+
 @pytest.mark.parametrize(
     ("algo", "argv", "message"),
     [
@@ -365,15 +456,20 @@ def test_a_recurrent_q_learning_population_trains_from_the_command_line(tmp_path
             "Q-learning on chunks takes TD(0) targets (n_step 1)",
         ),
         ("masac", ["--model", "gru"], "--model gru: --algo masac trains MLPs only"),  # as a single run's
-        (
-            "iql",
-            ["--env", "speaker_listener", "--group", "listener.algo=masac"],
-            "of iql train every group with IQL, VDN or QMIX; group(s) ['listener'] take another algorithm",
+        (  # a mixed run's: each group's algorithm's options, and hard copies have no tau
+            "masac",
+            [*MIXED_ARGV, "--sweep", "alpha_init=0.1,1"],
+            "--sweep takes IQL's and MASAC's options lr, gamma, tau, not alpha_init",
         ),
         (
-            "maddpg",
-            ["--env", "speaker_listener", "--group", "speaker.algo=iql"],
-            "of maddpg train every group with MADDPG or IDDPG; group(s) ['speaker'] take another algorithm",
+            "masac",
+            [*MIXED_ARGV, "--group", "speaker.target_update=hard", "--sweep", "tau=0.01,0.1"],
+            "--sweep tau: group(s) ['speaker'] copy their targets (--target-update hard)",
+        ),
+        (  # as the single mixed run's
+            "masac",
+            [*MIXED_ARGV, "--group", "speaker.model=gru"],
+            "train Q-learning on chunks of steps, which a run mixing algorithms (--group NAME.algo=...) does not draw",
         ),
     ],
 )
