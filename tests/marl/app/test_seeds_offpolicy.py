@@ -142,7 +142,12 @@ def prioritized(config, **options):
 
 # MASAC: discrete and continuous groups, their priorities reduced by the mean; QMIX: n-step returns, one mixed
 # TD error per env step as every agent's priority. Both rings wrap in the second iteration (100 slots).
-PRIORITIZED = {"masac": {"priority_reduce": "mean"}, "qmix": {"n_step": 2, "priority_alpha": 0.8}}
+# IQL+MASAC: each group's TD errors (IQL's 2-step ones) reduced into one priority per env step.
+PRIORITIZED = {
+    "masac": {"priority_reduce": "mean"},
+    "qmix": {"n_step": 2, "priority_alpha": 0.8},
+    "masac+iql": {},
+}
 
 
 @pytest.mark.parametrize("algo", list(PRIORITIZED))
@@ -159,24 +164,18 @@ def test_each_member_of_a_prioritized_population_trains_as_the_single_prioritize
         for member, single in zip(row["members"], singles):
             assert_rows_match(member, single.train_iteration())
     # Each member's tree is its single run's (its priorities to the rounding of the batched losses), its own
-    # largest priority, its nets' parameters the single run's.
+    # largest priority, its nets' parameters and Adam moments the single run's.
     tree, largest = batched.buffer.tree, batched.buffer.max_priority
     for k, single in enumerate(singles):
         torch.testing.assert_close(tree[k], single.buffer.tree, rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(largest[k], single.buffer.max_priority, rtol=1e-4, atol=1e-6)
-        state, own = batched.algorithm.member_state_dict(k), single.algorithm.state_dict()
-        nets = {(g, name): module for g, held in own.items() if isinstance(held, dict) for name, module in held.items()}
-        for (g, name), module in nets.items():
-            if name != "optimizer":
-                for key, value in module.items():
-                    torch.testing.assert_close(
-                        state[g][name][key], value, rtol=1e-4, atol=1e-5, msg=f"{g}.{name}.{key}"
-                    )
+        state, member = tensors(single.algorithm.state_dict()), tensors(batched.algorithm.member_state_dict(k))
+        assert member.keys() == state.keys()
+        for key, value in state.items():
+            torch.testing.assert_close(member[key], value, rtol=1e-4, atol=1e-5, msg=key)
     assert not torch.equal(tree[0], tree[1])  # the members' trees are their own
-    assert (
-        row["members"][0][f"{next(iter(batched.env.groups))}/loss"]
-        != row["members"][1][f"{next(iter(batched.env.groups))}/loss"]
-    )
+    group = next(iter(batched.env.groups))
+    assert row["members"][0][f"{group}/loss"] != row["members"][1][f"{group}/loss"]
 
 
 def test_member_buffers_keep_their_own_priorities_as_single_prioritized_buffers():
@@ -354,6 +353,7 @@ SWEPT = {"lr": (0.001, 0.03), "tau": (0.01, 0.3), "gamma": (0.8, 0.99)}
         ("qmix", "gamma"),
         ("masac", "gamma"),
         ("iddpg", "gamma"),
+        ("masac+iql", "lr"),
         ("masac+iql", "gamma"),
         ("maddpg+iql", "tau"),
     ],
@@ -480,7 +480,9 @@ def test_what_off_policy_populations_do_not_train_is_one_clear_line(tmp_path, al
 
 
 @pytest.mark.parametrize(
-    ("algo", "variant"), [("qmix", "mlp"), ("masac", "mlp"), ("qmix", "gru"), ("masac", "prioritized")], ids=str
+    ("algo", "variant"),
+    [("qmix", "mlp"), ("masac", "mlp"), ("qmix", "gru"), ("masac", "prioritized"), ("maddpg+iql", "mlp")],
+    ids=str,
 )
 def test_memory_line_counts_a_members_buffer_and_its_target_nets_once(tmp_path, algo, variant):
     batched = Trainer(variant_config(tmp_path, algo, variant, seeds=SEEDS), run_dir=tmp_path / "seeds")
