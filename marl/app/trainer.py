@@ -289,7 +289,13 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         state = self.world.own_checkpoint(state)
         self.iteration, self.frames, self.elapsed = state["iteration"], state["frames"], state["elapsed"]
-        self.algorithm.load_state_dict(state["algorithm"])
+        try:
+            self.algorithm.load_state_dict(state["algorithm"])
+        except KeyError as error:  # a checkpoint of another algorithm's layout, e.g. of an earlier vecmarl
+            raise ValueError(
+                f"the checkpoint's algorithm state has no entry {error}: it was written by another version of "
+                f"vecmarl or for another setup than {self.algorithm.label(self.config, self.env.groups)}"
+            ) from None
         if isinstance(self.generator, list):
             for generator, held in zip(self.generator, state["generator"]):
                 generator.set_state(held)

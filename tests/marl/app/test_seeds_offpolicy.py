@@ -500,3 +500,19 @@ def test_memory_line_counts_a_members_buffer_and_its_target_nets_once(tmp_path, 
             for p in module.parameters():
                 expected += (4 if id(p) in trained else 1) * p.numel() * p.element_size()
     assert parts["nets and Adam"] == expected
+
+
+def test_a_checkpoint_of_another_layout_is_refused_in_one_line(tmp_path, capsys):
+    # A population checkpoint missing an entry its algorithm reads (as one written before Q-learning's clock moved
+    # under "single"): a ValueError naming the entry, and the command line says it without a traceback.
+    trainer = Trainer(off_config(tmp_path, "iql", seeds=SEEDS), run_dir=tmp_path / "run")
+    trainer.train_iteration()
+    path = trainer.save()
+    state = torch.load(path, weights_only=True)
+    del state["algorithm"]["single"]
+    torch.save(state, path)
+    with pytest.raises(ValueError, match="has no entry 'single': it was written by another version of vecmarl"):
+        Trainer.resume(path)
+    assert main(["train", "--resume", str(path), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "has no entry 'single'" in err and "Traceback" not in err
