@@ -4,7 +4,8 @@ critic per group (Lowe et al. 2017; Lillicrap et al. 2016), from a replay buffer
 A group's policy gives an action in its bounds, `low + (tanh(x) + 1) / 2 * (high - low)`; it explores
 with Gaussian noise of scale sigma (a fraction of the half range) added and clipped to the bounds, sigma
 annealed linearly from `exploration_sigma_init` to `exploration_sigma_end` over the first
-`exploration_anneal` of the run (BenchMARL's defaults). Per optimiser step and group (`ddpg_terms`):
+`exploration_anneal` of the run (BenchMARL's schedule; `DDPGConfig`'s defaults start lower). Per optimiser
+step and group (`ddpg_terms`):
 
 - `critic_loss`: `mean(w * (Q(s, a) - y)^2)` with `y = r + gamma * (1 - terminated) * Q'(s', mu'(s'))`,
   the target critic `Q'` at the target policies' next actions;
@@ -49,8 +50,26 @@ class DDPGConfig(OffPolicyConfig):
 
     algo: Literal["maddpg", "iddpg"] = "maddpg"
     """maddpg: a centralised critic (every group's observations and actions); iddpg: each agent's own."""
-    exploration_sigma_init: float = 0.8
-    """Exploration noise at the start, as a fraction of the action's half range."""
+    # DDPG's own defaults, chosen by the time to a return of 0.9 on vmas/navigation (marl/bench/README.md,
+    # "Time to a return of 0.9"): with the shared ones (lr 3e-4, tau 0.005, gamma 0.99, 32 steps of 2048)
+    # and BenchMARL's noise (0.8) MADDPG ran into collisions and ended at a return of -4.
+    lr: float = 3e-3
+    """Adam learning rate of the policies and critics (DDPG's: as SAC's, 10x the shared one; with 1e-3 and one
+    step per 64 frames MADDPG stayed below a return of 0 on vmas/navigation in 300k frames)."""
+    tau: float = 0.02
+    """Polyak factor of the target networks (DDPG's: targets that keep up with the faster lr)."""
+    gamma: float = 0.95
+    """Discount factor (DDPG's: with 0.99 MADDPG's action values kept rising past the returns, and it levelled
+    off lower on vmas/navigation)."""
+    batch_size: int = 256
+    """Env steps drawn from the buffer per optimiser step (DDPG's: a step about 8x cheaper than 2048's, so
+    that many steps fit in each iteration; 128 levelled off lower)."""
+    updates_per_iteration: int = 512
+    """Optimiser steps per iteration (DDPG's: one per 32 frames of the default 256 x 64 iteration; with one
+    per 64 frames MADDPG stayed below a return of 0.8 on vmas/navigation in 300k frames)."""
+    exploration_sigma_init: float = 0.3
+    """Exploration noise at the start, as a fraction of the action's half range (DDPG's: BenchMARL's 0.8 is
+    mostly collisions on vmas/navigation; 0.5 and 0.1 were slower to a return of 0.9)."""
     exploration_sigma_end: float = 0.01
     """Exploration noise after the annealing."""
     exploration_anneal: float = 1 / 3

@@ -10,6 +10,7 @@ import pytest
 
 from marl.algorithms.ddpg import DDPGConfig
 from marl.algorithms.ppo import PPOConfig
+from marl.algorithms.qlearning import QConfig
 from marl.algorithms.sac import SACConfig
 from marl.app.cli import algorithms_text, build_parser, config_from_args, main
 from marl.config import SECTIONS, ModelConfig, TrainConfig
@@ -38,8 +39,8 @@ def test_train_help_lists_overlap_critic_among_ppos_options(capsys):
 
 
 def test_train_help_gives_each_algorithm_its_own_defaults_of_shared_options(capsys):
-    # `--lr` is listed once, under the first algorithm (MADDPG's 3e-4); MASAC's and MAPPO's sections must
-    # say their own lr, as their configs have it, and leave out the options whose default is the same.
+    # `--lr` is listed once, under the first algorithm (MADDPG's 3e-3); MASAC's, MAPPO's and QMIX's sections
+    # must say their own defaults where their configs differ from it, and leave out those that are the same.
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     text = capsys.readouterr().out
@@ -48,12 +49,16 @@ def test_train_help_gives_each_algorithm_its_own_defaults_of_shared_options(caps
         return " ".join(text[text.index(title) :].split("\n\n")[0].split())
 
     sac, ppo = description("algorithm isac / masac (SACConfig):"), description("algorithm ippo / mappo (PPOConfig):")
-    assert SACConfig.lr != DDPGConfig.lr and PPOConfig.lr != DDPGConfig.lr
-    assert f"--lr {SACConfig.lr}: Adam learning rate" in sac and "--alpha-init" not in sac
-    assert f"--batch-size {SACConfig.batch_size}:" in sac and f"--tau {SACConfig.tau}:" in sac
-    assert SACConfig.gamma == DDPGConfig.gamma and "--gamma 0" not in sac
-    assert f"--lr {PPOConfig.lr}:" in ppo and f"--adam-eps {PPOConfig.adam_eps}:" in ppo
-    assert "Its own defaults" not in description("algorithm iql / qmix / vdn (QConfig):")  # none differ
+    q = description("algorithm iql / qmix / vdn (QConfig):")
+    assert SACConfig.lr == DDPGConfig.lr and SACConfig.tau == DDPGConfig.tau
+    assert f"--lr {SACConfig.lr}" not in sac and f"--tau {SACConfig.tau}" not in sac and "--alpha-init" not in sac
+    assert SACConfig.gamma != DDPGConfig.gamma and f"--gamma {SACConfig.gamma}: Discount factor" in sac
+    assert f"--updates-per-iteration {SACConfig.updates_per_iteration}:" in sac
+    assert f"--batch-size {SACConfig.batch_size}" not in sac  # the same as DDPG's
+    assert (
+        PPOConfig.lr != DDPGConfig.lr and f"--lr {PPOConfig.lr}:" in ppo and f"--adam-eps {PPOConfig.adam_eps}:" in ppo
+    )
+    assert QConfig.lr != DDPGConfig.lr and f"--lr {QConfig.lr}" in q and f"--batch-size {QConfig.batch_size}" in q
 
 
 def test_options_reach_the_config():
