@@ -205,8 +205,10 @@ def build_seeded(config: TrainConfig, env, device: torch.device, world, generato
     """The algorithm that trains `seeds` of `config.algo` in one process (`register_seeded`); `sweep` maps
     swept options to each member's value (`--sweep`). When groups take algorithms of other modules (`--group
     NAME.algo=...`), a population of the mixed runs `build` makes (`marl.algorithms.offpolicy_seeds.SeededMixed`)."""
-    for name in dict.fromkeys(config.for_group(g)[0].algo for g in env.groups):
-        check_seeded(name)
+    # Every group's algorithm (a mixed run's groups take several), recurrent where the group's nets are.
+    taken = (config.for_group(g) for g in env.groups)
+    for name, recurrent in dict.fromkeys((algo.algo, model.model == "gru") for algo, model in taken):
+        check_seeded(name, recurrent)
     if len(set(group_classes(config, env.groups).values())) == 1:
         return _SEEDED[config.algo.algo](config, env, device, world, generators, seeds, sweep)
     from marl.algorithms.offpolicy_seeds import SeededMixed

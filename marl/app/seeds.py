@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from marl import algorithms
 from marl.app.logger import RunLogger
 from marl.app.wandb_logging import wandb_run
 from marl.config import Member, TrainConfig
@@ -68,13 +67,8 @@ def logs(run_dir: Path, members: Sequence[Member]) -> list[Path]:
 
 
 def check_population(config: TrainConfig, world) -> None:
-    """Refuse what several seeds in one process do not support (yet), before anything is built."""
-    # Every group's algorithm (a mixed run's groups take several: `--group NAME.algo=...`), recurrent where
-    # the group's nets are.
-    run = (config.algo.algo, config.model.model)
-    taken = [run, *((o.get("algo", run[0]), o.get("model", run[1])) for o in config.group_overrides.values())]
-    for name, model in dict.fromkeys(taken):
-        algorithms.check_seeded(name, recurrent=model == "gru")
+    """Refuse what several seeds in one process do not support, before anything is built (each group's
+    algorithm and model: `marl.algorithms.build_seeded`, once the env has named the groups)."""
     if world.size > 1:
         raise ValueError("several seeds (--seeds, --num-seeds) train in one process: run them without torchrun")
 
