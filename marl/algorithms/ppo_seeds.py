@@ -12,6 +12,11 @@ chunks (`CHUNK_ROWS`, `UPDATE_CHUNK_ROWS`): S times a single run's activations o
 GPU they go whole (`chunked`): there a small batch costs host time per op launched, not memory traffic,
 and chunks of rows would launch about S times a single run's ops.
 
+With `--compile` (one process) each minibatch step is one compiled graph (`compiled_step`, the update step
+of `marl.optim.update_step` over the stacked nets, as a single run's): the advantages normalised per member,
+the vmapped loss, the gradients of the members' summed losses by `torch.func.grad`, each member's norms and
+clipping per net, Adam (scaled by each member's swept lr), over the minibatch's rows whole (no chunks).
+
 A population (`--sweep lr=1e-4,1e-3`) gives each member its own values of `SWEEPABLE` options, as `[S]`
 tensors: the loss reads them (vmapped, one value per member), and a swept learning rate scales each
 member's Adam step (Adam then steps with lr 1). A swept `gamma` or `lmbda` is a per-env-column tensor to
@@ -47,7 +52,7 @@ from marl.core.members import (
     split,
 )
 from marl.core.rollout import Acting, observations
-from marl.optim.update_step import adam
+from marl.optim.update_step import Trainable, UpdateStep, adam
 
 SWEEPABLE = ("lr", "entropy_coef", "clip_eps", "value_coef", "gamma", "lmbda")
 DISCOUNTS = ("gamma", "lmbda")  # swept, read by GAE (`_gae`), not by the loss
@@ -94,6 +99,23 @@ class SeededPPO(Seeded):
             g: adam([p for net in NETS for p in self.group_params[g][net]], lr=self.base_lr[g], eps=lr.algo.adam_eps)
             for g, lr in self.template.learners.items()
         }
+        # --compile (one process): each minibatch step is one compiled graph (`UpdateStep` over the stacked
+        # nets), every member's rows at once, in no chunks; otherwise `step` takes it eagerly.
+        self.compiled_step = None
+        if self.config.run.compile and self.world.size == 1:
+            self.compiled_step = UpdateStep(
+                {
+                    g: Trainable({net: getattr(lr, net) for net in NETS}, self.optimizers[g], lr.algo.max_grad_norm)
+                    for g, lr in self.template.learners.items()
+                },
+                self.member_loss,
+                self.device,
+                self.world,
+                compile=True,
+                prepare=self.prepare_step,
+                members=self.members,
+                member_lr=self.member_lr,
+            )
 
     @property
     def acting(self) -> Acting:
@@ -257,7 +279,11 @@ class SeededPPO(Seeded):
             for k in range(count):
                 index = slice(k * size, (k + 1) * size)
                 minibatch = {g: {key: v[:, index] for key, v in tensors.items()} for g, tensors in data.items()}
-                out = self.step(minibatch, data_state[:, index] if data_state is not None else None)
+                minibatch_state = data_state[:, index] if data_state is not None else None
+                if self.compiled_step is not None:
+                    out = self.compiled_step(minibatch, minibatch_state, self.swept)
+                else:
+                    out = self.step(minibatch, minibatch_state)
                 for g, vector in out.items():
                     sums[g] += vector
         names = (*LOSS_TERMS, "policy_grad_norm", "critic_grad_norm")
@@ -304,6 +330,15 @@ class SeededPPO(Seeded):
             self._adam_step(g)
             out[g] = torch.cat([terms[g], torch.stack(norms, -1)], -1)
         return out
+
+    def prepare_step(self, flat, state, swept) -> tuple:
+        """The compiled step's loss inputs: the minibatch with its advantages normalised per member."""
+        return self._normalized_advantages(flat), state, swept
+
+    def member_loss(self, flat, state, swept):
+        """One member's minibatch loss (run under vmap), with its swept values; its advantages normalised."""
+        with swept_options(self.template, {**(swept or {}), "normalize_advantage": False}):
+            return self.template._minibatch_loss(flat, state, slice(None))
 
     def _normalized_advantages(self, flat):
         """`flat` with each group's advantages normalised per member over the minibatch (where its config
