@@ -15,7 +15,10 @@ and chunks of rows would launch about S times a single run's ops.
 With `--compile` (one process) each minibatch step is one compiled graph (`compiled_step`, the update step
 of `marl.optim.update_step` over the stacked nets, as a single run's): the advantages normalised per member,
 the vmapped loss, the gradients of the members' summed losses by `torch.func.grad`, each member's norms and
-clipping per net, Adam (scaled by each member's swept lr), over the minibatch's rows whole (no chunks).
+clipping per net, Adam (scaled by each member's swept lr). On a CPU its forward and backward too go through
+the rows in chunks (`chunks`, in the graph: `UpdateStep`'s `split`): whole, the compiled update of three
+seeds took as long as the eager chunked one (1.6 s an iteration at `marl train`'s defaults), in chunks 1.0 s
+(marl/bench/README.md, seeds).
 
 A population (`--sweep lr=1e-4,1e-3`) gives each member its own values of `SWEEPABLE` options, as `[S]`
 tensors: the loss reads them (vmapped, one value per member), and a swept learning rate scales each
@@ -100,7 +103,7 @@ class SeededPPO(Seeded):
             for g, lr in self.template.learners.items()
         }
         # --compile (one process): each minibatch step is one compiled graph (`UpdateStep` over the stacked
-        # nets), every member's rows at once, in no chunks; otherwise `step` takes it eagerly.
+        # nets), its rows in the eager step's chunks on a CPU; otherwise `step` takes it eagerly.
         self.compiled_step = None
         if self.config.run.compile and self.world.size == 1:
             self.compiled_step = UpdateStep(
@@ -115,6 +118,7 @@ class SeededPPO(Seeded):
                 prepare=self.prepare_step,
                 members=self.members,
                 member_lr=self.member_lr,
+                split=self.chunks if self.chunked else None,
             )
 
     @property
@@ -300,22 +304,11 @@ class SeededPPO(Seeded):
         would outgrow the CPU's caches, S times a single run's, and every elementwise op would then run at
         memory speed. On a GPU a step is one chunk: its ops are as many for any number of members."""
         template = self.template
-        rows = next(iter(flat.values()))["advantage"].shape[1]
-        chunks = max(1, min(rows, -(-self.count * rows // UPDATE_CHUNK_ROWS))) if self.chunked else 1
-        size = -(-rows // chunks)
-        flat = self._normalized_advantages(flat)
-
-        def loss(flat, state, swept):
-            with swept_options(template, {**(swept or {}), "normalize_advantage": False}):
-                return template._minibatch_loss(flat, state, slice(None))
-
         for optimizer in self.optimizers.values():
             optimizer.zero_grad(set_to_none=True)
         terms: dict[str, torch.Tensor] = {}
-        for start in range(0, rows, size):
-            part, weight = slice(start, start + size), (min(rows, start + size) - start) / rows
-            chunk = {g: {k: v[:, part] for k, v in data.items()} for g, data in flat.items()}
-            total, chunk_terms = self.members(loss, chunk, state[:, part] if state is not None else None, self.swept)
+        for chunk, weight in self.chunks(self._normalized_advantages(flat), state, self.swept):
+            total, chunk_terms = self.members(self.member_loss, *chunk)
             (total.sum() * weight).backward()
             for g, t in chunk_terms.items():
                 terms[g] = terms[g] + t * weight if g in terms else t * weight
@@ -329,6 +322,19 @@ class SeededPPO(Seeded):
                     norms.append(torch.full((self.count,), math.nan, device=self.device))
             self._adam_step(g)
             out[g] = torch.cat([terms[g], torch.stack(norms, -1)], -1)
+        return out
+
+    def chunks(self, flat, state, swept) -> list[tuple[tuple, float]]:
+        """The loss's inputs in chunks of the minibatch's rows (`step`: on a CPU about `UPDATE_CHUNK_ROWS`
+        frames of all members each; one on a GPU), each with its share of the rows."""
+        rows = next(iter(flat.values()))["advantage"].shape[1]
+        count = max(1, min(rows, -(-self.count * rows // UPDATE_CHUNK_ROWS))) if self.chunked else 1
+        size = -(-rows // count)
+        out = []
+        for start in range(0, rows, size):
+            part, weight = slice(start, start + size), (min(rows, start + size) - start) / rows
+            chunk = {g: {k: v[:, part] for k, v in data.items()} for g, data in flat.items()}
+            out.append(((chunk, state[:, part] if state is not None else None, swept), weight))
         return out
 
     def prepare_step(self, flat, state, swept) -> tuple:

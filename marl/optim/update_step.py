@@ -124,6 +124,10 @@ class UpdateStep:
         member_lr: with `members`, each member's learning rate `[S]` (a swept lr; the optimisers' own is then
             1): Adam's step is proportional to its lr, so each member's is scaled by its own
             (`marl.core.members.member_lr_step` the eager one).
+        split: `split(*loss inputs) -> [(part's loss inputs, weight), ...]`: the compiled step takes the loss
+            part by part, its gradients and terms the parts' weighted sum (the loss a mean over rows: each
+            part's rows' share), so the parts' activations are not all live at once (a population's rows on a
+            CPU, `marl.algorithms.ppo_seeds`). Without aux; None: the inputs whole.
     """
 
     def __init__(
@@ -140,10 +144,13 @@ class UpdateStep:
         prepare: Callable[..., tuple] | None = None,
         members: Members | None = None,
         member_lr: torch.Tensor | None = None,
+        split: Callable[..., list[tuple[tuple, float]]] | None = None,
     ) -> None:
         self.trainables, self.loss, self.device, self.world = dict(trainables), loss, device, world
         self.aux, self.after_step, self.prepare = aux, after_step, prepare
-        self.members, self.member_lr = members, member_lr
+        self.members, self.member_lr, self.split = members, member_lr, split
+        if split is not None and (aux or not compile or world.size != 1):
+            raise ValueError("split: the compiled step (one process) of a loss without aux takes its inputs in parts")
         for g, t in self.trainables.items():
             held = t.optimizer.param_groups
             want = t.parameters() if members is None else [members.params[n] for n in members.names(t.parameters())]
@@ -275,14 +282,25 @@ class UpdateStep:
         # d(total)/d(parameters); the per-group terms ride along as the auxiliary output. No weights are
         # tied, and looking for ties walks every buffer (traced, a float64 buffer became a symbolic float
         # and AOTAutograd restarted the whole trace to specialise it).
-        def loss(p):
+        def loss(p, inputs, weight=1.0):
             if self.members is None:
                 total, *rest = functional_call(self.module, p, inputs, self.loss_kwargs, tie_weights=False)
-                return total, rest
+                return total * weight, rest
             total, *rest = self.members(self.member_loss, *inputs, params=p)
-            return total.sum(), rest  # each member's gradient is its own loss's
+            return total.sum() * weight, rest  # each member's gradient is its own loss's
 
-        grads, (terms, *aux) = grad(loss, has_aux=True)(params)
+        if self.split is None:
+            grads, (terms, *aux) = grad(loss, has_aux=True)(params, inputs)
+        else:  # part by part, in the graph: each part's gradients and terms weighted and summed
+            grads, terms, aux = None, None, ()
+            for part, weight in self.split(*inputs):
+                part_grads, (part_terms,) = grad(loss, has_aux=True)(params, part, weight)
+                part_terms = {g: v * weight for g, v in part_terms.items()}
+                if grads is None:
+                    grads, terms = part_grads, part_terms
+                else:
+                    grads = {name: grads[name] + v for name, v in part_grads.items()}
+                    terms = {g: terms[g] + v for g, v in part_terms.items()}
         out = {}
         for g, t in self.trainables.items():
             stepped = [self.names[g][i] for i in self.stepped[g]]

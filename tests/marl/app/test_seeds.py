@@ -172,8 +172,10 @@ def assert_populations_match(rows: list[dict], other: list[dict]) -> None:
 def test_the_compiled_population_step_takes_the_eager_steps(tmp_path, monkeypatch, sweep, gru):
     """`--compile`: each minibatch step of every member is `UpdateStep`'s one graph over the stacked nets
     (gradients of the summed losses by `torch.func.grad`, each member's norms and clipping, Adam scaled by
-    each member's swept lr, with the linear lr schedule); its members take the eager population's steps."""
+    each member's swept lr, with the linear lr schedule, the rows in uneven chunks in the graph as the eager
+    step's); its members take the eager population's steps."""
     uncompiled(monkeypatch)
+    monkeypatch.setattr(ppo_seeds, "UPDATE_CHUNK_ROWS", 6 if gru else 100)
     config = gru_config(tmp_path, "both", 2) if gru else tiny_config(tmp_path)
     config = dataclasses.replace(config, algo=dataclasses.replace(config.algo, lr_schedule="linear"))
     run = {"seeds": (3,), "sweep": sweep} if sweep else {"seeds": SEEDS}
@@ -182,6 +184,7 @@ def test_the_compiled_population_step_takes_the_eager_steps(tmp_path, monkeypatc
         for compile in (False, True)
     ]
     assert trainers[0].algorithm.compiled_step is None and trainers[1].algorithm.compiled_step.fused
+    assert trainers[1].algorithm.compiled_step.split is not None
     rows = [[trainer.train_iteration() for _ in range(3)] for trainer in trainers]
     assert_populations_match(rows[1], rows[0])
     for k in range(trainers[0].algorithm.count):
