@@ -112,7 +112,8 @@ class Members:
         return functional_call(self._call, self.state(), (fn, *args), tie_weights=False, strict=True)
 
     def names(self, params: Iterable[nn.Parameter]) -> list[str]:
-        """The names in `params` (the stacked ones) of `params`, parameters of `template`'s nets, in order."""
+        """The names in `self.params` of the stacked tensors of `params` (parameters of `template`'s nets), in
+        their order."""
         by_id = {id(p): name for name, p in self.template.named_parameters()}
         return [by_id[id(p)] for p in params]
 

@@ -523,20 +523,21 @@ def test_a_checkpoint_of_another_layout_is_refused_in_one_line(tmp_path, capsys)
 # MASAC prioritized: the slots found in each member's tree, SAC's temperatures (0-d parameters), the priorities
 # set after the targets; QMIX prioritized: n-step returns, the mixers; MADDPG: a swept lr (each member's Adam
 # step scaled by its own) and tau (its own Polyak factor); MASAC+IQL: a mixed run, IQL's hard copies and clock,
-# with a swept gamma read by the vmapped loss.
+# with a swept gamma read by the vmapped loss; QMIX with GRUs: each member's chunks, unrolled.
 COMPILED = {
-    "masac-prioritized": ("masac", True, None),
-    "qmix-prioritized": ("qmix", True, None),
-    "maddpg-sweep": ("maddpg", False, ("lr=0.001,0.03", "tau=0.01,0.3")),
-    "masac+iql-gamma": ("masac+iql", False, ("gamma=0.8,0.99",)),
+    "masac-prioritized": ("masac", "prioritized", None),
+    "qmix-prioritized": ("qmix", "prioritized", None),
+    "maddpg-sweep": ("maddpg", "mlp", ("lr=0.001,0.03", "tau=0.01,0.3")),
+    "masac+iql-gamma": ("masac+iql", "mlp", ("gamma=0.8,0.99",)),
+    "qmix-gru": ("qmix", "gru", None),
 }
 
 
 def compiled_case(tmp_path, case: str, compile: bool, **run):
-    algo, is_prioritized, sweep = COMPILED[case]
+    algo, variant, sweep = COMPILED[case]
     members = {"seeds": (3,), "sweep": sweep} if sweep else {"seeds": SEEDS}
-    config = off_config(tmp_path, algo, compile=compile, **members, **run)
-    return prioritized(config, **PRIORITIZED[algo]) if is_prioritized else config
+    config = (gru_off_config if variant == "gru" else off_config)(tmp_path, algo, compile=compile, **members, **run)
+    return prioritized(config, **PRIORITIZED[algo]) if variant == "prioritized" else config
 
 
 @pytest.mark.parametrize("case", list(COMPILED))
