@@ -26,6 +26,13 @@ member's TD errors to its priorities (`reduce_priority`), which the step then se
 once (`set_priority_`), after the target update, as a single run's `after_step` does. Recurrent
 Q-networks (`--model gru`): `marl.algorithms.qlearning_seeds`.
 
+With `--compile` (one process) each optimiser step is one compiled graph (`compiled_step`, the update step
+of `marl.optim.update_step` over the stacked nets, as a single run's): every member's find in its tree
+(`select`), the vmapped loss, the gradients of the members' summed losses by `torch.func.grad`, each member's
+norms and clipping per net, Adam (scaled by each member's swept lr), the targets and the priorities
+(`after_step`). The swept values, β and the step's index are tensors: every step is the same graph.
+Without it each step runs eagerly (`step`): autograd, `clip_members_`, torch's fused Adam (`member_lr_step`).
+
 Groups on different off-policy algorithms (`marl train --env speaker_listener --algo masac --group
 speaker.algo=iql --seeds 0 1 2`, `SeededMixed`): each member is the mixed run (`marl.algorithms.mixed.Mixed`)
 with its seed, and the population is the same one: whatever differs by group is read from the algorithm that
@@ -61,7 +68,7 @@ from marl.core.members import (
 )
 from marl.core.replay import Prioritized
 from marl.core.rollout import Acting
-from marl.optim.update_step import adam
+from marl.optim.update_step import Trainable, UpdateStep, adam
 
 
 class SeededOffPolicy(Seeded):
@@ -116,6 +123,23 @@ class SeededOffPolicy(Seeded):
             g: adam(self.optimized[g], lr=1.0 if self.member_lr is not None else lr.algo.lr, eps=lr.algo.adam_eps)
             for g, lr in template.learners.items()
         }
+        self.replay_buffer: MemberReplayBuffer | None = None  # the buffer `update` draws from
+        # --compile (one process): each optimiser step is one compiled graph (`UpdateStep` over the stacked
+        # nets); otherwise `step` takes it eagerly.
+        self.compiled_step, self.prioritized = None, self.replay()[1] is not None
+        if self.config.run.compile and self.world.size == 1:
+            self.compiled_step = UpdateStep(
+                {g: Trainable(t.nets, self.optimizers[g], t.max_grad_norm) for g, t in template.trainables.items()},
+                self.member_loss,
+                self.device,
+                self.world,
+                compile=True,
+                aux=self.prioritized,
+                after_step=self.after_step,
+                prepare=self.select,
+                members=self.members,
+                member_lr=self.member_lr,
+            )
 
     @property
     def acting(self) -> Acting:
@@ -149,9 +173,14 @@ class SeededOffPolicy(Seeded):
         # Then each member's draws of the iteration, as its single run draws them after its noise.
         draws = self.draw(buffer, algo.updates_per_iteration)  # [S, steps, ...]
         storage = buffer.member_storage()  # [S, capacity, ...]
+        self.replay_buffer = buffer
         sums = None
         for t in template.step_indices:
-            out = self.step(buffer, storage, draws.index_select(1, t).squeeze(1), noise, t)
+            if self.compiled_step is not None:
+                out = self.compiled_step(storage, draws, template.beta_now, noise, t, self.swept)
+                out = out[0] if self.prioritized else out
+            else:
+                out = self.step(buffer, storage, draws.index_select(1, t).squeeze(1), noise, t)
             sums = out if sums is None else {g: sums[g] + v for g, v in out.items()}
         timer.mark("update_s")
         fill = (buffer.size.float() / buffer.capacity).expand(self.count)
@@ -205,6 +234,33 @@ class SeededOffPolicy(Seeded):
         if prioritized:  # after the targets, as the single run's `after_step`
             buffer.set_priority_(index, priority[0])
         return out
+
+    # ---- the compiled step (`compiled_step`): `step`'s parts, as `UpdateStep` takes them --------------------
+
+    def select(self, storage, draws, beta, noise, t, swept) -> tuple:
+        """The loss's inputs of step `t` (`[1]`): each member's slots and importance weights from its row of
+        `draws` `[S, steps, ...]` (with the exponent `beta`), and `t` per member `[S, 1]` (the vmapped loss
+        reads its noise's row)."""
+        index, weight = self.replay_buffer.select(draws.index_select(1, t).squeeze(1), beta)
+        return storage, index, weight, noise, t.expand(self.count, 1), swept
+
+    def member_loss(self, storage, index, weight, noise, t, swept):
+        """One member's loss (run under vmap), with its swept values; prioritized, with the slots and their
+        priorities as aux (for `after_step`)."""
+        if swept is None:
+            total, terms, priority = self.template.loss(storage, index, weight, noise, t)
+        else:
+            with swept_options(self.template, swept):
+                total, terms, priority = self.template.loss(storage, index, weight, noise, t)
+        if not self.prioritized:
+            return total, terms
+        return total, terms, (index, self.replay_buffer.reduce_priority(priority))
+
+    def after_step(self, aux) -> None:
+        """After every optimiser step: the targets, then prioritized the drawn steps' priorities (`aux`)."""
+        self.follow_targets()
+        if aux is not None:
+            self.replay_buffer.set_priority_(*aux)
 
     def follow_targets(self) -> None:
         """The single run's target update for every member (Q-learning's clock of the hard copies is every

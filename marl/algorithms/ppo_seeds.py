@@ -12,6 +12,14 @@ chunks (`CHUNK_ROWS`, `UPDATE_CHUNK_ROWS`): S times a single run's activations o
 GPU they go whole (`chunked`): there a small batch costs host time per op launched, not memory traffic,
 and chunks of rows would launch about S times a single run's ops.
 
+With `--compile` (one process) each minibatch step is one compiled graph (`compiled_step`, the update step
+of `marl.optim.update_step` over the stacked nets, as a single run's): the advantages normalised per member,
+the vmapped loss, the gradients of the members' summed losses by `torch.func.grad`, each member's norms and
+clipping per net, Adam (scaled by each member's swept lr). On a CPU its forward and backward too go through
+the rows in chunks (`chunks`, in the graph: `UpdateStep`'s `split`): whole, the compiled update of three
+seeds took as long as the eager chunked one (1.6 s an iteration at `marl train`'s defaults), in chunks 1.0 s
+(marl/bench/README.md, seeds).
+
 A population (`--sweep lr=1e-4,1e-3`) gives each member its own values of `SWEEPABLE` options, as `[S]`
 tensors: the loss reads them (vmapped, one value per member), and a swept learning rate scales each
 member's Adam step (Adam then steps with lr 1). A swept `gamma` or `lmbda` is a per-env-column tensor to
@@ -47,7 +55,7 @@ from marl.core.members import (
     split,
 )
 from marl.core.rollout import Acting, observations
-from marl.optim.update_step import adam
+from marl.optim.update_step import Trainable, UpdateStep, adam
 
 SWEEPABLE = ("lr", "entropy_coef", "clip_eps", "value_coef", "gamma", "lmbda")
 DISCOUNTS = ("gamma", "lmbda")  # swept, read by GAE (`_gae`), not by the loss
@@ -94,6 +102,24 @@ class SeededPPO(Seeded):
             g: adam([p for net in NETS for p in self.group_params[g][net]], lr=self.base_lr[g], eps=lr.algo.adam_eps)
             for g, lr in self.template.learners.items()
         }
+        # --compile (one process): each minibatch step is one compiled graph (`UpdateStep` over the stacked
+        # nets), its rows in the eager step's chunks on a CPU; otherwise `step` takes it eagerly.
+        self.compiled_step = None
+        if self.config.run.compile and self.world.size == 1:
+            self.compiled_step = UpdateStep(
+                {
+                    g: Trainable({net: getattr(lr, net) for net in NETS}, self.optimizers[g], lr.algo.max_grad_norm)
+                    for g, lr in self.template.learners.items()
+                },
+                self.member_loss,
+                self.device,
+                self.world,
+                compile=True,
+                prepare=self.prepare_step,
+                members=self.members,
+                member_lr=self.member_lr,
+                split=self.chunks if self.chunked else None,
+            )
 
     @property
     def acting(self) -> Acting:
@@ -257,7 +283,11 @@ class SeededPPO(Seeded):
             for k in range(count):
                 index = slice(k * size, (k + 1) * size)
                 minibatch = {g: {key: v[:, index] for key, v in tensors.items()} for g, tensors in data.items()}
-                out = self.step(minibatch, data_state[:, index] if data_state is not None else None)
+                minibatch_state = data_state[:, index] if data_state is not None else None
+                if self.compiled_step is not None:
+                    out = self.compiled_step(minibatch, minibatch_state, self.swept)
+                else:
+                    out = self.step(minibatch, minibatch_state)
                 for g, vector in out.items():
                     sums[g] += vector
         names = (*LOSS_TERMS, "policy_grad_norm", "critic_grad_norm")
@@ -274,22 +304,11 @@ class SeededPPO(Seeded):
         would outgrow the CPU's caches, S times a single run's, and every elementwise op would then run at
         memory speed. On a GPU a step is one chunk: its ops are as many for any number of members."""
         template = self.template
-        rows = next(iter(flat.values()))["advantage"].shape[1]
-        chunks = max(1, min(rows, -(-self.count * rows // UPDATE_CHUNK_ROWS))) if self.chunked else 1
-        size = -(-rows // chunks)
-        flat = self._normalized_advantages(flat)
-
-        def loss(flat, state, swept):
-            with swept_options(template, {**(swept or {}), "normalize_advantage": False}):
-                return template._minibatch_loss(flat, state, slice(None))
-
         for optimizer in self.optimizers.values():
             optimizer.zero_grad(set_to_none=True)
         terms: dict[str, torch.Tensor] = {}
-        for start in range(0, rows, size):
-            part, weight = slice(start, start + size), (min(rows, start + size) - start) / rows
-            chunk = {g: {k: v[:, part] for k, v in data.items()} for g, data in flat.items()}
-            total, chunk_terms = self.members(loss, chunk, state[:, part] if state is not None else None, self.swept)
+        for chunk, weight in self.chunks(self._normalized_advantages(flat), state, self.swept):
+            total, chunk_terms = self.members(self.member_loss, *chunk)
             (total.sum() * weight).backward()
             for g, t in chunk_terms.items():
                 terms[g] = terms[g] + t * weight if g in terms else t * weight
@@ -304,6 +323,28 @@ class SeededPPO(Seeded):
             self._adam_step(g)
             out[g] = torch.cat([terms[g], torch.stack(norms, -1)], -1)
         return out
+
+    def chunks(self, flat, state, swept) -> list[tuple[tuple, float]]:
+        """The loss's inputs in chunks of the minibatch's rows (`step`: on a CPU about `UPDATE_CHUNK_ROWS`
+        frames of all members each; one on a GPU), each with its share of the rows."""
+        rows = next(iter(flat.values()))["advantage"].shape[1]
+        count = max(1, min(rows, -(-self.count * rows // UPDATE_CHUNK_ROWS))) if self.chunked else 1
+        size = -(-rows // count)
+        out = []
+        for start in range(0, rows, size):
+            part, weight = slice(start, start + size), (min(rows, start + size) - start) / rows
+            chunk = {g: {k: v[:, part] for k, v in data.items()} for g, data in flat.items()}
+            out.append(((chunk, state[:, part] if state is not None else None, swept), weight))
+        return out
+
+    def prepare_step(self, flat, state, swept) -> tuple:
+        """The compiled step's loss inputs: the minibatch with its advantages normalised per member."""
+        return self._normalized_advantages(flat), state, swept
+
+    def member_loss(self, flat, state, swept):
+        """One member's minibatch loss (run under vmap), with its swept values; its advantages normalised."""
+        with swept_options(self.template, {**(swept or {}), "normalize_advantage": False}):
+            return self.template._minibatch_loss(flat, state, slice(None))
 
     def _normalized_advantages(self, flat):
         """`flat` with each group's advantages normalised per member over the minibatch (where its config

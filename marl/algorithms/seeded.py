@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import types
 from collections.abc import Callable, Iterable
 from typing import ClassVar
 
@@ -86,8 +85,7 @@ class Seeded(Algorithm):
     def stacked(self, params: Iterable[nn.Parameter]) -> list[nn.Parameter]:
         """The stacked parameters `[S, ...]` of `params`, tensors of the template member's nets (`members.
         template`, the first single run's), in their order."""
-        by_id = {id(p): self.members.params[name] for name, p in self.members.template.named_parameters()}
-        return [by_id[id(p)] for p in params]
+        return [self.members.params[name] for name in self.members.names(params)]
 
     def parameters(self) -> list[torch.Tensor]:
         return list(self.members.params.values())
@@ -111,13 +109,24 @@ class Seeded(Algorithm):
 @contextlib.contextmanager
 def swept_options(algorithm: Algorithm, values: dict):
     """Within: every learner's config of `algorithm` reads `values` instead of its own (swept options: one
-    member's value, a 0-d tensor under vmap; a namespace, as a config's checks cannot read batched values)."""
+    member's value, a 0-d tensor under vmap; a view, as a config's checks cannot read batched values).
+    Traceable: the compiled update step (`marl.optim.update_step` with `members`) enters it."""
     held = {g: lr.algo for g, lr in algorithm.learners.items()}
     try:
         for lr in algorithm.learners.values():
-            fields = {f.name: getattr(lr.algo, f.name) for f in dataclasses.fields(lr.algo)}
-            lr.algo = types.SimpleNamespace(**{**fields, **values})
+            lr.algo = _Swept(lr.algo, values)
         yield
     finally:
         for g, lr in algorithm.learners.items():
             lr.algo = held[g]
+
+
+class _Swept:
+    """A config's options, `values` read in place of its own (`swept_options`)."""
+
+    def __init__(self, config, values: dict) -> None:
+        self._config, self._values = config, values
+
+    def __getattr__(self, name: str):
+        values = self.__dict__["_values"]
+        return values[name] if name in values else getattr(self.__dict__["_config"], name)

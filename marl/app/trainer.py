@@ -107,10 +107,7 @@ class Trainer:
         cudagraphs.clear()
         self.graphs_to_announce: set[str] = set()
         if config.run.compile and self.device.type == "cuda" and self.world.is_main:
-            if len(self.members) > 1:
-                print("CUDA graphs: update step: not compiled (several seeds update eagerly)")
-            else:
-                self.graphs_to_announce = {"update step"}
+            self.graphs_to_announce = {"update step"}
             if self.env.traceable:
                 self.graphs_to_announce.add("rollout step")
             else:

@@ -14,7 +14,7 @@ losses gives each member exactly the gradient of its own loss.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -90,21 +90,32 @@ class Members:
         """Every stacked tensor, in `_Call`'s naming."""
         return {f"nets.{name}": tensor for name, tensor in (*self.params.items(), *self.buffers.items())}
 
-    def __call__(self, fn: Callable, *args):
+    def __call__(self, fn: Callable, *args, params: dict[str, torch.Tensor] | None = None):
         """`fn(*args)` for every member: each tensor in `args` (nested in dicts, tuples; an arg None passes as is)
-        carries a leading member dim `[S, ...]`, and so does every tensor `fn` returns."""
+        carries a leading member dim `[S, ...]`, and so does every tensor `fn` returns. `params`: stacked
+        tensors `[S, ...]` by name (`params`' naming) in place of those parameters, e.g. the ones a
+        `torch.func.grad` differentiates by (the compiled update step: `marl.optim.update_step`)."""
 
         def one(state, *member_args):
             return functional_call(self._call, state, (fn, *member_args), tie_weights=False, strict=True)
 
+        state = self.state()
+        if params is not None:
+            state.update({f"nets.{name}": tensor for name, tensor in params.items()})
         in_dims = (0, *(None if arg is None else 0 for arg in args))  # vmap maps no None
-        return vmap(one, in_dims=in_dims)(self.state(), *args)
+        return vmap(one, in_dims=in_dims)(state, *args)
 
     def broadcast(self, fn: Callable, *args):
         """`fn(*args)` once, with the nets' tensors replaced by the stacked ones (`[S, ...]`), without vmap:
         for elementwise bookkeeping on 0-d buffers, such as running moments updated in place, which then
         update every member's slot by broadcasting."""
         return functional_call(self._call, self.state(), (fn, *args), tie_weights=False, strict=True)
+
+    def names(self, params: Iterable[nn.Parameter]) -> list[str]:
+        """The names in `self.params` of the stacked tensors of `params` (parameters of `template`'s nets), in
+        their order."""
+        by_id = {id(p): name for name, p in self.template.named_parameters()}
+        return [by_id[id(p)] for p in params]
 
     def member(self, k: int, prefix: str) -> dict[str, torch.Tensor]:
         """Member `k`'s tensors of the submodule at `prefix` (`"agent.policy"`), named as in its

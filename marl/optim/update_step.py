@@ -35,13 +35,22 @@ with `nets=` those names and computes their part only, and only their parameters
 state (moments and step counts) move. A step of each part in turn trains as the step of all of them
 (tested), so the parts can run apart: PPO's `overlap_critic` runs the critics' step on a second thread
 (`marl.optim.background`), compiled with `cpp_wrapper`.
+
+A population (`marl train --seeds ... --compile`, `members`) takes its compiled step here too, over its
+stacked nets `[S, ...]` (`marl.core.members.Members`): the loss runs for every member under vmap with
+the parameters `torch.func.grad` differentiates by, the gradients are those of the members' summed
+losses (each member's its own loss's), each member's norm per net `[S]` clips its own gradients, and
+Adam, elementwise, steps every member with its own moments, each scaled by its own learning rate when
+lr is swept. Its eager step is the population's own (`marl.algorithms.seeded`'s subclasses).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -49,6 +58,9 @@ from torch.func import functional_call, grad
 
 from envs import cudagraphs
 from envs.compile import maybe_compile
+
+if TYPE_CHECKING:
+    from marl.core.members import Members
 
 
 @dataclass
@@ -102,6 +114,20 @@ class UpdateStep:
             compiled graph when compiled.
         prepare: `prepare(*inputs) -> loss inputs`, called first (in the compiled graph when compiled, with
             no gradients); None: the loss takes the step's inputs.
+        members: a population's stacked nets (`marl.core.members.Members`, `marl train --seeds`): the
+            trainables' nets are its template's, their optimisers hold the stacked parameters `[S, ...]` (in
+            the nets' order), and the loss, of the template's nets, runs for every member at once
+            (`members(loss, *inputs)`: every input and output `[S, ...]`, `total` `[S]`); the gradients are
+            those of the members' summed losses, so each member's is its own loss's, clipped by its own norm
+            per net `[S]`; the step returns per group `[S, terms + nets]`. Compiled only (one process): a
+            population's eager step is its own (`marl.algorithms.seeded`).
+        member_lr: with `members`, each member's learning rate `[S]` (a swept lr; the optimisers' own is then
+            1): Adam's step is proportional to its lr, so each member's is scaled by its own
+            (`marl.core.members.member_lr_step` the eager one).
+        split: `split(*loss inputs) -> [(part's loss inputs, weight), ...]`: the compiled step takes the loss
+            part by part, its gradients and terms the parts' weighted sum (the loss a mean over rows: each
+            part's rows' share), so the parts' activations are not all live at once (a population's rows on a
+            CPU, `marl.algorithms.ppo_seeds`). Without aux; None: the inputs whole.
     """
 
     def __init__(
@@ -116,12 +142,19 @@ class UpdateStep:
         aux: bool = False,
         after_step: Callable[[object], None] | None = None,
         prepare: Callable[..., tuple] | None = None,
+        members: Members | None = None,
+        member_lr: torch.Tensor | None = None,
+        split: Callable[..., list[tuple[tuple, float]]] | None = None,
     ) -> None:
         self.trainables, self.loss, self.device, self.world = dict(trainables), loss, device, world
         self.aux, self.after_step, self.prepare = aux, after_step, prepare
+        self.members, self.member_lr, self.split = members, member_lr, split
+        if split is not None and (aux or not compile or world.size != 1):
+            raise ValueError("split: the compiled step (one process) of a loss without aux takes its inputs in parts")
         for g, t in self.trainables.items():
             held = t.optimizer.param_groups
-            if len(held) != 1 or [id(p) for p in held[0]["params"]] != [id(p) for p in t.parameters()]:
+            want = t.parameters() if members is None else [members.params[n] for n in members.names(t.parameters())]
+            if len(held) != 1 or [id(p) for p in held[0]["params"]] != [id(p) for p in want]:
                 raise ValueError(f"group {g!r}: the optimiser must hold its nets' parameters, in order, in one group")
         self.loss_kwargs = {} if nets is None else {"nets": tuple(nets)}
         # Per group: the positions of the stepped nets among its nets, and of their parameters in its optimiser.
@@ -139,6 +172,8 @@ class UpdateStep:
             g: torch.tensor([math.nan if i in self.stepped[g] else 0.0 for i in range(len(t.nets))], device=device)
             for g, t in self.trainables.items()
         }
+        if members is not None:  # each member's: [S, nets]
+            self.unmeasured = {g: v.expand(members.count, -1).contiguous() for g, v in self.unmeasured.items()}
         # The parameters of the nets not stepped: their gradients are dropped before the eager step.
         self.not_stepped = [
             p
@@ -148,16 +183,27 @@ class UpdateStep:
             for p in net.parameters()
         ]
         self.fused = compile and world.size == 1
+        if members is not None and not self.fused:
+            raise ValueError("a population's update step (members) is the compiled one, in one process")
         if self.fused:
-            self.module = _Nets(self.trainables, loss)
-            # Per group and net: the parameter names in `module`'s naming.
-            self.names = {
-                g: [
-                    [f"groups.{g}.{net}.{name}" for name, _ in module.named_parameters()]
-                    for net, module in nets.items()
-                ]
-                for g, nets in self.module.groups.items()
-            }
+            if members is not None:
+                self.member_loss = functools.partial(loss, **self.loss_kwargs)
+                # Read by the step, in place for the whole run (the members' running moments, schedules).
+                cudagraphs.mark_static(members.buffers.values(), device)
+                # Per group and net: the names of its stacked parameters in `members.params`.
+                self.names = {
+                    g: [members.names(net.parameters()) for net in t.nets.values()] for g, t in self.trainables.items()
+                }
+            else:
+                self.module = _Nets(self.trainables, loss)
+                # Per group and net: the parameter names in `module`'s naming.
+                self.names = {
+                    g: [
+                        [f"groups.{g}.{net}.{name}" for name, _ in module.named_parameters()]
+                        for net, module in nets.items()
+                    ]
+                    for g, nets in self.module.groups.items()
+                }
             # Adam's constants, read once: the compiled graph must not guard on the param group (its lr
             # changes every iteration and reaches the graph inside the per-parameter step sizes instead).
             self.adam_constants = {
@@ -208,13 +254,14 @@ class UpdateStep:
         """Group `g`'s gradient norm per net: the stepped nets' `norms`, 0 for the others."""
         by_net = dict(zip(self.stepped[g], norms))
         return torch.stack(
-            [by_net[i] if i in by_net else norms[0].new_zeros(()) for i in range(len(self.trainables[g].nets))]
+            [by_net[i] if i in by_net else torch.zeros_like(norms[0]) for i in range(len(self.trainables[g].nets))],
+            -1,
         )
 
     # ---- compiled: one graph of loss, gradients, clipping and Adam ------------------------------------
 
     def _step_fused(self, inputs):
-        named = dict(self.module.named_parameters())
+        named = self.members.params if self.members is not None else dict(self.module.named_parameters())
         params = {name: named[name] for g, nets in self.names.items() for i in self.stepped[g] for name in nets[i]}
         adam_state = {}
         for g, t in self.trainables.items():
@@ -235,24 +282,39 @@ class UpdateStep:
         # d(total)/d(parameters); the per-group terms ride along as the auxiliary output. No weights are
         # tied, and looking for ties walks every buffer (traced, a float64 buffer became a symbolic float
         # and AOTAutograd restarted the whole trace to specialise it).
-        def loss(p):
-            total, *rest = functional_call(self.module, p, inputs, self.loss_kwargs, tie_weights=False)
-            return total, rest
+        def loss(p, inputs, weight=1.0):
+            if self.members is None:
+                total, *rest = functional_call(self.module, p, inputs, self.loss_kwargs, tie_weights=False)
+                return total * weight, rest
+            total, *rest = self.members(self.member_loss, *inputs, params=p)
+            return total.sum() * weight, rest  # each member's gradient is its own loss's
 
-        grads, (terms, *aux) = grad(loss, has_aux=True)(params)
+        if self.split is None:
+            grads, (terms, *aux) = grad(loss, has_aux=True)(params, inputs)
+        else:  # part by part, in the graph: each part's gradients and terms weighted and summed
+            grads, terms, aux = None, None, ()
+            for part, weight in self.split(*inputs):
+                part_grads, (part_terms,) = grad(loss, has_aux=True)(params, part, weight)
+                part_terms = {g: v * weight for g, v in part_terms.items()}
+                if grads is None:
+                    grads, terms = part_grads, part_terms
+                else:
+                    grads = {name: grads[name] + v for name, v in part_grads.items()}
+                    terms = {g: terms[g] + v for g, v in part_terms.items()}
         out = {}
         for g, t in self.trainables.items():
             stepped = [self.names[g][i] for i in self.stepped[g]]
             net_grads = [[grads[name] for name in names] for names in stepped]
             if t.max_grad_norm > 0:
-                norms, factors = clip_factors(net_grads, t.max_grad_norm)
-                net_grads = [torch._foreach_mul(gs, factor) for gs, factor in zip(net_grads, factors)]
+                norms, factors = clip_factors(net_grads, t.max_grad_norm, members=self.members is not None)
+                net_grads = [_scaled(gs, factor) for gs, factor in zip(net_grads, factors)]
                 norms = self._all_norms(g, norms)
             else:
                 norms = self.unmeasured[g]
             group_params = [params[name] for names in stepped for name in names]
-            _adam_(group_params, [x for gs in net_grads for x in gs], *adam_state[g], *self.adam_constants[g])
-            out[g] = torch.cat([terms[g], norms])
+            grads_in_order = [x for gs in net_grads for x in gs]
+            _adam_(group_params, grads_in_order, *adam_state[g], *self.adam_constants[g], member_lr=self.member_lr)
+            out[g] = torch.cat([terms[g], norms], -1)
         aux = aux[0] if aux else None
         if self.after_step is not None:
             self.after_step(aux)
@@ -290,17 +352,29 @@ def _adam_state(optimizer: torch.optim.Adam) -> tuple[list[torch.Tensor], list[t
 
 
 def clip_factors(
-    grad_lists: list[list[torch.Tensor]], max_norm: float
+    grad_lists: list[list[torch.Tensor]], max_norm: float, members: bool = False
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Each list's total gradient norm and the factor, `min(1, max_norm / (norm + 1e-6))`, that clips it
-    to `max_norm` (as `torch.nn.utils.clip_grad_norm_`), traceable, from one norm pass over all lists."""
+    to `max_norm` (as `torch.nn.utils.clip_grad_norm_`), traceable, from one norm pass over all lists.
+    `members`: the gradients are stacked `[S, ...]`, and each member's norm and factor are its own, `[S]`
+    (as `marl.core.members.clip_members_`)."""
     flat = [g for grads in grad_lists for g in grads]
-    per_tensor = torch._foreach_norm(flat)
+    if members:
+        per_tensor = [torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1) for g in flat]  # [S] each
+    else:
+        per_tensor = torch._foreach_norm(flat)
     norms, start = [], 0
     for grads in grad_lists:
-        norms.append(torch.linalg.vector_norm(torch.stack(per_tensor[start : start + len(grads)])))
+        norms.append(torch.linalg.vector_norm(torch.stack(per_tensor[start : start + len(grads)]), dim=0))
         start += len(grads)
     return norms, [(max_norm / (norm + 1e-6)).clamp(max=1.0) for norm in norms]
+
+
+def _scaled(grads: list[torch.Tensor], factor: torch.Tensor) -> list[torch.Tensor]:
+    """`grads` times `factor`: 0-d, or each member's `[S]` along their leading member dim."""
+    if factor.dim() == 0:
+        return torch._foreach_mul(grads, factor)
+    return [g * factor.view(-1, *(1,) * (g.dim() - 1)) for g in grads]
 
 
 def adam_step_scalars(steps: torch.Tensor, lr: float, beta1: float, beta2: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -316,12 +390,17 @@ def adam_step_scalars(steps: torch.Tensor, lr: float, beta1: float, beta2: float
     return step_sizes, bias_correction2_sqrts
 
 
-def _adam_(params, grads, exp_avgs, exp_avg_sqs, step_sizes, bias_correction2_sqrts, beta1, beta2, eps) -> None:
+def _adam_(
+    params, grads, exp_avgs, exp_avg_sqs, step_sizes, bias_correction2_sqrts, beta1, beta2, eps, member_lr=None
+) -> None:
     """torch's fused Adam step written out, in place, traceable (`torch._fused_adam_` with a tensor lr
-    cannot be compiled), with the per-parameter scalars of `adam_step_scalars`."""
+    cannot be compiled), with the per-parameter scalars of `adam_step_scalars`. `member_lr`: stacked
+    parameters `[S, ...]` whose members each step by their own learning rate `[S]` (the scalars' lr then 1)."""
     for param, g, exp_avg, exp_avg_sq, step_size, bias_correction2_sqrt in zip(
         params, grads, exp_avgs, exp_avg_sqs, step_sizes.unbind(), bias_correction2_sqrts.unbind()
     ):
         exp_avg.lerp_(g, 1 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        if member_lr is not None:
+            step_size = step_size * member_lr.view(-1, *(1,) * (param.dim() - 1))
         param.sub_(step_size * exp_avg / (exp_avg_sq.sqrt() / bias_correction2_sqrt + eps))

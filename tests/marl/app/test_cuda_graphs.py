@@ -5,6 +5,7 @@ trainer prints) tells: it fails naming torch's reason (`envs.cudagraphs`). The r
 that mutates an input not marked static, is checked on the CPU too, from what AOTAutograd records of
 the compiled graphs."""
 
+import dataclasses
 import warnings
 
 import pytest
@@ -35,16 +36,19 @@ def test_compiled_rollout_and_update_steps_are_captured(tmp_path, capsys, unroll
     assert not [str(w.message) for w in caught if str(w.message).startswith("CUDA graphs:")]
 
 
-@pytest.mark.parametrize("algo", ["ppo", "masac-prioritized"])
+@pytest.mark.parametrize("algo", ["ppo", "masac-prioritized", "masac-prioritized-seeds"])
 def test_compiled_steps_mutate_only_static_inputs(tmp_path, monkeypatch, algo):
     # On CUDA torch skips recording a graph that mutates an input not marked static ("mutated inputs"):
     # here the compiled rollout and update steps are traced with what they mark on CUDA marked on the CPU,
     # and every graph input they write must be among the static ones (prioritized replay's update step
-    # writes the buffer's sum tree and largest priority).
+    # writes the buffer's sum tree and largest priority; a population's (`-seeds`), its stacked nets, Adam
+    # state, targets and every member's tree).
     if algo == "ppo":
         config = small_config(tmp_path, compile=True)
     else:
         config = offpolicy_config(tmp_path, "masac", "speaker_listener", compile=True, prioritized=True)
+    if algo.endswith("-seeds"):
+        config = dataclasses.replace(config, run=dataclasses.replace(config.run, seeds=(3, 8)))
     graphs = []
 
     def record_mutations(graph, example_inputs, cpp_wrapper=False):

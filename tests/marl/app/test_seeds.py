@@ -16,6 +16,8 @@ from marl.app import seeds as population
 from marl.app.cli import build_parser, config_from_args, main
 from marl.app.trainer import Trainer
 from marl.config import EnvSettings, ModelConfig, TrainConfig
+from marl.core import rollout
+from marl.optim import update_step
 from tests.marl.algorithms.test_offpolicy import small_config as off_policy_config
 from tests.marl.app.test_training import small_config
 
@@ -141,22 +143,96 @@ def test_a_prioritized_off_policy_iteration_launches_as_many_ops_for_any_number_
     assert not two - four
 
 
-def test_a_compiled_population_collects_as_the_eager_one_in_one_graph(tmp_path):
-    """`--seeds` with `--compile`: every member's acting and envs are one compiled rollout graph (no graph
-    break), which fills the buffer the eager population fills; the update runs eagerly."""
+def uncompiled(monkeypatch) -> None:
+    """`--compile`'s rollout and update steps taken as the compiled ones are, but run eagerly: a compile per
+    case would take a minute on a CPU (one test compiles them)."""
+
+    def identity(fn, *args, **kwargs):
+        return fn
+
+    monkeypatch.setattr(update_step, "maybe_compile", identity)
+    monkeypatch.setattr(rollout, "maybe_compile", identity)
+
+
+def assert_populations_match(rows: list[dict], other: list[dict]) -> None:
+    """Two populations' rows of the same iterations agree in every member's terms, to float rounding."""
+    for row, other_row in zip(rows, other, strict=True):
+        for member, want in zip(row["members"], other_row["members"], strict=True):
+            assert member.keys() == want.keys()
+            for key, value in want.items():
+                if isinstance(value, float) and not key.endswith("_s"):
+                    assert member[key] == pytest.approx(value, rel=1e-4, abs=1e-5, nan_ok=True), key
+
+
+@pytest.mark.parametrize(
+    ("sweep", "gru"),
+    [(("lr=0.001,0.03", "clip_eps=0.1,0.3", "gamma=0.9,0.99"), False), (None, True)],
+    ids=["sweep", "gru"],
+)
+def test_the_compiled_population_step_takes_the_eager_steps(tmp_path, monkeypatch, sweep, gru):
+    """`--compile`: each minibatch step of every member is `UpdateStep`'s one graph over the stacked nets
+    (gradients of the summed losses by `torch.func.grad`, each member's norms and clipping, Adam scaled by
+    each member's swept lr, with the linear lr schedule, the rows in uneven chunks in the graph as the eager
+    step's); its members take the eager population's steps."""
+    uncompiled(monkeypatch)
+    monkeypatch.setattr(ppo_seeds, "UPDATE_CHUNK_ROWS", 6 if gru else 100)
+    config = gru_config(tmp_path, "both", 2) if gru else tiny_config(tmp_path)
+    config = dataclasses.replace(config, algo=dataclasses.replace(config.algo, lr_schedule="linear"))
+    run = {"seeds": (3,), "sweep": sweep} if sweep else {"seeds": SEEDS}
+    trainers = [
+        Trainer(with_run(config, compile=compile, total_frames=16 * 8 * 3, **run), run_dir=tmp_path / f"{compile}")
+        for compile in (False, True)
+    ]
+    assert trainers[0].algorithm.compiled_step is None and trainers[1].algorithm.compiled_step.fused
+    assert trainers[1].algorithm.compiled_step.split is not None
+    rows = [[trainer.train_iteration() for _ in range(3)] for trainer in trainers]
+    assert_populations_match(rows[1], rows[0])
+    for k in range(trainers[0].algorithm.count):
+        want, got = (tensors(trainer.algorithm.member_state_dict(k)) for trainer in trainers)
+        assert got.keys() == want.keys()
+        for key, value in want.items():
+            torch.testing.assert_close(got[key], value, rtol=1e-4, atol=1e-5, msg=key)
+
+
+def tensors(state, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor of a (nested) state dict by its path."""
+    if isinstance(state, torch.Tensor):
+        return {prefix: state}
+    items = state.items() if isinstance(state, dict) else enumerate(state) if isinstance(state, list) else ()
+    return {k: v for key, value in items for k, v in tensors(value, f"{prefix}.{key}").items()}
+
+
+def test_a_compiled_population_resumes_exactly(tmp_path, monkeypatch):
+    # The compiled step's Adam state is the optimisers' own: checkpoints are as the eager population's.
+    uncompiled(monkeypatch)
+    assert_resumes_exactly(
+        with_run(tiny_config(tmp_path), seeds=SEEDS, total_frames=16 * 8 * 3, compile=True), tmp_path
+    )
+
+
+def test_a_compiled_population_collects_and_updates_as_the_eager_one_in_one_graph_each(tmp_path):
+    """`--seeds` with `--compile`: every member's acting and envs are one compiled rollout graph, and each
+    minibatch step of every member one update graph (no graph break, no recompile), which fill the buffer
+    and take the steps of the eager population, the update reading nothing back from the device."""
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    buffers = []
+    buffers, terms = [], []
     for compile in (False, True):
         config = with_run(tiny_config(tmp_path), seeds=SEEDS, compile=compile)
         trainer = Trainer(config, run_dir=tmp_path / f"compile-{compile}")
         buffers.append([trainer.collector.collect().clone() for _ in range(2)])  # an auto-reset at step 6
-        trainer.algorithm.update(trainer.collector.buffer, trainer.timer)
+        batch = trainer.collector.buffer
+        terms.append(trainer.algorithm.update(batch, trainer.timer))
+        with envs.forbid_host_sync("cpu"):
+            trainer.algorithm.update(batch, trainer.timer)
     assert dict(torch._dynamo.utils.counters["graph_break"]) == {}
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
     for eager, compiled in zip(*buffers, strict=True):
         for key, value in eager.items(include_nested=True, leaves_only=True):
             torch.testing.assert_close(compiled[key], value, rtol=1e-5, atol=1e-5, msg=str(key))
+    for g, eager in terms[0].items():
+        for name, value in eager.items():
+            torch.testing.assert_close(terms[1][g][name], value, rtol=1e-4, atol=1e-5, msg=name)
 
 
 def test_member_envs_draw_as_single_envs_with_their_seeds():

@@ -17,10 +17,19 @@ from marl.algorithms.offpolicy_seeds import SeededMixed
 from marl.app import seeds as population
 from marl.app.cli import main
 from marl.app.trainer import Trainer
+from marl.core import rollout
 from marl.core.member_replay import MemberReplayBuffer
 from marl.core.replay import Prioritized, ReplayBuffer
 from tests.marl.algorithms.test_offpolicy import small_config
-from tests.marl.app.test_seeds import SEEDS, assert_resumes_exactly, assert_rows_match, iteration_ops
+from tests.marl.app.test_seeds import (
+    SEEDS,
+    assert_populations_match,
+    assert_resumes_exactly,
+    assert_rows_match,
+    iteration_ops,
+    tensors,
+    uncompiled,
+)
 
 # Per algorithm an env and options that reach the parts a member keeps apart: a buffer that wraps (100 slots, 64
 # steps an iteration), warm-up (random actions from each member's noise), hard and Polyak target updates, n-step
@@ -103,14 +112,6 @@ def test_each_member_trains_as_the_single_run_with_its_seed(tmp_path, case):
     group = next(iter(batched.env.groups))
     assert all(math.isfinite(member[f"{group}/episode_return"]) for member in row["members"])
     assert row["members"][0][f"{group}/loss"] != row["members"][1][f"{group}/loss"]
-
-
-def tensors(state, prefix: str = "") -> dict[str, torch.Tensor]:
-    """Every tensor of a (nested) state dict by its path."""
-    if isinstance(state, torch.Tensor):
-        return {prefix: state}
-    items = state.items() if isinstance(state, dict) else enumerate(state) if isinstance(state, list) else ()
-    return {k: v for key, value in items for k, v in tensors(value, f"{prefix}.{key}").items()}
 
 
 @pytest.mark.parametrize("case", list(MIXED))
@@ -516,3 +517,80 @@ def test_a_checkpoint_of_another_layout_is_refused_in_one_line(tmp_path, capsys)
     assert main(["train", "--resume", str(path), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "has no entry 'single'" in err and "Traceback" not in err
+
+
+# The compiled population step (`--compile`): per case a population and what its step must do as the eager one.
+# MASAC prioritized: the slots found in each member's tree, SAC's temperatures (0-d parameters), the priorities
+# set after the targets; QMIX prioritized: n-step returns, the mixers; MADDPG: a swept lr (each member's Adam
+# step scaled by its own) and tau (its own Polyak factor); MASAC+IQL: a mixed run, IQL's hard copies and clock,
+# with a swept gamma read by the vmapped loss; QMIX with GRUs: each member's chunks, unrolled.
+COMPILED = {
+    "masac-prioritized": ("masac", "prioritized", None),
+    "qmix-prioritized": ("qmix", "prioritized", None),
+    "maddpg-sweep": ("maddpg", "mlp", ("lr=0.001,0.03", "tau=0.01,0.3")),
+    "masac+iql-gamma": ("masac+iql", "mlp", ("gamma=0.8,0.99",)),
+    "qmix-gru": ("qmix", "gru", None),
+}
+
+
+def compiled_case(tmp_path, case: str, compile: bool, **run):
+    algo, variant, sweep = COMPILED[case]
+    members = {"seeds": (3,), "sweep": sweep} if sweep else {"seeds": SEEDS}
+    config = (gru_off_config if variant == "gru" else off_config)(tmp_path, algo, compile=compile, **members, **run)
+    return prioritized(config, **PRIORITIZED[algo]) if variant == "prioritized" else config
+
+
+@pytest.mark.parametrize("case", list(COMPILED))
+def test_the_compiled_population_step_takes_the_eager_steps(tmp_path, monkeypatch, case):
+    """`--compile`: each optimiser step of every member is `UpdateStep`'s one graph over the stacked nets (the
+    draw, gradients of the summed losses by `torch.func.grad`, each member's norms and clipping, Adam, targets,
+    priorities), run here as it is compiled but without compiling; its members take the eager population's
+    steps: rows, nets, Adam moments, clocks, trees."""
+    uncompiled(monkeypatch)
+    trainers = [
+        Trainer(compiled_case(tmp_path, case, compile), run_dir=tmp_path / f"{compile}") for compile in (False, True)
+    ]
+    assert trainers[0].algorithm.compiled_step is None and trainers[1].algorithm.compiled_step.fused
+    rows = [[trainer.train_iteration() for _ in range(3)] for trainer in trainers]
+    assert_populations_match(rows[1], rows[0])
+    eager, fused = (trainer.algorithm for trainer in trainers)
+    for k in range(eager.count):
+        want, got = tensors(eager.member_state_dict(k)), tensors(fused.member_state_dict(k))
+        assert got.keys() == want.keys()
+        for key, value in want.items():
+            torch.testing.assert_close(got[key], value, rtol=1e-4, atol=1e-5, msg=key)
+    if trainers[0].buffer.tree is not None:
+        torch.testing.assert_close(trainers[1].buffer.tree, trainers[0].buffer.tree, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(trainers[1].buffer.max_priority, trainers[0].buffer.max_priority)
+
+
+def test_a_compiled_population_resumes_exactly_and_each_member_resumes_alone(tmp_path, monkeypatch):
+    uncompiled(monkeypatch)
+    assert_resumes_exactly(compiled_case(tmp_path, "masac-prioritized", True), tmp_path)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # the compile fallback's warning fails the test
+def test_a_compiled_population_step_is_one_graph_takes_the_eager_steps_and_reads_nothing_back(tmp_path, monkeypatch):
+    # MADDPG, prioritized, with a swept lr and tau: one graph for every member's step, compiled once (the swept
+    # values and beta are tensors), with no graph break; the steps of the eager population. The rollout step is
+    # left uncompiled (tested apart): compiling it too would double this test's time.
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(rollout, "maybe_compile", lambda fn, *args, **kwargs: fn)
+    torch._dynamo.reset()
+    counters.clear()
+    rows = {}
+    sweep = ("lr=0.001,0.03", "tau=0.01,0.3")
+    for compile in (False, True):
+        config = prioritized(off_config(tmp_path, "maddpg", compile=compile, seeds=(3,), sweep=sweep))
+        trainer = Trainer(config, run_dir=tmp_path / f"{compile}")
+        trainer.buffer.backend = "torch"
+        rows[compile] = [trainer.train_iteration() for _ in range(2)]
+    assert_populations_match(rows[True], rows[False])
+    assert dict(counters["graph_break"]) == {}
+    assert counters["stats"]["unique_graphs"] == 1
+    with envs.forbid_host_sync("cpu"):
+        trainer.algorithm.begin_iteration(2 * 64, config.run.total_frames)
+        trainer.buffer.extend(trainer.collector.collect())
+        trainer.algorithm.update(trainer.buffer, trainer.timer)
+    assert counters["stats"]["unique_graphs"] == 1

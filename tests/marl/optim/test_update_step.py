@@ -8,7 +8,8 @@ import torch
 from marl.algorithms.ppo import LOSS_TERMS, PPOConfig
 from marl.app.trainer import Trainer
 from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
-from marl.optim.update_step import Trainable, UpdateStep, _adam_, adam, adam_step_scalars
+from marl.core.members import clip_members_, member_lr_step
+from marl.optim.update_step import Trainable, UpdateStep, _adam_, _scaled, adam, adam_step_scalars, clip_factors
 
 
 def config(tmp_path) -> TrainConfig:
@@ -157,3 +158,41 @@ def test_the_step_compiles_in_one_trace(tmp_path):
     flat, state = trainer.algorithm.update_inputs(buffer)
     step(flat, state, torch.arange(128))
     assert len(traces) == 1
+
+
+def test_member_clipping_and_adam_follow_the_eager_populations():
+    """Stacked parameters `[S, ...]` (`members`): `clip_factors` clips each member by its own norm, as
+    `clip_members_`, and `_adam_` with each member's lr steps as torch's fused Adam scaled by `member_lr_step`."""
+    generator = torch.Generator().manual_seed(0)
+    lr = torch.tensor([1e-3, 3e-2, 1e-2])
+    params = [torch.randn(3, 8, 4, generator=generator), torch.randn(3, 8, generator=generator), torch.randn(3)]
+    reference = [p.clone().requires_grad_() for p in params]
+    optimizer = adam(reference, lr=1.0, eps=1e-5)
+    ours = [p.clone() for p in params]
+    exp_avgs, exp_avg_sqs = [torch.zeros_like(p) for p in ours], [torch.zeros_like(p) for p in ours]
+    steps = torch.zeros(len(ours))
+    for _ in range(20):
+        grads = [
+            torch.randn(p.shape, generator=generator) * torch.tensor([0.01, 1.0, 10.0]).view(-1, *(1,) * (p.dim() - 1))
+            for p in params
+        ]
+        for p, g in zip(reference, grads):
+            p.grad = g.clone()
+        norms = clip_members_(reference, 0.5)
+        member_lr_step(optimizer, reference, lr)
+        (our_norms,), (factor,) = clip_factors([grads], 0.5, members=True)
+        torch.testing.assert_close(our_norms, norms)
+        steps.add_(1)
+        _adam_(
+            ours,
+            _scaled(grads, factor),
+            exp_avgs,
+            exp_avg_sqs,
+            *adam_step_scalars(steps, 1.0, 0.9, 0.999),
+            0.9,
+            0.999,
+            1e-5,
+            member_lr=lr,
+        )
+    for a, b in zip(reference, ours):
+        torch.testing.assert_close(a.detach(), b, rtol=1e-5, atol=1e-6)
