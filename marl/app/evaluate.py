@@ -53,7 +53,7 @@ def evaluate(
             names = ", ".join(m.name for m in trained)
             raise ValueError(
                 f"{checkpoint} holds {seeds.members_text(trained)} ({names}): pass --member SEED or NAME, one of "
-                f"them, to evaluate one" + (own if len(trained) > 1 else "")
+                f"them, to evaluate one" + (own + ", or --member all for every one" if len(trained) > 1 else "")
             )
         if len(trained) > 1:
             state = load_checkpoint(seeds.member_dir(Path(checkpoint).parent, chosen[0]) / "checkpoint.pt")
