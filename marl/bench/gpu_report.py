@@ -12,8 +12,9 @@ timed on one) are the tests marked `gpu`; `check_env` (host-sync checker include
 on CUDA; GAE kernels against the reference and their bandwidth; `navigation` and `spread` env-steps/s at
 4,096, 65,536 and 262,144 envs, eager and compiled; `marl train` defaults eager and `--compile` (with the
 CUDA graph skips torch logs), MAPPO at 65,536 envs, and MASAC compiled with prioritized replay; 5 seeds
-in one process against one; the replay buffer on CUDA. A step's timeout is its share of `--minutes` plus whatever the steps before it left
-unused, never past the deadline; a step that fails or hangs is recorded as such and the next one runs.
+in one process against one; the replay buffer on CUDA; 5 seeds against one again, compiled (CUDA
+graphs). A step's timeout is its share of `--minutes` plus whatever the steps before it left unused, never
+past the deadline; a step that fails or hangs is recorded as such and the next one runs.
 
 Without a CUDA GPU, or with `--dry`, nothing runs: the reports say so and list the steps that would run
 with their commands, and the exit status is 0 (CI runs it that way).
@@ -142,11 +143,17 @@ def parse_train(run_name: str) -> Callable[[str, Path], dict]:
     return parse
 
 
-def parse_seeds(output: str, out: Path) -> dict:
-    rows = json.loads((out / "step_seeds.json").read_text())["rows"]
-    return {
-        f"{row['env']} {row['kind']}": {"s": round(row["median_s"], 1), "ratio": round(row["ratio"], 2)} for row in rows
-    }
+def parse_seeds(step_name: str) -> Callable[[str, Path], dict]:
+    """The parser of a `marl.bench.seeds` step that wrote `step_<step_name>.json`."""
+
+    def parse(output: str, out: Path) -> dict:
+        rows = json.loads((out / f"step_{step_name}.json").read_text())["rows"]
+        return {
+            f"{row['env']} {row['kind']}": {"s": round(row["median_s"], 1), "ratio": round(row["ratio"], 2)}
+            for row in rows
+        }
+
+    return parse
 
 
 def parse_replay(output: str, out: Path) -> dict:
@@ -187,6 +194,8 @@ def steps(out: Path, minutes: float = 8.0) -> list[Step]:
     train += ["--log-dir", str(out / "runs"), "--checkpoint-every", "1000"]
     env_bench = ["python", "-m", "envs.bench", "--n-agents", "3", "--num-envs", *ENV_SIZES, "--steps", "50"]
     env_bench += ["--repeats", "3", "--device", "cuda", "--compile", "--no-vmas"]
+    seeds = ["python", "-m", "marl.bench.seeds", "--device", "cuda", "--envs", "navigation", "--seeds", "5"]
+    seeds += ["--frames", str(SEEDS_FRAMES), "--repeats", "1"]
     table = [
         (
             "gpu_tests",
@@ -205,20 +214,20 @@ def steps(out: Path, minutes: float = 8.0) -> list[Step]:
         ),
         (
             "kernels",
-            0.11,
+            0.08,
             ["python", "-m", "kernels.bench", "--sizes", "100x1024x3x1,128x4096x8x1,1024x4096x8x1"]
             + ["--repeats", "10", "--device", "cuda", "--json", str(out / "step_kernels.json")],
             parse_kernels,
         ),
         (
             "envs_navigation",
-            0.09,
+            0.075,
             [*env_bench, "--env", "navigation", "--json", str(out / "step_envs_navigation.json")],
             parse_env_steps,
         ),
         (
             "envs_spread",
-            0.09,
+            0.075,
             [*env_bench, "--env", "spread", "--json", str(out / "step_envs_spread.json")],
             parse_env_steps,
         ),
@@ -251,9 +260,8 @@ def steps(out: Path, minutes: float = 8.0) -> list[Step]:
         (
             "seeds",
             0.06,
-            ["python", "-m", "marl.bench.seeds", "--device", "cuda", "--envs", "navigation", "--seeds", "5"]
-            + ["--frames", str(SEEDS_FRAMES), "--repeats", "1", "--json", str(out / "step_seeds.json")],
-            parse_seeds,
+            [*seeds, "--json", str(out / "step_seeds.json")],
+            parse_seeds("seeds"),
         ),
         (
             "replay",
@@ -261,6 +269,12 @@ def steps(out: Path, minutes: float = 8.0) -> list[Step]:
             ["python", "-m", "marl.bench.replay", "--device", "cuda", "--capacity", "1000000"]
             + ["--batch-sizes", "128,4096", "--repeats", "20", "--profile", "--json", str(out / "step_replay.json")],
             parse_replay,
+        ),
+        (  # last: compiling takes a while, and it gets whatever the steps before it left unused
+            "seeds_compile",
+            0.06,
+            [*seeds, "--compile", "--json", str(out / "step_seeds_compile.json")],
+            parse_seeds("seeds_compile"),
         ),
     ]
     return [Step(name, command, round(share * budget, 1), parse) for name, share, command, parse in table]

@@ -2,6 +2,7 @@
 
     python -m marl.bench.seeds --threads 1                                   # navigation, 5 seeds vs 1
     python -m marl.bench.seeds --threads 1 --envs navigation vmas/navigation --frames 163840 --repeats 3 --wide
+    python -m marl.bench.seeds --threads 1 --compile                         # every run with --compile
 
 For each env, the runs take turns in this process (1 seed, S seeds[, 1 seed with S times the envs], then
 again), so that load from other processes hits them alike:
@@ -15,6 +16,10 @@ start, imports, building the envs, nets and collector. The table gives each kind
 the repeats, its ratio to `1 seed`, and the final return (the mean over a run's last tenth of iterations,
 as `marl train`'s summary) as mean and 95% bootstrap CI: over the members of the last S-seed run, over
 the repeats' runs for one seed.
+
+With `--compile` every run is `marl train --compile` (one seed's rollout and optimiser steps compiled; S
+seeds' too, every member in one graph) and the seconds timed are those after the first iteration, which
+compiles: the steady state the compiling pays for (on a GPU, CUDA graph replays).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class Sizes:
     rollout_length: int = RunConfig.rollout_length
     minibatch_size: int | None = None  # None: the algorithm's default
     hidden: tuple[int, ...] = ModelConfig.hidden
+    compile: bool = False  # `marl train --compile`; timed after the first iteration
 
 
 def config_for(
@@ -67,6 +73,7 @@ def config_for(
         progress=False,
         tensorboard=False,
         checkpoint_every=10**9,
+        compile=sizes.compile,
     )
     if kind == "S seeds":
         run = dataclasses.replace(run, num_seeds=seeds)
@@ -78,10 +85,11 @@ def config_for(
 
 
 def time_run(config: TrainConfig) -> dict:
-    """Train `config` to its frames; the seconds of its iterations and each run's (member's) final return."""
+    """Train `config` to its frames; the seconds of its iterations (compiled: after the first, which
+    compiles) and each run's (member's) final return."""
     trainer = Trainer(config)
     rows = trainer.train()  # logs the CSVs (and checkpoints at the end), outside the timed iterations
-    seconds = rows[-1]["time_s"]
+    seconds = rows[-1]["time_s"] - (rows[0]["time_s"] if config.run.compile else 0.0)
     groups = list(trainer.env.groups)
     members = (
         [[{**r, **r["members"][k]} for r in rows] for k in range(len(trainer.members))]
@@ -168,9 +176,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rollout-length", type=int, default=Sizes.rollout_length, help="steps per iteration")
     parser.add_argument("--minibatch-size", type=int, default=None, help="frames per minibatch (PPO's default)")
     parser.add_argument("--hidden", type=int, nargs="+", default=list(Sizes.hidden), help="hidden layer sizes")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="every run with marl train --compile; the seconds timed are those after the first iteration (compiling)",
+    )
     args = parser.parse_args(argv)
     if args.seeds < 2 or args.repeats < 1 or args.frames < 1:
         parser.error("--seeds must be >= 2, --repeats and --frames >= 1")
+    if args.compile and args.frames <= args.num_envs * args.rollout_length:
+        parser.error(
+            f"--compile times the iterations after the first: --frames must exceed one iteration "
+            f"({args.num_envs * args.rollout_length:,} frames: --num-envs x --rollout-length)"
+        )
     if args.threads:
         torch.set_num_threads(args.threads)
     from kernels.bench.gae import device_name
@@ -182,7 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
         "threads": torch.get_num_threads(),
         "cpus": os.cpu_count(),
     }
-    sizes = Sizes(args.num_envs, args.rollout_length, args.minibatch_size, tuple(args.hidden))
+    sizes = Sizes(args.num_envs, args.rollout_length, args.minibatch_size, tuple(args.hidden), args.compile)
     report["sizes"] = dataclasses.asdict(sizes)
     report["rows"] = bench_seeds(
         args.envs, args.seeds, args.frames, args.repeats, args.device, args.wide, sizes, args.log_dir
@@ -190,7 +208,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"command: {report['command']}")
     print(
         f"date: {report['date']}; device: {report['machine']}; {report['threads']} torch threads, "
-        f"{report['cpus']} cpus; median of {args.repeats} runs each; torch {torch.__version__}; sizes {report['sizes']}"
+        f"{report['cpus']} cpus; median of {args.repeats} runs each"
+        + ("; compiled, seconds after the first iteration" if args.compile else "")
+        + f"; torch {torch.__version__}; sizes {report['sizes']}"
     )
     print_table(report["rows"])
     if args.json:

@@ -54,6 +54,7 @@ def test_the_steps_fit_the_budget_and_cover_the_issue():
     assert set(gpu_report.native_envs()) <= set(commands["check_envs"])
     assert all("cuda" in command for command in commands.values() if command[2] != "pytest")
     assert "--compile" in commands["train_compile"] and "--compile" not in commands["train_eager"]
+    assert "--compile" in commands["seeds_compile"] and "--compile" not in commands["seeds"]
 
 
 @pytest.mark.parametrize("step", STEPS, ids=lambda s: s.name)
@@ -152,8 +153,9 @@ def test_the_parsers_read_what_the_steps_write(tmp_path):
     line = json.dumps({"env": "tag", "device": "cuda", "num_envs": 4096, "result": "ok", "seconds": 1.0})
     assert gpu_report.parse_check_envs(f"noise\n{line}\n", tmp_path)["check_env"] == {"tag": "ok"}
     seeds = {"rows": [{"env": "navigation", "kind": "5 seeds", "median_s": 12.345, "ratio": 1.234}]}
-    (tmp_path / "step_seeds.json").write_text(json.dumps(seeds))
-    assert gpu_report.parse_seeds("", tmp_path) == {"navigation 5 seeds": {"s": 12.3, "ratio": 1.23}}
+    (tmp_path / "step_seeds_compile.json").write_text(json.dumps(seeds))
+    figures = gpu_report.parse_seeds("seeds_compile")("", tmp_path)
+    assert figures == {"navigation 5 seeds": {"s": 12.3, "ratio": 1.23}}
     replay = {
         "rows": [{"call": "sample(128)", "sampler": "uniform", "vecmarl_ms": 0.12345}],
         "profile": "profile: update_priority(...): 300 us of host time per call, 40 CUDA kernels per call\n| table |",
