@@ -151,6 +151,7 @@ class DDPG(OffPolicy):
                 model.activation,
                 model.share_params,
                 shared_value=seen.shared_value,
+                agent_ids=seen.agent_ids,
             ).to(device)
             optimizer = adam([*policy.parameters(), *critic.parameters()], lr=algo.lr, eps=algo.adam_eps)
             self.learners[g] = DDPGLearner(

@@ -335,6 +335,7 @@ class PPO(Algorithm):
                 algo.normalize_value,
                 shared_value=critic_input.shared_value,
                 gru_hidden=model.gru_hidden if model.recurrent("critic") else None,
+                agent_ids=critic_input.agent_ids,
             ).to(device)
             policy = policies[group]
             optimizer = adam([*policy.parameters(), *critic.parameters()], lr=algo.lr, eps=algo.adam_eps)
@@ -597,7 +598,12 @@ class PPO(Algorithm):
             return critic(x[burn_in:])
         reset, valid = data["reset"], data["burn_valid"]
         h0 = _burn_in(
-            critic.gru, x[:burn_in], data["burn_critic_hidden0"], reset[:burn_in], data["critic_hidden0"], valid
+            critic.gru,
+            critic.gru_input(x[:burn_in]),
+            data["burn_critic_hidden0"],
+            reset[:burn_in],
+            data["critic_hidden0"],
+            valid,
         )
         return critic.sequence(x[burn_in:], h0, reset[burn_in:])
 

@@ -215,6 +215,7 @@ class SAC(OffPolicy):
                 model.share_params,
                 twins=2,
                 shared_value=seen.shared_value,
+                agent_ids=seen.agent_ids,
             )
             policy, critic = policy.to(device), critic.to(device)
             temperature = Temperature(algo.alpha_init).to(device)

@@ -5,7 +5,8 @@ Critic scopes (one per group):
 - `"group"` (MAPPO): the observations of every agent in the group;
 - `"global"`: the env's global `state` when it has one, else the observations of every group.
 Centralised inputs are the same for every agent of the group; with shared parameters a one-hot of
-the agent's index is appended so the one network can still give each agent its own value. An action-value
+the agent's index follows them so the one network can still give each agent its own value (the input
+comes once, and the first layer adds each id's weights: `MultiAgentMLP`'s `agent_ids`). An action-value
 critic (`QCritic`: DDPG, SAC) also sees actions: each agent in its scope adds its action's features
 (`action_features`) beside its observation, and with the env's state every agent's action follows the state.
 """
@@ -221,7 +222,10 @@ def action_size(spec: GroupSpec) -> int:
 
 class CriticInput:
     """Builds group `group`'s critic input `[*batch, n, size]` from every group's observations (and, for an
-    action-value critic, actions) (`[*batch, 1, size]` with `shared_value`: one value for the group).
+    action-value critic, actions). A centralised input is the same for every agent: it comes once,
+    `[*batch, 1, size - agent_ids]`, for one value for the group (`shared_value`) or for a critic that gives
+    each of the group's `agent_ids` agents its own value from the input and the agent's one-hot id
+    (`MultiAgentMLP`'s `agent_ids`; `with_agent_ids` appends them).
 
     `action_sizes` maps the groups whose actions the critic sees to their features per agent
     (`action_features`); only those in the scope are read."""
@@ -243,7 +247,7 @@ class CriticInput:
         self.use_state = scope == "global" and state_size is not None
         # One value for the whole group: the input is the shared part, once per env, with no agent id.
         self.shared_value = shared_value and scope != "agent"
-        self.agent_id = agent_id and scope != "agent" and not self.shared_value
+        self.agent_ids = self.n if agent_id and scope != "agent" and not self.shared_value else 0
         in_scope = [group] if scope in ("agent", "group") else list(groups)
         self.action_sizes = {g: size for g, size in (action_sizes or {}).items() if g in in_scope and size}
 
@@ -258,7 +262,7 @@ class CriticInput:
             size = state_size + sum(groups[g].n_agents * a for g, a in self.action_sizes.items())
         else:
             size = sum(s.n_agents * per_agent(g) for g, s in groups.items())
-        self.size = size + (self.n if self.agent_id else 0)
+        self.size = size + self.agent_ids
 
     def _agent_features(self, g: str, observations, actions, with_observation: bool = True) -> torch.Tensor:
         """Group `g`'s agents' observations and (where seen) actions: `[*batch, n_g, d]`."""
@@ -283,18 +287,21 @@ class CriticInput:
             shared = torch.cat([state.flatten(len(own.shape) - 2), *seen], -1)  # [*batch, state + actions]
         else:
             shared = torch.cat([self._agent_features(g, observations, actions).flatten(-2) for g in self.groups], -1)
-        batch = own.shape[:-2]
-        if self.shared_value:
-            return shared.unsqueeze(-2)  # [*batch, 1, size]
-        parts = [shared.unsqueeze(-2).expand(*batch, self.n, shared.shape[-1])]
-        if self.agent_id:
-            eye = torch.eye(self.n, device=own.device, dtype=own.dtype)
-            parts.append(eye.expand(*batch, self.n, self.n))
-        return torch.cat(parts, -1)  # [*batch, n, size]
+        if self.shared_value or self.agent_ids:
+            return shared.unsqueeze(-2)  # [*batch, 1, size - agent_ids]
+        return shared.unsqueeze(-2).expand(*own.shape[:-2], self.n, shared.shape[-1])  # [*batch, n, size]
+
+
+def with_agent_ids(x: torch.Tensor, n: int) -> torch.Tensor:
+    """A shared input `[*B, 1, d]` as the n agents' inputs `[*B, n, d + n]`, each followed by its one-hot id."""
+    batch = x.shape[:-2]
+    eye = torch.eye(n, device=x.device, dtype=x.dtype)
+    return torch.cat([x.expand(*batch, n, x.shape[-1]), eye.expand(*batch, n, n)], -1)
 
 
 class Critic(nn.Module):
-    """`[*B, n, critic input]` -> values `[*B, n]`, in *normalised* units.
+    """`[*B, m, critic input]` -> values `[*B, n]`, in *normalised* units (`m` is `n`, or 1 for an input
+    shared by the agents: `CriticInput`'s).
 
     With value normalisation the network learns `(V - mean) / std` of the value targets seen so far
     (running moments over every target, as in MAPPO's value normalisation): the output layer then
@@ -312,14 +319,20 @@ class Critic(nn.Module):
         normalize: bool = True,
         shared_value: bool = False,
         gru_hidden: int | None = None,
+        agent_ids: int = 0,
     ) -> None:
         super().__init__()
-        # A shared value is one network output per env, broadcast to the group's n agents.
-        self.n_agents = n_agents
+        # A shared value is one network output per env, broadcast to the group's n agents. With agent ids
+        # (`CriticInput.agent_ids`) the input comes once and the MLP adds each agent's id; a GRU runs per
+        # agent on the inputs with their ids appended.
+        self.n_agents, self.agent_ids = n_agents, agent_ids
         outputs = 1 if shared_value else n_agents
         self.gru = MultiAgentGRU(in_features, gru_hidden, outputs, share_params) if gru_hidden else None
         features = gru_hidden or in_features
-        self.net = MultiAgentMLP(features, 1, outputs, hidden, activation, share_params, output_gain=1.0)
+        ids = 0 if gru_hidden else agent_ids
+        self.net = MultiAgentMLP(
+            features, 1, 1 if ids else outputs, hidden, activation, share_params, output_gain=1.0, agent_ids=ids
+        )
         self.normalize = normalize
         self.register_buffer("target_mean", torch.zeros(()))
         self.register_buffer("target_var", torch.ones(()))
@@ -327,13 +340,17 @@ class Critic(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Values of inputs `x` (an MLP critic), or of GRU outputs (`sequence`, `rollout_values`)."""
-        value = self.net(x).squeeze(-1)  # [*B, n], or [*B, 1] for a shared value
+        value = self.net(x).reshape(*x.shape[:-2], -1)  # [*B, n], or [*B, 1] for a shared value
         return value.expand(*value.shape[:-1], self.n_agents)
+
+    def gru_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The recurrent critic's per-agent inputs: `x`, with the agents' ids appended where it is shared."""
+        return with_agent_ids(x, self.agent_ids) if self.agent_ids else x
 
     def sequence(self, x: torch.Tensor, h0: torch.Tensor, reset: torch.Tensor) -> torch.Tensor:
         """A recurrent critic's values `[L, *M, n]` of inputs `[L, *M, m, d]` from state `h0` `[*M, m, h]`,
         the state zeroed before step t where `reset[t]` (`[L, *M]`)."""
-        return self(self.gru.scan(x, h0, reset))
+        return self(self.gru.scan(self.gru_input(x), h0, reset))
 
     def rollout_values(
         self, x: torch.Tensor, next_x: torch.Tensor, h0: torch.Tensor, reset: torch.Tensor
@@ -342,8 +359,8 @@ class Critic(nn.Module):
         `next_x` (each step's true next input, seen after that step's state: it bootstraps truncated
         episodes), `[T, B, n]` each in normalised units; the state each step started from `[T, B, m, h]`
         (zero where `reset`) and the state after the last step `[B, m, h]`."""
-        y = self.gru.scan(x, h0, reset)  # [T, B, m, h]: the state after each step
-        next_state = self.gru(next_x, y)  # one more step from every state at once
+        y = self.gru.scan(self.gru_input(x), h0, reset)  # [T, B, m, h]: the state after each step
+        next_state = self.gru(self.gru_input(next_x), y)  # one more step from every state at once
         started = torch.cat([h0.unsqueeze(0), y[:-1]]).masked_fill(reset[..., None, None], 0.0)
         return self(y), self(next_state), started, y[-1]
 
@@ -379,10 +396,11 @@ class Critic(nn.Module):
 
 class QCritic(nn.Module):
     """Action values of a group: `[*B, m, in_features]` -> `[*B, twins, n, outputs]` (`m` is `n`, or 1
-    for a shared value, broadcast to the n agents). `outputs` is 1 for Q(s, a), or the number of
-    actions for a discrete policy's Q(s, .). `twins` independent networks (SAC's two critics) run as one
-    stacked network: every layer is one batched matmul over the twins (and agents, without shared
-    parameters), never a loop."""
+    for a shared value, broadcast to the n agents, or 1 for an input shared by the agents, each of which
+    the network gives its own value with its id: `agent_ids`, `CriticInput`'s). `outputs` is 1 for Q(s, a),
+    or the number of actions for a discrete policy's Q(s, .). `twins` independent networks (SAC's two
+    critics) run as one stacked network: every layer is one batched matmul over the twins (and agents,
+    without shared parameters), never a loop."""
 
     def __init__(
         self,
@@ -394,14 +412,17 @@ class QCritic(nn.Module):
         share_params: bool,
         twins: int = 1,
         shared_value: bool = False,
+        agent_ids: int = 0,
     ) -> None:
         super().__init__()
         self.n_agents, self.twins, self.outputs = n_agents, twins, outputs
-        self.m = 1 if shared_value else n_agents
+        self.m = 1 if shared_value or agent_ids else n_agents
         # Shared parameters: one network per twin; else one per twin and agent.
         self.per_agent = not shared_value and not share_params
-        stacked = twins * (self.m if self.per_agent else 1)
-        self.net = MultiAgentMLP(in_features, outputs, stacked, hidden, activation, share_params=False)
+        stacked = twins * (n_agents if self.per_agent else 1)
+        self.net = MultiAgentMLP(
+            in_features, outputs, stacked, hidden, activation, share_params=False, agent_ids=agent_ids
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, (m, d) = x.shape[:-2], x.shape[-2:]
@@ -409,8 +430,8 @@ class QCritic(nn.Module):
             raise ValueError(f"QCritic expects inputs [*B, {self.m}, d], got {tuple(x.shape)}")
         if self.per_agent:  # [*B, twins * m, d]: twin t, agent i at t * m + i
             out = self.net(x.unsqueeze(-3).expand(*batch, self.twins, m, d).reshape(*batch, self.twins * m, d))
-        else:  # [*B * m, twins, d]
-            out = self.net(x.reshape(-1, 1, d).expand(-1, self.twins, d)).view(*batch, m, self.twins, -1)
+        else:  # [*B * m, twins, d] -> [*B * m, twins, outputs], or with agent ids [*B, n, twins, outputs]
+            out = self.net(x.reshape(-1, 1, d).expand(-1, self.twins, d)).view(*batch, -1, self.twins, self.outputs)
             out = out.transpose(-3, -2)
-        out = out.reshape(*batch, self.twins, m, self.outputs)
+        out = out.reshape(*batch, self.twins, -1, self.outputs)
         return out.expand(*batch, self.twins, self.n_agents, self.outputs)

@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from marl.optim.tanh import Tanh
@@ -20,19 +21,15 @@ ACTIVATIONS = {"tanh": Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 
 
 class StackedLinear(nn.Module):
-    """`n` independent linear layers applied at once: `[*B, n, d_in] -> [*B, n, d_out]`."""
+    """`n` independent linear layers applied at once to rows: `[n, R, d_in] -> [n, R, d_out]`."""
 
     def __init__(self, n_agents: int, in_features: int, out_features: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(n_agents, in_features, out_features))  # [n, d_in, d_out]
         self.bias = nn.Parameter(torch.zeros(n_agents, out_features))  # [n, d_out]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch = x.shape[:-2]
-        n, d_in = x.shape[-2:]
-        # [n, prod(B), d_in] @ [n, d_in, d_out] -> [n, prod(B), d_out]
-        y = torch.baddbmm(self.bias.unsqueeze(1), x.reshape(-1, n, d_in).transpose(0, 1), self.weight)
-        return y.transpose(0, 1).reshape(*batch, n, -1)
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.baddbmm(self.bias.unsqueeze(1), rows, self.weight)
 
 
 def _orthogonal_(weight: torch.Tensor, gain: float) -> None:
@@ -56,6 +53,12 @@ class MultiAgentMLP(nn.Module):
         activation: `"tanh"`, `"relu"` or `"elu"`.
         share_params: one MLP for every agent; else per-agent parameters, stacked.
         output_gain: gain of the last layer's orthogonal init (small for policies, 1 for critics).
+        agent_ids: `k > 0` when the input of each of `k` agents is one input they share followed by the agent's
+            one-hot id (a centralised critic with parameters shared by the agents). `forward` then takes the
+            shared input `[*B, n, in_features - k]` and returns `[*B, k, n, out_features]`: the first layer
+            runs once on it and adds its id columns as a bias per agent. The values are those of the `k` full
+            inputs, for a `k`-th of the first layer's products (the largest layer of a critic that reads
+            every agent's observations).
     """
 
     def __init__(
@@ -67,12 +70,13 @@ class MultiAgentMLP(nn.Module):
         activation: str = "tanh",
         share_params: bool = True,
         output_gain: float = 1.0,
+        agent_ids: int = 0,
     ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}; expected one of {list(ACTIVATIONS)}")
         self.n_agents, self.in_features, self.out_features = n_agents, in_features, out_features
-        self.share_params = share_params
+        self.share_params, self.agent_ids = share_params, agent_ids
         sizes = [in_features, *hidden, out_features]
         layers: list[nn.Module] = []
         for i, (d_in, d_out) in enumerate(zip(sizes[:-1], sizes[1:])):
@@ -86,15 +90,38 @@ class MultiAgentMLP(nn.Module):
         self.layers = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-2:] != (self.n_agents, self.in_features):
-            raise ValueError(
-                f"MultiAgentMLP expects inputs [*B, {self.n_agents}, {self.in_features}], got {tuple(x.shape)}"
-            )
-        if not self.share_params:
-            return self.layers(x)  # stacked layers act on [*B, n, d]
-        # Shared: one 2-D pass over all rows [prod(B) * n, d]; a linear layer on more dims would
-        # reshape to 2-D and back (and autograd record both) at every layer.
-        return self.layers(x.reshape(-1, self.in_features)).view(*x.shape[:-1], self.out_features)
+        width = self.in_features - self.agent_ids
+        if x.shape[-2:] != (self.n_agents, width):
+            raise ValueError(f"MultiAgentMLP expects inputs [*B, {self.n_agents}, {width}], got {tuple(x.shape)}")
+        batch, n, k = x.shape[:-2], self.n_agents, self.agent_ids
+        # Every layer runs on rows, reshaped once: `[prod(B) * n, d]` with shared parameters (a linear layer on
+        # more dims would reshape to 2-D and back, and autograd record both, at every layer), `[n, prod(B), d]`
+        # stacked (one batched matmul per layer, on the same layout throughout).
+        rows = x.reshape(-1, width) if self.share_params else x.reshape(-1, n, width).transpose(0, 1)
+        layers = self.layers
+        if k:
+            rows, layers = self._first_layer_with_ids(rows), layers[1:]  # k rows for each one
+        y = layers(rows)
+        if self.share_params:
+            y = y.view(*batch, n, k or 1, self.out_features).movedim(-2, -3)
+        else:
+            y = y.view(n, *batch, k or 1, self.out_features).movedim(0, -2)
+        return y if k else y.squeeze(-3)  # [*B, k, n, out] or [*B, n, out]
+
+    def _first_layer_with_ids(self, rows: torch.Tensor) -> torch.Tensor:
+        """The first layer on shared rows and each of the k agents' one-hot ids: `[R, d]` -> `[R * k, h]`
+        (shared parameters) or `[n, R, d]` -> `[n, R * k, h]` (stacked). The product of id i with the weights
+        is their row i, so agent i's row is `x W + b + W_id[i]`."""
+        first = self.layers[0]
+        # nn.Linear's weight [h, d + k] or stacked [n, d + k, h]: the input's rows, then the ids'.
+        shared, ids = first.weight.split([rows.shape[-1], self.agent_ids], 1)
+        if self.share_params:
+            h = F.linear(rows, shared, first.bias)  # [R, h]
+            per_agent = ids.T  # [k, h]
+        else:
+            h = torch.baddbmm(first.bias.unsqueeze(1), rows, shared)  # [n, R, h]
+            per_agent = ids.unsqueeze(1)  # [n, 1, k, h]
+        return (h.unsqueeze(-2) + per_agent).flatten(-3, -2)
 
 
 class MultiAgentGRU(nn.Module):

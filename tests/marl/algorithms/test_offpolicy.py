@@ -20,7 +20,7 @@ from marl.algorithms.sac import SACConfig, continuous_terms, discrete_terms
 from marl.app.trainer import Trainer
 from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
 from marl.core.distributions import MaskedCategorical, NoisyDeterministic, RandomWhile, TanhNormal
-from marl.core.models import CriticInput, QCritic
+from marl.core.models import CriticInput, QCritic, with_agent_ids
 from tests.marl.algorithms.offpolicy_checks import assert_repeats, resume_midway, update_without_host_sync
 
 
@@ -207,6 +207,28 @@ def test_twin_critics_are_independent_networks_run_as_one(share_params):
     assert values.shape == (6, 2, n, 1) and torch.equal(values[:, :, 0], values[:, :, 2])
 
 
+def test_a_critic_with_agent_ids_equals_the_same_network_on_the_full_inputs():
+    # An input shared by the agents comes once; the network gives agent i the value of the shared input
+    # followed by i's one-hot id, and the gradients of its parameters are the full inputs' too.
+    torch.manual_seed(0)
+    n, d = 3, 5
+    critic = QCritic(d + n, 4, n, (8, 8), "tanh", True, twins=2, agent_ids=n)
+    reference = QCritic(d + n, 4, n, (8, 8), "tanh", True, twins=2)
+    reference.load_state_dict(critic.state_dict())
+    x = torch.randn(6, 1, d, requires_grad=True)
+    full = x.detach().requires_grad_()
+    out, expected = critic(x), reference(with_agent_ids(full, n))
+    assert out.shape == (6, 2, n, 4) and not torch.equal(out[:, :, 0], out[:, :, 1])
+    torch.testing.assert_close(out, expected)
+    out.square().sum().backward()
+    expected.square().sum().backward()
+    for ours, theirs in zip(critic.parameters(), reference.parameters()):
+        torch.testing.assert_close(ours.grad, theirs.grad)
+    torch.testing.assert_close(x.grad, full.grad)
+    with pytest.raises(ValueError, match=r"expects inputs \[\*B, 1, d\]"):
+        critic(torch.randn(6, n, d))
+
+
 def test_a_global_critic_input_holds_every_groups_observations_and_actions():
     env = envs.make("tag", num_envs=2, seed=0)  # predator 3 x 16, prey 1 x 14; actions 2 each
     groups = env.groups
@@ -221,10 +243,10 @@ def test_a_global_critic_input_holds_every_groups_observations_and_actions():
         ],
         -1,
     )
-    assert seen.size == 3 * 18 + 16 + 3 == x.shape[-1]
+    assert seen.size == 3 * 18 + 16 + 3 and seen.agent_ids == 3 and x.shape == (4, 1, 70)
+    assert torch.equal(x[:, 0], shared)
     for agent in range(3):
-        assert torch.equal(x[:, agent, :70], shared)
-        assert torch.equal(x[:, agent, 70:], F.one_hot(torch.tensor(agent), 3).float().expand(4, 3))
+        assert torch.equal(with_agent_ids(x, 3)[:, agent, 70:], F.one_hot(torch.tensor(agent), 3).float().expand(4, 3))
     own = CriticInput("agent", "prey", groups, None, agent_id=True, action_sizes={"predator": 2, "prey": 2})
     assert torch.equal(own(obs, None, actions), torch.cat([obs["prey"], actions["prey"]], -1))
 
@@ -247,7 +269,7 @@ def test_maddpg_loss_equals_a_written_out_reference(tmp_path):
             x = torch.cat(
                 [torch.cat([obs, actions], -1).flatten(1), F.one_hot(torch.tensor(agent), 3).float().expand(k, 3)], -1
             )
-            rows.append(critic.net(x.unsqueeze(1))[:, 0, 0])
+            rows.append(critic.net.layers(x.unsqueeze(0))[0, :, 0])  # the layers on the full rows [1, k, d]
         return torch.stack(rows, 1)  # [k, n]
 
     def act(policy, obs):  # the policy's action in the bounds [-1, 1]

@@ -9,7 +9,7 @@ from envs.native.speaker_listener import scripted_actions
 from marl.algorithms.ppo import PPOConfig
 from marl.app.trainer import Trainer, make_env
 from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
-from marl.core.models import CriticInput
+from marl.core.models import CriticInput, with_agent_ids
 
 
 def config(tmp_path, env="speaker_listener", frames=None, **kwargs) -> TrainConfig:
@@ -61,16 +61,21 @@ def test_global_critic_input_shapes():
     for group, n in (("predator", 3), ("prey", 1)):
         build = CriticInput("global", group, groups, state_size=None, agent_id=True)
         x = build(observations, None)
-        assert x.shape == (5, n, total + n) and build.size == total + n
-        # Every agent of the group sees the same observations of everyone, then its own one-hot id.
+        # Every agent of the group sees the same observations of everyone (once), then its own one-hot id.
+        assert x.shape == (5, 1, total) and build.size == total + n and build.agent_ids == n
         torch.testing.assert_close(
-            x[:, 0, :total], torch.cat([observations["predator"].flatten(1), observations["prey"].flatten(1)], -1)
+            x[:, 0], torch.cat([observations["predator"].flatten(1), observations["prey"].flatten(1)], -1)
         )
-        torch.testing.assert_close(x[0, :, total:], torch.eye(n))
+        full = with_agent_ids(x, n)
+        assert full.shape == (5, n, total + n)
+        torch.testing.assert_close(full[:, :, :total], x.expand(5, n, total))
+        torch.testing.assert_close(full[0, :, total:], torch.eye(n))
+        separate = CriticInput("global", group, groups, state_size=None, agent_id=False)
+        assert separate(observations, None).shape == (5, n, total) and separate.agent_ids == 0
     local = CriticInput("agent", "prey", groups, state_size=None, agent_id=True)
-    assert local(observations, None).shape == (5, 1, 14)
+    assert local(observations, None).shape == (5, 1, 14) and local.agent_ids == 0
     time_major = {g: o.expand(7, *o.shape) for g, o in observations.items()}
-    assert CriticInput("group", "predator", groups, None, True)(time_major, None).shape == (7, 5, 3, 3 * 16 + 3)
+    assert CriticInput("group", "predator", groups, None, True)(time_major, None).shape == (7, 5, 1, 3 * 16)
 
 
 def test_discrete_and_continuous_groups_train_in_one_run(tmp_path):

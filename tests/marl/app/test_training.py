@@ -136,7 +136,7 @@ def test_shared_value_gives_one_value_per_env(tmp_path):
     config = dataclasses.replace(config, algo=dataclasses.replace(config.algo, shared_value=True))
     trainer = Trainer(config)
     learner = trainer.algorithm.learners["agent"]
-    assert learner.critic.net.n_agents == 1 and not learner.critic_input.agent_id
+    assert learner.critic.net.n_agents == 1 and not learner.critic_input.agent_ids
     obs = {"agent": torch.randn(5, 3, 18)}
     values = learner.critic(learner.critic_input(obs, None))
     assert values.shape == (5, 3) and torch.equal(values[:, 0], values[:, 2])

@@ -35,7 +35,7 @@ def test_critic_inputs_flatten_board_observations():
     assert (agent.size, team.size) == (18, 2 * 18 + 2)
     assert torch.equal(agent({"player": obs}, None), obs.reshape(4, 2, 18))
     shared = obs.reshape(4, 36)
-    assert torch.equal(team({"player": obs}, None)[:, 1, :36], shared)
+    assert torch.equal(team({"player": obs}, None)[:, 0], shared)
 
 
 def test_marl_trains_on_tictactoe_boards_within_its_action_masks(tmp_path):

@@ -44,6 +44,25 @@ def test_shared_parameters_apply_one_mlp_to_every_agent():
     torch.testing.assert_close(out[:, 0], out[:, 2])
 
 
+@pytest.mark.parametrize("share_params", [True, False])
+@pytest.mark.parametrize("hidden", [(8, 8), ()], ids=["hidden", "linear"])
+def test_agent_ids_give_each_agent_the_mlp_of_the_shared_input_and_its_one_hot_id(share_params, hidden):
+    torch.manual_seed(0)
+    k, n, d = 3, 2, 5  # 3 agents with ids; 2 stacked networks (twin critics) when not shared
+    stacks = 1 if share_params else n
+    mlp = MultiAgentMLP(d + k, 4, stacks, hidden, "tanh", share_params, agent_ids=k)
+    x = torch.randn(6, stacks, d)
+    out = mlp(x)  # [6, k, stacks, 4]
+    assert out.shape == (6, k, stacks, 4)
+    for agent in range(k):
+        one_hot = torch.nn.functional.one_hot(torch.tensor(agent), k).float().expand(6, stacks, k)
+        full = torch.cat([x, one_hot], -1)
+        expected = mlp.layers(full) if share_params else per_agent_reference(mlp, full)
+        torch.testing.assert_close(out[:, agent], expected)
+    with pytest.raises(ValueError, match=rf"expects inputs \[\*B, {stacks}, {d}\], got \(6, {stacks}, {d + k}\)"):
+        mlp(torch.randn(6, stacks, d + k))
+
+
 def test_gradients_reach_every_agent_with_per_agent_parameters():
     mlp = MultiAgentMLP(3, 1, n_agents=2, hidden=(4,), share_params=False)
     mlp(torch.randn(10, 2, 3)).sum().backward()
