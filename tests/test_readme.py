@@ -16,7 +16,7 @@ def quickstart_commands() -> list[str]:
 def test_quickstart_has_the_two_commands():
     main_job, tests = quickstart_commands()
     assert main_job == "pip install -e . && marl train"
-    assert tests == 'pip install -e ".[test]" && python -m pytest -q'
+    assert tests == 'pip install -e ".[test]" && python -m pytest -q -n auto'
 
 
 def test_ci_runs_the_readme_test_command():
