@@ -598,12 +598,7 @@ class PPO(Algorithm):
             return critic(x[burn_in:])
         reset, valid = data["reset"], data["burn_valid"]
         h0 = _burn_in(
-            critic.gru,
-            critic.gru_input(x[:burn_in]),
-            data["burn_critic_hidden0"],
-            reset[:burn_in],
-            data["critic_hidden0"],
-            valid,
+            critic.gru, x[:burn_in], data["burn_critic_hidden0"], reset[:burn_in], data["critic_hidden0"], valid
         )
         return critic.sequence(x[burn_in:], h0, reset[burn_in:])
 

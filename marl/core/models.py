@@ -225,7 +225,7 @@ class CriticInput:
     action-value critic, actions). A centralised input is the same for every agent: it comes once,
     `[*batch, 1, size - agent_ids]`, for one value for the group (`shared_value`) or for a critic that gives
     each of the group's `agent_ids` agents its own value from the input and the agent's one-hot id
-    (`MultiAgentMLP`'s `agent_ids`; `with_agent_ids` appends them).
+    (`MultiAgentMLP`'s and `MultiAgentGRU`'s `agent_ids`).
 
     `action_sizes` maps the groups whose actions the critic sees to their features per agent
     (`action_features`); only those in the scope are read."""
@@ -292,13 +292,6 @@ class CriticInput:
         return shared.unsqueeze(-2).expand(*own.shape[:-2], self.n, shared.shape[-1])  # [*batch, n, size]
 
 
-def with_agent_ids(x: torch.Tensor, n: int) -> torch.Tensor:
-    """A shared input `[*B, 1, d]` as the n agents' inputs `[*B, n, d + n]`, each followed by its one-hot id."""
-    batch = x.shape[:-2]
-    eye = torch.eye(n, device=x.device, dtype=x.dtype)
-    return torch.cat([x.expand(*batch, n, x.shape[-1]), eye.expand(*batch, n, n)], -1)
-
-
 class Critic(nn.Module):
     """`[*B, m, critic input]` -> values `[*B, n]`, in *normalised* units (`m` is `n`, or 1 for an input
     shared by the agents: `CriticInput`'s).
@@ -323,11 +316,15 @@ class Critic(nn.Module):
     ) -> None:
         super().__init__()
         # A shared value is one network output per env, broadcast to the group's n agents. With agent ids
-        # (`CriticInput.agent_ids`) the input comes once and the MLP adds each agent's id; a GRU runs per
-        # agent on the inputs with their ids appended.
-        self.n_agents, self.agent_ids = n_agents, agent_ids
+        # (`CriticInput.agent_ids`) the input comes once and the first layer (the GRU's, if any) adds each
+        # agent's id.
+        self.n_agents = n_agents
         outputs = 1 if shared_value else n_agents
-        self.gru = MultiAgentGRU(in_features, gru_hidden, outputs, share_params) if gru_hidden else None
+        self.gru = (
+            MultiAgentGRU(in_features, gru_hidden, outputs, share_params, agent_ids=agent_ids > 0)
+            if gru_hidden
+            else None
+        )
         features = gru_hidden or in_features
         ids = 0 if gru_hidden else agent_ids
         self.net = MultiAgentMLP(
@@ -343,14 +340,10 @@ class Critic(nn.Module):
         value = self.net(x).reshape(*x.shape[:-2], -1)  # [*B, n], or [*B, 1] for a shared value
         return value.expand(*value.shape[:-1], self.n_agents)
 
-    def gru_input(self, x: torch.Tensor) -> torch.Tensor:
-        """The recurrent critic's per-agent inputs: `x`, with the agents' ids appended where it is shared."""
-        return with_agent_ids(x, self.agent_ids) if self.agent_ids else x
-
     def sequence(self, x: torch.Tensor, h0: torch.Tensor, reset: torch.Tensor) -> torch.Tensor:
         """A recurrent critic's values `[L, *M, n]` of inputs `[L, *M, m, d]` from state `h0` `[*M, m, h]`,
         the state zeroed before step t where `reset[t]` (`[L, *M]`)."""
-        return self(self.gru.scan(self.gru_input(x), h0, reset))
+        return self(self.gru.scan(x, h0, reset))
 
     def rollout_values(
         self, x: torch.Tensor, next_x: torch.Tensor, h0: torch.Tensor, reset: torch.Tensor
@@ -359,8 +352,8 @@ class Critic(nn.Module):
         `next_x` (each step's true next input, seen after that step's state: it bootstraps truncated
         episodes), `[T, B, n]` each in normalised units; the state each step started from `[T, B, m, h]`
         (zero where `reset`) and the state after the last step `[B, m, h]`."""
-        y = self.gru.scan(self.gru_input(x), h0, reset)  # [T, B, m, h]: the state after each step
-        next_state = self.gru(self.gru_input(next_x), y)  # one more step from every state at once
+        y = self.gru.scan(x, h0, reset)  # [T, B, m, h]: the state after each step
+        next_state = self.gru(next_x, y)  # one more step from every state at once
         started = torch.cat([h0.unsqueeze(0), y[:-1]]).masked_fill(reset[..., None, None], 0.0)
         return self(y), self(next_state), started, y[-1]
 

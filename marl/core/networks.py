@@ -136,12 +136,20 @@ class MultiAgentGRU(nn.Module):
     `forward(x, h)` takes one step (acting); `scan(x, h0, reset)` runs a sequence `[L, *M, n, d]` from
     `h0`, zeroing the state before step t where `reset[t]` (an episode started there): the input
     products of all L steps are one matmul, and only the recurrent product and the gates run per step.
+
+    With `agent_ids` (shared parameters only; as `MultiAgentMLP`'s) the n agents' inputs are one shared
+    input `[*B, 1, in_features - n]` and each agent's one-hot id: the input product runs once on it and
+    adds each id's weights.
     """
 
-    def __init__(self, in_features: int, hidden_size: int, n_agents: int, share_params: bool = True) -> None:
+    def __init__(
+        self, in_features: int, hidden_size: int, n_agents: int, share_params: bool = True, agent_ids: bool = False
+    ) -> None:
         super().__init__()
+        if agent_ids and not share_params:
+            raise ValueError("agent ids tell agents apart in a GRU whose parameters they share: share_params=True")
         self.n_agents, self.in_features, self.hidden_size = n_agents, in_features, hidden_size
-        self.share_params = share_params
+        self.share_params, self.agent_ids = share_params, n_agents if agent_ids else 0
         k = 1 if share_params else n_agents
         self.weight_ih = nn.Parameter(torch.empty(k, in_features, 3 * hidden_size))  # [k, d, 3h]: r, z, c
         self.weight_hh = nn.Parameter(torch.empty(k, hidden_size, 3 * hidden_size))  # [k, h, 3h]
@@ -168,19 +176,28 @@ class MultiAgentGRU(nn.Module):
 
     def _check(self, x: torch.Tensor, h: torch.Tensor, time: bool) -> None:
         batch = x.shape[1:-2] if time else x.shape[:-2]
-        want_x = (self.n_agents, self.in_features)
+        want_x = (1, self.in_features - self.agent_ids) if self.agent_ids else (self.n_agents, self.in_features)
         want_h = (*batch, self.n_agents, self.hidden_size)
         if x.shape[-2:] != want_x or tuple(h.shape) != want_h:
             lead = "[L, *M" if time else "[*B"
             raise ValueError(
-                f"MultiAgentGRU expects inputs {lead}, {self.n_agents}, {self.in_features}] and a hidden state "
+                f"MultiAgentGRU expects inputs {lead}, {want_x[0]}, {want_x[1]}] and a hidden state "
                 f"{list(want_h)}, got {tuple(x.shape)} and {tuple(h.shape)}"
             )
+
+    def _input_product(self, x: torch.Tensor) -> torch.Tensor:
+        """`x W_ih + b_ih` of inputs `[*B, m, d]` on rows `[k, R, 3h]`. With agent ids, agent i's row is the
+        shared input's product plus row i of the ids' weights (the product of its one-hot)."""
+        if not self.agent_ids:
+            return _affine(self.bias_ih, self._rows(x), self.weight_ih)
+        shared, ids = self.weight_ih.split([x.shape[-1], self.agent_ids], 1)  # [1, d, 3h], [1, n, 3h]
+        g = _affine(self.bias_ih, x.reshape(1, -1, x.shape[-1]), shared)  # [1, prod(B), 3h]
+        return (g.unsqueeze(-2) + ids.unsqueeze(1)).flatten(1, 2)  # [1, prod(B) * n, 3h]
 
     def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """One step: `x` `[*B, n, d]`, `h` `[*B, n, h]` -> the next state `[*B, n, h]` (also the output)."""
         self._check(x, h, time=False)
-        gi = _affine(self.bias_ih, self._rows(x), self.weight_ih)  # [k, R, 3h]
+        gi = self._input_product(x)  # [k, R, 3h]
         return self._unrows(_gru_step(gi, self._rows(h), self.weight_hh, self.bias_hh, self.tanh), x.shape[:-2])
 
     def scan(self, x: torch.Tensor, h0: torch.Tensor, reset: torch.Tensor) -> torch.Tensor:
@@ -188,7 +205,7 @@ class MultiAgentGRU(nn.Module):
         step t. Returns every step's output (= its next state) `[L, *M, n, h]`."""
         self._check(x, h0, time=True)
         L, batch = x.shape[0], x.shape[1:-2]
-        gi = _affine(self.bias_ih, self._rows(x), self.weight_ih)  # [k, L * R, 3h]
+        gi = self._input_product(x)  # [k, L * R, 3h]
         gi = gi.view(gi.shape[0], L, -1, gi.shape[-1])  # [k, L, R, 3h]: rows keep time-major order
         flags = reset.view(*reset.shape, 1, 1).expand(*reset.shape, self.n_agents, 1)  # [L, *M, n, 1]
         keep = (~self._rows(flags)).to(x.dtype).view(gi.shape[0], L, -1, 1)  # [k, L, R, 1]

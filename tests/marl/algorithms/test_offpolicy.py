@@ -20,7 +20,7 @@ from marl.algorithms.sac import SACConfig, continuous_terms, discrete_terms
 from marl.app.trainer import Trainer
 from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
 from marl.core.distributions import MaskedCategorical, NoisyDeterministic, RandomWhile, TanhNormal
-from marl.core.models import CriticInput, QCritic, with_agent_ids
+from marl.core.models import CriticInput, QCritic
 from tests.marl.algorithms.offpolicy_checks import assert_repeats, resume_midway, update_without_host_sync
 
 
@@ -205,6 +205,12 @@ def test_twin_critics_are_independent_networks_run_as_one(share_params):
     shared = QCritic(d, 1, n, (8,), "relu", share_params, twins=2, shared_value=True)
     values = shared(torch.randn(6, 1, d))
     assert values.shape == (6, 2, n, 1) and torch.equal(values[:, :, 0], values[:, :, 2])
+
+
+def with_agent_ids(x: torch.Tensor, n: int) -> torch.Tensor:
+    """A shared input `[*B, 1, d]` as the n agents' full inputs `[*B, n, d + n]`: each followed by its one-hot id."""
+    batch = x.shape[:-2]
+    return torch.cat([x.expand(*batch, n, x.shape[-1]), torch.eye(n).expand(*batch, n, n)], -1)
 
 
 def test_a_critic_with_agent_ids_equals_the_same_network_on_the_full_inputs():

@@ -9,7 +9,7 @@ from envs.native.speaker_listener import scripted_actions
 from marl.algorithms.ppo import PPOConfig
 from marl.app.trainer import Trainer, make_env
 from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
-from marl.core.models import CriticInput, with_agent_ids
+from marl.core.models import CriticInput
 
 
 def config(tmp_path, env="speaker_listener", frames=None, **kwargs) -> TrainConfig:
@@ -66,10 +66,6 @@ def test_global_critic_input_shapes():
         torch.testing.assert_close(
             x[:, 0], torch.cat([observations["predator"].flatten(1), observations["prey"].flatten(1)], -1)
         )
-        full = with_agent_ids(x, n)
-        assert full.shape == (5, n, total + n)
-        torch.testing.assert_close(full[:, :, :total], x.expand(5, n, total))
-        torch.testing.assert_close(full[0, :, total:], torch.eye(n))
         separate = CriticInput("global", group, groups, state_size=None, agent_id=False)
         assert separate(observations, None).shape == (5, n, total) and separate.agent_ids == 0
     local = CriticInput("agent", "prey", groups, state_size=None, agent_id=True)

@@ -63,6 +63,23 @@ def test_agent_ids_give_each_agent_the_mlp_of_the_shared_input_and_its_one_hot_i
         mlp(torch.randn(6, stacks, d + k))
 
 
+def test_a_gru_with_agent_ids_equals_the_gru_on_the_full_inputs():
+    torch.manual_seed(0)
+    n, d, h = 3, 5, 4
+    gru = MultiAgentGRU(d + n, h, n, share_params=True, agent_ids=True)
+    full_gru = MultiAgentGRU(d + n, h, n, share_params=True)
+    full_gru.load_state_dict(gru.state_dict())
+    x = torch.randn(6, 2, 1, d)  # [L, B, 1, d]: one shared input per env and step
+    full = torch.cat([x.expand(6, 2, n, d), torch.eye(n).expand(6, 2, n, n)], -1)  # each agent's, with its id
+    h0, reset = torch.randn(2, n, h), torch.rand(6, 2) < 0.3
+    torch.testing.assert_close(gru.scan(x, h0, reset), full_gru.scan(full, h0, reset))
+    torch.testing.assert_close(gru(x[0], h0), full_gru(full[0], h0))
+    with pytest.raises(ValueError, match=r"expects inputs \[\*B, 1, 5\]"):
+        gru(full[0], h0)
+    with pytest.raises(ValueError, match="share_params=True"):
+        MultiAgentGRU(d + n, h, n, share_params=False, agent_ids=True)
+
+
 def test_gradients_reach_every_agent_with_per_agent_parameters():
     mlp = MultiAgentMLP(3, 1, n_agents=2, hidden=(4,), share_params=False)
     mlp(torch.randn(10, 2, 3)).sum().backward()
