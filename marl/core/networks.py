@@ -12,7 +12,6 @@ import math
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from marl.optim.tanh import Tanh
@@ -113,15 +112,9 @@ class MultiAgentMLP(nn.Module):
         (shared parameters) or `[n, R, d]` -> `[n, R * k, h]` (stacked). The product of id i with the weights
         is their row i, so agent i's row is `x W + b + W_id[i]`."""
         first = self.layers[0]
-        # nn.Linear's weight [h, d + k] or stacked [n, d + k, h]: the input's rows, then the ids'.
-        shared, ids = first.weight.split([rows.shape[-1], self.agent_ids], 1)
-        if self.share_params:
-            h = F.linear(rows, shared, first.bias)  # [R, h]
-            per_agent = ids.T  # [k, h]
-        else:
-            h = torch.baddbmm(first.bias.unsqueeze(1), rows, shared)  # [n, R, h]
-            per_agent = ids.unsqueeze(1)  # [n, 1, k, h]
-        return (h.unsqueeze(-2) + per_agent).flatten(-3, -2)
+        if self.share_params:  # nn.Linear's weight [h, d + k], as one stack [1, d + k, h]
+            return _affine_with_ids(first.bias[None], rows[None], first.weight.T[None], self.agent_ids)[0]
+        return _affine_with_ids(first.bias, rows, first.weight, self.agent_ids)
 
 
 class MultiAgentGRU(nn.Module):
@@ -190,9 +183,7 @@ class MultiAgentGRU(nn.Module):
         shared input's product plus row i of the ids' weights (the product of its one-hot)."""
         if not self.agent_ids:
             return _affine(self.bias_ih, self._rows(x), self.weight_ih)
-        shared, ids = self.weight_ih.split([x.shape[-1], self.agent_ids], 1)  # [1, d, 3h], [1, n, 3h]
-        g = _affine(self.bias_ih, x.reshape(1, -1, x.shape[-1]), shared)  # [1, prod(B), 3h]
-        return (g.unsqueeze(-2) + ids.unsqueeze(1)).flatten(1, 2)  # [1, prod(B) * n, 3h]
+        return _affine_with_ids(self.bias_ih, x.reshape(1, -1, x.shape[-1]), self.weight_ih, self.agent_ids)
 
     def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """One step: `x` `[*B, n, d]`, `h` `[*B, n, h]` -> the next state `[*B, n, h]` (also the output)."""
@@ -228,6 +219,14 @@ def _affine(bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.
     if weight.shape[0] == 1:
         return torch.addmm(bias[0], x[0], weight[0]).unsqueeze(0)
     return torch.baddbmm(bias.unsqueeze(1), x, weight)
+
+
+def _affine_with_ids(bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, ids: int) -> torch.Tensor:
+    """`_affine` of shared inputs and each of `ids` agents' one-hot ids, which the weights read after them:
+    `[k, h]`, `[k, R, d]`, `[k, d + ids, h]` -> `[k, R * ids, h]`. A one-hot's product with the weights is one
+    of their rows, so agent i's row is `x W + b + W_id[i]`, with the product of `x` taken once for all."""
+    shared, per_agent = weight.split([x.shape[-1], ids], 1)  # [k, d, h], [k, ids, h]
+    return (_affine(bias, x, shared).unsqueeze(-2) + per_agent.unsqueeze(1)).flatten(1, 2)
 
 
 def _gru_step(
