@@ -281,6 +281,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
     with sigterm_as_interrupt():
         rows = trainer.train()
+    rows = trainer.logged_rows + rows if rows else rows  # resumed: the summary is of the whole run
     if world.is_main and len(trainer.members) > 1:
         seeds.print_summary(trainer, rows)
     elif world.is_main:

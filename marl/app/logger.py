@@ -114,3 +114,12 @@ def drop_rows_after(csv_path: str | os.PathLike, iteration: int) -> None:
         writer.writeheader()
         writer.writerows(kept)
     os.replace(tmp, csv_path)
+
+
+def read_rows(csv_path: str | os.PathLike) -> list[dict[str, float]]:
+    """The rows of `csv_path` as numbers (an empty cell as NaN); none when there is no such file."""
+    csv_path = Path(csv_path)
+    if not csv_path.exists():
+        return []
+    with open(csv_path, newline="") as f:
+        return [{k: float(v) if v else math.nan for k, v in row.items()} for row in csv.DictReader(f)]

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from marl.app.logger import RunLogger
+from marl.app.logger import RunLogger, read_rows
 from marl.app.wandb_logging import wandb_run
 from marl.config import Member, TrainConfig
 from marl.core.member_replay import MemberReplayBuffer
@@ -64,6 +64,15 @@ def logs(run_dir: Path, members: Sequence[Member]) -> list[Path]:
     if len(members) == 1:
         return [Path(run_dir) / "metrics.csv"]
     return [Path(run_dir) / AGGREGATE, *(member_dir(run_dir, m) / "metrics.csv" for m in members)]
+
+
+def logged_rows(run_dir: Path, members: Sequence[Member]) -> list[dict]:
+    """The rows a run of `members` logged, as `Trainer.train` returns them (with several seeds, each
+    member's row under `members`): a resumed run's summary is of the whole run, not only the rows it trains."""
+    if len(members) == 1:
+        return read_rows(Path(run_dir) / "metrics.csv")
+    logged = [read_rows(member_dir(run_dir, m) / "metrics.csv") for m in members]
+    return [{**rows[0], "members": list(rows)} for rows in zip(*logged)]
 
 
 def check_population(config: TrainConfig, world) -> None:

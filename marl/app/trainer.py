@@ -97,6 +97,7 @@ class Trainer:
         )
         self.buffer = self._replay_buffer()
         self._pending: TensorDict | None = None  # the next batch, when the update collected it ahead
+        self.logged_rows: list[dict] = []  # resumed: the rows logged up to the checkpoint, for the summary
         self.frames_per_iteration = self.world.size * config.env.num_envs * config.run.rollout_length
         # Whole iterations only: total_frames rounded up to a multiple of an iteration's frames.
         self.frames_to_run = -(-config.run.total_frames // self.frames_per_iteration) * self.frames_per_iteration
@@ -331,6 +332,7 @@ class Trainer:
             # Iterations logged after the checkpoint (before a Ctrl-C or a crash) are trained again.
             for log in seeds.logs(trainer.run_dir, trainer.members):
                 drop_rows_after(log, trainer.iteration)
+            trainer.logged_rows = seeds.logged_rows(trainer.run_dir, trainer.members)
         return trainer
 
 

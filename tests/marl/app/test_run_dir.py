@@ -126,3 +126,27 @@ def test_sigterm_stops_a_run_saying_where_its_last_checkpoint_is(tmp_path):
     assert f"the last checkpoint is {checkpoint} (resume with marl train --resume {checkpoint})" in out, out
     assert err.strip().splitlines()[-1] == "marl train: terminated (SIGTERM)", err[-2000:]
     assert "Traceback" not in err
+
+
+def summary_lines(out: str) -> list[str]:
+    """The summary's line of the group's return (not the run's folder, frames or time)."""
+    return [line for line in out.splitlines() if line.startswith("agent ")]
+
+
+@pytest.mark.parametrize("seeds", [[], ["--seeds", "0", "1"]], ids=["single", "population"])
+def test_a_resumed_run_summarises_the_whole_run_as_the_uninterrupted_one(tmp_path, capsys, seeds):
+    """The summary's returns (the last tenth of the iterations, the first return) are of the whole run:
+    resumed half way, it prints what the run trained in one go prints, not a summary of the second half."""
+    argv = [
+        "train", *("--num-envs", "8", "--rollout-length", "8", "--minibatch-size", "32", "--hidden", "8"),
+        *("--env-option", "max_steps=4", "--log-dir", str(tmp_path), "--no-progress", "--no-tensorboard", *seeds),
+    ]  # fmt: skip
+    assert main([*argv, "--total-frames", "1280", "--run-name", "whole"]) == 0  # 20 iterations of 64 frames
+    whole = summary_lines(capsys.readouterr().out)
+    assert main([*argv, "--total-frames", "640", "--run-name", "halves"]) == 0
+    capsys.readouterr()
+    checkpoint = tmp_path / "halves" / "checkpoint.pt"
+    assert main(["train", "--resume", str(checkpoint), "--total-frames", "1280", "--no-progress"]) == 0
+    resumed = summary_lines(capsys.readouterr().out)
+    assert whole and resumed == whole
+    assert seeds or "over the last 2 iteration(s) (first: " in whole[0] and "at 64 frames)" in whole[0]
