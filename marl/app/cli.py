@@ -348,7 +348,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def _eval_members(args: argparse.Namespace) -> int:
     """`marl eval --member all`: every member of a run of several seeds, one after another, then per group
-    the mean over the members and its 95% bootstrap CI."""
+    the mean over the members and its 95% bootstrap CI (with a sweep, per setting over its seeds)."""
     from marl.app.checkpoint import load_checkpoint
     from marl.app.evaluate import evaluate
     from marl.app.seeds import bootstrap_ci
@@ -366,12 +366,17 @@ def _eval_members(args: argparse.Namespace) -> int:
     for name, result in results.items():
         returns = ", ".join(f"{g} {v['mean']:.4f}" for g, v in result["returns"].items())
         print(f"{name}: mean episode return {returns} over {_count(result['episodes'], 'episode')}")
+    by_values: dict[tuple, list[dict]] = {}  # a sweep's settings each apart: pooled, their CI would mean nothing
+    for m in members:
+        by_values.setdefault(m.values, []).append(results[m.name])
     for group in next(iter(results.values()))["returns"]:
-        mean, std, low, high = bootstrap_ci([r["returns"][group]["mean"] for r in results.values()])
-        print(
-            f"{group}: mean over {len(results)} runs {mean:.4f} (95% CI {low:.4f} to {high:.4f}, std across runs "
-            f"{std:.4f})"
-        )
+        for values, runs in by_values.items():
+            mean, std, low, high = bootstrap_ci([r["returns"][group]["mean"] for r in runs])
+            swept = "".join(f" {k}={v:g}" for k, v in values)
+            print(
+                f"{group}{swept}: mean over {len(runs)} runs {mean:.4f} (95% CI {low:.4f} to {high:.4f}, std across "
+                f"runs {std:.4f})"
+            )
     return 0
 
 

@@ -460,3 +460,22 @@ def test_an_adapter_env_trains_its_members_on_the_first_seeds_stream(tmp_path, c
     )
     members = trainer.train_iteration()["members"]
     assert members[0]["agent/loss"] != members[1]["agent/loss"]
+
+
+def test_eval_of_every_member_of_a_sweep_gives_each_settings_mean_over_its_seeds(tmp_path, capsys):
+    """`marl eval --member all` on a sweep: a mean and CI per setting over its seeds (as the training summary
+    ranks them), not one mean that pools the settings."""
+    assert main(["train", *tiny_argv(tmp_path), "--num-seeds", "2", "--sweep", "lr=0.0001,0.03"]) == 0
+    capsys.readouterr()
+    checkpoint = str(tmp_path / "run" / "checkpoint.pt")
+    assert main(["eval", "--checkpoint", checkpoint, "--member", "all", "--episodes", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    each = {}  # member name -> its mean return, as printed
+    for line in lines[:4]:
+        name, value = line.split(": mean episode return agent ")
+        each[name] = float(value.split()[0])
+    assert sorted(each) == ["seed_0-lr_0.0001", "seed_0-lr_0.03", "seed_1-lr_0.0001", "seed_1-lr_0.03"]
+    for lr, line in zip(("0.0001", "0.03"), lines[4:], strict=True):
+        head, mean = line.split(" (95% CI ")[0].rsplit(" ", 1)
+        assert head == f"agent lr={lr}: mean over 2 runs", line
+        assert float(mean) == pytest.approx((each[f"seed_0-lr_{lr}"] + each[f"seed_1-lr_{lr}"]) / 2, abs=1e-4)
