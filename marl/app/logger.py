@@ -122,4 +122,4 @@ def read_rows(csv_path: str | os.PathLike) -> list[dict[str, float]]:
     if not csv_path.exists():
         return []
     with open(csv_path, newline="") as f:
-        return [{k: float(v) if v else math.nan for k, v in row.items()} for row in csv.DictReader(f)]
+        return [{k: float(v) if v not in ("", None) else math.nan for k, v in row.items()} for row in csv.DictReader(f)]

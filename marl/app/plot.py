@@ -3,11 +3,11 @@ members' mean with the 95% confidence band (its aggregate.csv)."""
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 from pathlib import Path
 
+from marl.app.logger import read_rows
 from marl.app.paths import check_output_file
 
 
@@ -18,8 +18,7 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:
         path = Path(run_dir) / AGGREGATE
     if not path.is_file():
         raise FileNotFoundError(f"no metrics.csv in {run_dir}: {_hint(Path(run_dir))}")
-    with open(path) as f:
-        return [{k: float(v) if v not in ("", None) else math.nan for k, v in row.items()} for row in csv.DictReader(f)]
+    return read_rows(path)
 
 
 def _hint(path: Path) -> str:
