@@ -41,6 +41,7 @@ rollout), the env's step is traced inline, not compiled again.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
@@ -49,6 +50,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from envs import cudagraphs
+from envs import options as _options
 from envs.compile import maybe_compile
 from envs.random import CounterRandom
 from envs.specs import Box, Discrete, GroupSpec, MultiDiscrete
@@ -65,8 +67,26 @@ def _copying_outputs(method):
 
 
 def _seed(seed: int | Sequence[int]) -> int | tuple[int, ...]:
-    """An env's seed: an int, or a tuple of its members' seeds (see `BaseEnv.__init__`)."""
-    return tuple(int(s) for s in seed) if isinstance(seed, Sequence) else int(seed)
+    """An env's seed: an int, or a tuple of its members' seeds (see `BaseEnv.__init__`). Anything else is
+    refused rather than cast: `int(1.5)` would quietly seed with 1, and a mask given where the seed goes
+    (`env.reset(mask)`) would fail inside torch."""
+    if isinstance(seed, Sequence) and not isinstance(seed, str):
+        if not seed:
+            raise ValueError("seed is an empty sequence; expected an int, or one int per member")
+        return tuple(_seed_int(s) for s in seed)
+    return _seed_int(seed)
+
+
+def _seed_int(seed) -> int:
+    try:
+        if isinstance(seed, bool):
+            raise TypeError
+        return operator.index(seed)  # ints, numpy ints and one-element integer tensors
+    except TypeError:
+        hint = " (pass the reset mask by name: reset(mask=...))" if isinstance(seed, torch.Tensor) else ""
+        raise TypeError(
+            f"seed must be an int (or a sequence of ints, one per member), got {type(seed).__name__} {seed!r}{hint}"
+        ) from None
 
 
 def canonical_device(device: torch.device | str) -> torch.device:
@@ -75,7 +95,7 @@ def canonical_device(device: torch.device | str) -> torch.device:
     keep this form."""
     try:
         return torch.empty(0, device=torch.device(device)).device
-    except (RuntimeError, AssertionError) as error:  # an unknown device type, or one this build lacks
+    except (RuntimeError, AssertionError, TypeError) as error:  # an unknown device type, one this build lacks, None
         raise ValueError(f"device {str(device)!r} cannot hold tensors here: {error}") from error
 
 
@@ -101,6 +121,7 @@ class EnvConfig:
     """Episode length: an env is truncated after this many steps."""
 
     def __post_init__(self) -> None:
+        _options.check_finite(self)
         if self.max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
 
@@ -150,6 +171,9 @@ class MultiAgentEnv:
             raise TypeError(f"{self.name}: config must be a {self.Config.__name__}, got {type(config).__name__}")
         if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs <= 0:
             raise ValueError(f"{self.name}: num_envs must be a positive int, got {num_envs!r}")
+        for flag, value in (("check_values", check_values), ("compile", compile)):
+            if not isinstance(value, bool):  # "no" would be truthy
+                raise TypeError(f"{self.name}: {flag} must be True or False, got {value!r}")
         self.config = config
         self.num_envs = num_envs
         self.device = canonical_device(device)
@@ -416,6 +440,8 @@ class MultiAgentEnv:
 
     def render(self, index: int = 0) -> np.ndarray:
         """An RGB image `[H, W, 3]` uint8 of env `index`; needs no display."""
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+            raise TypeError(f"{self.name}: render index must be an int, got {type(index).__name__} {index!r}")
         if not 0 <= index < self.num_envs:
             raise IndexError(f"{self.name}: render index must be in [0, {self.num_envs}), got {index}")
         return self._render(index)
@@ -523,11 +549,9 @@ class MultiAgentEnv:
             )
         checked = {}
         for group, spec in self.groups.items():
-            value = action[group]
-            if isinstance(value, TensorDictBase):
-                value = value["action"]
-            shape = (self.num_envs, spec.n_agents, *spec.action.shape)
             what = f"action for group '{group}'"
+            value = group_action(action[group], what)
+            shape = (self.num_envs, spec.n_agents, *spec.action.shape)
             self._check_tensor(what, value, shape, None)
             if isinstance(spec.action, Box):
                 if not value.dtype.is_floating_point:
@@ -563,6 +587,16 @@ class MultiAgentEnv:
             allowed = mask.gather(-1, value.unsqueeze(-1)).squeeze(-1)
             if not bool(allowed.all()):
                 raise ValueError(f"{self.name}: {what} picks actions that its action_mask forbids")
+
+
+def group_action(value, what: str):
+    """A group's entry of an action mapping: its tensor, or from a group TensorDict (`td[group]`) its
+    `"action"`."""
+    if isinstance(value, TensorDictBase):
+        if "action" not in value.keys():
+            raise KeyError(f"{what} is a TensorDict without an 'action' entry (keys {sorted(value.keys())})")
+        value = value["action"]
+    return value
 
 
 def sample_actions(

@@ -13,6 +13,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import math
 import textwrap
 import typing
 from typing import Any
@@ -118,6 +119,16 @@ def matches_type(value: Any, tp: Any) -> bool:
     if isinstance(tp, type):
         return isinstance(value, tp)
     return True
+
+
+def check_finite(config: Any) -> None:
+    """Every float field of dataclass `config` is finite. Range checks compare with `<` and `<=`, which are
+    False for NaN, so a NaN (or inf) would pass them and silently break what reads it (a NaN radius makes
+    every distance test False; max_grad_norm=nan turns gradient clipping off)."""
+    for name, tp in field_types(type(config)).items():
+        value = getattr(config, name)
+        if tp is float and isinstance(value, (int, float)) and not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value}")
 
 
 def _literal_hint(name: str, value: Any, tp: Any) -> str:

@@ -114,6 +114,10 @@ def make(
     raises an error that lists the valid ones with their types and defaults. `check_values` and
     `compile` are explained in `MultiAgentEnv.__init__`.
     """
+    if not isinstance(name, str):
+        raise TypeError(
+            f"make takes the env's name as a str, got {type(name).__name__} {name!r}; known envs: {', '.join(names())}"
+        )
     if "/" in name:
         prefix, rest = name.split("/", 1)
         if prefix not in _PREFIXES:

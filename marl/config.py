@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -40,7 +39,7 @@ class EnvSettings:
     (`--imports my_envs`)."""
 
     def __post_init__(self) -> None:
-        _check_finite(self)
+        _options.check_finite(self)
         if self.num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {self.num_envs}")
 
@@ -60,7 +59,7 @@ class AlgorithmConfig:
 
     def __post_init__(self) -> None:
         _check_choices(self)
-        _check_finite(self)
+        _options.check_finite(self)
         self.check()
 
     def check(self) -> None:
@@ -96,7 +95,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _check_choices(self)
-        _check_finite(self)
+        _options.check_finite(self)
         object.__setattr__(self, "hidden", tuple(int(h) for h in self.hidden))
         if any(h < 1 for h in self.hidden):
             raise ValueError(f"hidden sizes must be >= 1, got {self.hidden}")
@@ -177,7 +176,7 @@ class RunConfig:
     NAME/seed_<s>...). Default: the run folder's name."""
 
     def __post_init__(self) -> None:
-        _check_finite(self)
+        _options.check_finite(self)
         for name in ("total_frames", "rollout_length", "checkpoint_every", "compile_unroll"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -397,16 +396,6 @@ def _check_choices(config) -> None:
     for name, tp in _options.field_types(type(config)).items():
         if typing.get_origin(tp) is Literal and not _options.matches_type(getattr(config, name), tp):
             raise ValueError(f"{name} must be one of {list(typing.get_args(tp))}, got {getattr(config, name)!r}")
-
-
-def _check_finite(config) -> None:
-    """Every float field of `config` is finite. The range checks after this compare with `<` and `<=`,
-    which are False for NaN, so a NaN (or inf) would pass them and silently break training, e.g.
-    max_grad_norm=nan turns gradient clipping off."""
-    for name, tp in _options.field_types(type(config)).items():
-        value = getattr(config, name)
-        if tp is float and isinstance(value, (int, float)) and not math.isfinite(value):
-            raise ValueError(f"{name} must be a finite number, got {value}")
 
 
 def field_names(cls) -> set[str]:

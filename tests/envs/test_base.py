@@ -1,9 +1,12 @@
 """The base class's argument checks, auto-reset and flags, on the toy env and on navigation."""
 
 import dataclasses
+import re
 
+import numpy as np
 import pytest
 import torch
+from tensordict import TensorDict
 
 import envs
 from envs import registry
@@ -71,6 +74,62 @@ def test_canonical_device_rejects_devices_that_cannot_hold_tensors():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="device 'cuda' cannot hold tensors here"):
             make(device="cuda")
+
+
+@pytest.mark.parametrize(
+    "seed, error, message",
+    [
+        (1.5, TypeError, "seed must be an int (or a sequence of ints, one per member), got float 1.5"),  # was seed 1
+        (True, TypeError, "got bool True"),  # was seed 1
+        ("7", TypeError, "got str '7'"),  # was int()'s "invalid literal for int() with base 10"
+        ([0, 1.5], TypeError, "got float 1.5"),
+        ([], ValueError, "seed is an empty sequence; expected an int, or one int per member"),  # was ZeroDivisionError
+    ],
+)
+def test_a_seed_that_is_not_an_int_is_refused_not_cast(seed, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        Counter(num_envs=4, seed=seed)
+    with pytest.raises(error, match=re.escape(message)):
+        make().reset(seed=seed)
+
+
+def test_a_mask_given_where_the_seed_goes_says_to_name_it():
+    # reset(mask) passes the mask as the seed: torch's "only one element tensors can be converted" before.
+    with pytest.raises(TypeError, match=re.escape("got Tensor tensor([True, True, True, True]) (pass the reset mask")):
+        make().reset(torch.ones(4, dtype=torch.bool))
+    assert (
+        Counter(num_envs=4, seed=torch.tensor(3)).seed == Counter(num_envs=4, seed=np.int64(3)).seed == 3
+    )  # integers of any kind are ints
+
+
+def test_make_and_the_env_refuse_arguments_of_the_wrong_type():
+    with pytest.raises(
+        TypeError, match="make takes the env's name as a str, got NoneType None; known envs: .*navigation"
+    ):
+        envs.make(None, num_envs=2)  # was "argument of type 'NoneType' is not iterable"
+    with pytest.raises(ValueError, match="device 'None' cannot hold tensors here"):
+        make(device=None)  # was torch's "device() received an invalid combination of arguments"
+    with pytest.raises(TypeError, match="counter: check_values must be True or False, got 'no'"):
+        make(check_values="no")  # was truthy: value checks on
+    with pytest.raises(TypeError, match="counter: compile must be True or False, got 1"):
+        make(compile=1)
+    with pytest.raises(TypeError, match="render index must be an int, got float 0.5"):
+        envs.make("navigation", num_envs=2, seed=0).render(0.5)  # was torch's "only integers, slices ..."
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_env_options_refuse_non_finite_floats(value):
+    # A NaN radius passed `agent_radius <= 0` and made every distance test False.
+    for option in ("agent_radius", "collision_penalty"):
+        with pytest.raises(ValueError, match=f"invalid option for env 'navigation': {option} must be a finite number"):
+            envs.make("navigation", num_envs=2, **{option: value})
+
+
+def test_a_group_tensordict_without_an_action_names_the_group():
+    env = make()
+    action = TensorDict({g: TensorDict({"act": a}, [4]) for g, a in good_action(env).items()}, [4])
+    with pytest.raises(KeyError, match=r"action for group 'mover' is a TensorDict without an 'action' entry"):
+        env.step(action)  # was tensordict's 'key "action" not found in TensorDict with keys [\'act\']'
 
 
 def test_missing_and_unknown_groups():
