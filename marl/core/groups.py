@@ -23,12 +23,15 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from envs.base import sample_actions
+from envs.base import group_action, sample_actions
 from envs.specs import Box, GroupSpec
 
 GroupMap = str | Mapping[str, Sequence[str]]
 GROUP_MAPS = ("by_type", "all_in_one", "per_agent")
 PER_AGENT_KEYS = ("observation", "action_mask", "reward", "terminated", "truncated", "done")
+# Keys at the root of a step, a rollout or a replay sample, next to the groups' sub-TensorDicts: a group of
+# one of these names would overwrite them (a group "done" would replace the env-level done flags).
+ROOT_KEYS = ("terminated", "truncated", "done", "state", "next_state", "is_init", "index", "weight")
 
 
 @dataclass(frozen=True)
@@ -64,11 +67,19 @@ class GroupedEnv:
     """Any env with its agents regrouped by a group map; see the module docstring."""
 
     def __init__(self, env, group_map: GroupMap = "by_type", pad: bool = False) -> None:
+        if not isinstance(pad, bool):  # "no" would be truthy
+            raise TypeError(f"pad must be True or False, got {pad!r}")
         self.env = env
         self.group_map = group_map
         self.pad = pad
         source_specs: dict[str, GroupSpec] = env.groups
         members = self._members(source_specs, group_map)
+        for group in members:
+            if not isinstance(group, str) or not group or group in ROOT_KEYS:
+                raise ValueError(
+                    f"group name {group!r} cannot be used: a group is named by a non-empty str other than the "
+                    f"root keys {list(ROOT_KEYS)}, which its data would overwrite"
+                )
         if pad and group_map != "all_in_one":
             raise ValueError(f"pad=True only applies to group_map='all_in_one', got group_map={group_map!r}")
         self.identity = not pad and members == self._members(source_specs, "by_type")
@@ -208,12 +219,19 @@ class GroupedEnv:
             )
         tensors = {}
         for group, spec in self.groups.items():
-            value = action[group]
-            value = value["action"] if isinstance(value, TensorDictBase) else value
+            what = f"action for group '{group}'"
+            value = group_action(action[group], what)
             expected = (self.num_envs, spec.n_agents, *spec.action.shape)
             if not isinstance(value, torch.Tensor) or tuple(value.shape) != expected:
                 shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-                raise ValueError(f"action for group '{group}' has shape {shape}, expected {expected}")
+                raise ValueError(f"{what} has shape {shape}, expected {expected}")
+            # Checked here, where the group is the user's: concatenated with another group's agents, a
+            # float action would be promoted and refused under the env's group name, another device fail in cat.
+            if value.dtype.is_floating_point != isinstance(spec.action, Box) or value.dtype == torch.bool:
+                kind = "a float dtype" if isinstance(spec.action, Box) else "an integer dtype"
+                raise TypeError(f"{what} has dtype {value.dtype}, expected {kind}")
+            if value.device != self.device:
+                raise ValueError(f"{what} is on {value.device}, expected the env's device {self.device}")
             tensors[group] = value
         return {g: _gather(tensors, segments, self._sizes) for g, segments in self._backward.items()}
 

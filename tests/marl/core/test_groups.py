@@ -123,3 +123,25 @@ def test_bad_action_shape_for_a_regrouped_group():
         grouped.step({"agents": torch.zeros(B, 4, 2)})
     with pytest.raises(KeyError, match="missing"):
         grouped.step({"red": torch.zeros(B, 2, 2)})
+
+
+@pytest.mark.parametrize("name", ["done", "terminated", "state", "", 1])
+def test_a_group_named_like_a_root_key_or_not_a_str_is_refused(name):
+    # A group "done" replaced the env-level done flags of every step, silently; a group 1 failed in tensordict.
+    others = ["red_1", "blue_0", "blue_1", "blue_2"]
+    with pytest.raises(ValueError, match=f"group name {name!r} cannot be used: a group is named by a non-empty str"):
+        GroupedEnv(echo(), {name: ["red_0"], "rest": others})
+
+
+def test_regrouped_actions_of_the_wrong_dtype_or_device_name_the_users_group():
+    env = echo("discrete")
+    grouped = GroupedEnv(env, {"movers": ["red_0", "red_1", "blue_0", "blue_1", "blue_2"], "talker": ["green_0"]})
+    good = {"movers": torch.zeros(B, 5, 2), "talker": torch.zeros(B, 1, dtype=torch.long)}
+    with pytest.raises(TypeError, match="action for group 'talker' has dtype torch.float32, expected an integer dtype"):
+        grouped.step({**good, "talker": torch.zeros(B, 1)})  # was refused under the env's group 'green'
+    with pytest.raises(TypeError, match="action for group 'movers' has dtype torch.int64, expected a float dtype"):
+        grouped.step({**good, "movers": torch.zeros(B, 5, 2, dtype=torch.long)})
+    with pytest.raises(ValueError, match="action for group 'movers' is on meta, expected the env's device cpu"):
+        grouped.step({**good, "movers": torch.zeros(B, 5, 2, device="meta")})  # was torch.cat's device error
+    with pytest.raises(TypeError, match="pad must be True or False, got 'no'"):
+        GroupedEnv(env, "all_in_one", pad="no")
