@@ -165,6 +165,9 @@ def discounted_returns_reference(reward: torch.Tensor, done: torch.Tensor, *, ga
 def _returns_reference(reward, next_value, done, terminated, *, gamma, lmbda, shape):
     if next_value is None:
         return discounted_returns_reference(reward, done, gamma=gamma)
+    # discounted_returns' output is reward's shape, against which next_value may have size 1 in a batch dim;
+    # td_lambda_returns_reference makes next_value's.
+    next_value = next_value.expand(shape)
     return td_lambda_returns_reference(reward, next_value, done, terminated, gamma=gamma, lmbda=lmbda)
 
 

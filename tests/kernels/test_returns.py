@@ -188,3 +188,13 @@ def test_episode_ends_at_tile_boundaries(op, flag, monkeypatch):
         data["terminated"] = ends.clone()
     expected = op("reference", data, gamma=0.99)
     assert_close(op("triton", data, gamma=0.99), expected)
+
+
+def test_bootstrapped_returns_read_a_next_value_of_size_one_in_a_batch_dim_on_every_backend():
+    # discounted_returns' output is reward's shape, and next_value may have size 1 in a batch dim (an env-level
+    # value [T, B, 1] against per-agent rewards [T, B, n]): the reference loop failed there in torch's expand.
+    data = rollout(9, (5, 3), density=0.2)
+    shared = data["next_value"][..., :1]  # [T, B, 1]
+    expected = bootstrapped_by("reference", {**data, "next_value": shared.expand(9, 5, 3).contiguous()})
+    for backend in (*FAST, "reference"):
+        assert_close(bootstrapped_by(backend, {**data, "next_value": shared}), expected)
