@@ -45,7 +45,9 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from envs import cudagraphs
+from envs.base import canonical_device
 from envs.specs import Box, GroupSpec
+from kernels._common import BACKENDS
 from kernels.sum_tree import (
     sum_tree_find,
     sum_tree_leaves,
@@ -73,9 +75,16 @@ class Prioritized:
     """How a priority per agent (a group's `[k, n]`, or several groups') becomes one per env step."""
 
     def __post_init__(self) -> None:
-        for name, value, low, high in (("alpha", self.alpha, 0.0, math.inf), ("beta", self.beta, 0.0, 1.0)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-                raise ValueError(f"Prioritized: {name} = {value!r}, expected a float in [{low}, {high}]")
+        # alpha = inf would make every leaf 0 or inf, and the tree's total inf or NaN.
+        for name, value, high in (("alpha", self.alpha, math.inf), ("beta", self.beta, 1.0)):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not 0.0 <= value <= high
+                or math.isinf(value)
+            ):
+                expected = "a finite float >= 0.0" if high == math.inf else f"a float in [0.0, {high}]"
+                raise ValueError(f"Prioritized: {name} = {value!r}, expected {expected}")
         if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) or not 0.0 < self.eps < math.inf:
             raise ValueError(f"Prioritized: eps = {self.eps!r}, expected a float > 0")
         if self.reduce not in ("max", "mean"):
@@ -174,16 +183,27 @@ class ReplayBuffer:
             raise ValueError(f"ReplayBuffer: capacity must be a positive int, got {capacity!r}")
         if prioritized is not None and not isinstance(prioritized, Prioritized):
             raise TypeError(f"ReplayBuffer: prioritized must be a Prioritized(...) or None, got {prioritized!r}")
+        if not isinstance(groups, Mapping):
+            raise TypeError(f"ReplayBuffer: groups must be a mapping group -> GroupSpec (env.groups), got {groups!r}")
+        if not isinstance(check_values, bool):  # "no" would be truthy
+            raise TypeError(f"ReplayBuffer: check_values must be True or False, got {check_values!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"ReplayBuffer: backend={backend!r} is not one of {', '.join(map(repr, BACKENDS))}")
         self.groups = dict(groups)
         self.capacity = capacity
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = canonical_device(device)  # a bare "cuda" is cuda:<current>, as its tensors report it
         self.state_spec = state_spec
         self.prioritized = prioritized
         self.check_values = check_values
         self.backend = backend
         self.hidden = dict(hidden or {})
+        for group, shape in self.hidden.items():
+            n = self.groups[group].n_agents if group in self.groups else None
+            if n is None or not isinstance(shape, (tuple, list)) or len(shape) != 2 or shape[0] != n:
+                raise ValueError(
+                    f"ReplayBuffer: hidden[{group!r}] = {shape!r}; expected a group of {list(self.groups)} with the "
+                    f"shape (n_agents, h) of one env step's hidden state" + (f", here ({n}, h)" if n else "")
+                )
         self.layout = transition_layout(self.groups, state_spec, hidden=self.hidden)
         # Prioritized: one sum tree over the slots, or one per member of `members` (each over its own ring).
         trees = self.members or 1
@@ -478,6 +498,8 @@ class ReplayBuffer:
                 "update_priority: this buffer samples uniformly; build it with prioritized=Prioritized()"
             )
         self._check_priority(index, priority)
+        if index.shape[0] == 0:  # nothing to set (and no agents' columns to reduce)
+            return
         reduced = self.reduce_priority(priority)
         if self.check_values:
             self._check_priority_values(index, reduced)

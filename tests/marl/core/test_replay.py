@@ -411,6 +411,40 @@ def test_update_priority_of_a_uniform_buffer_and_bad_configs_are_errors():
         ReplayBuffer(GROUPS, 0)
 
 
+@pytest.mark.parametrize(
+    "build, error, message",
+    [
+        # alpha = inf made every leaf 0 or inf: the first prioritized draw then failed inside the sum tree
+        (lambda: Prioritized(alpha=math.inf), ValueError, "alpha = inf, expected a finite float >= 0.0"),
+        (lambda: Prioritized(alpha=math.nan), ValueError, "alpha = nan, expected a finite float >= 0.0"),
+        # accepted, and refused by the sum tree at the first extend (uniform buffers: never)
+        (lambda: ReplayBuffer(GROUPS, 8, backend="cuda"), ValueError, "backend='cuda' is not one of 'auto', 'triton'"),
+        (lambda: ReplayBuffer(GROUPS, 8, check_values="no"), TypeError, "check_values must be True or False, got 'no'"),
+        (lambda: ReplayBuffer(["red"], 8), TypeError, "groups must be a mapping group -> GroupSpec"),  # was dict()'s
+        (lambda: ReplayBuffer(GROUPS, 8, device=None), ValueError, "device 'None' cannot hold tensors here"),
+        # a hidden state for no group, or of the wrong number of agents, was stored and refused only at extend
+        (lambda: ReplayBuffer(GROUPS, 8, hidden={"green": (1, 4)}), ValueError, r"hidden\['green'\] = \(1, 4\)"),
+        (
+            lambda: ReplayBuffer(GROUPS, 8, hidden={"red": (3, 4)}),
+            ValueError,
+            r"of one env step's hidden state, here \(2, h\)",
+        ),
+    ],
+)
+def test_bad_buffer_arguments_are_refused_when_built(build, error, message):
+    with pytest.raises(error, match=message):
+        build()
+
+
+def test_update_priority_of_no_indices_changes_nothing():
+    # k = 0 failed in reduce_priority's reshape: "cannot reshape tensor of 0 elements into shape [0, -1]"
+    buffer = ReplayBuffer(GROUPS, 8, state_spec=STATE, prioritized=Prioritized())
+    buffer.extend(numbered(1, 3))
+    before = snapshot(buffer)
+    buffer.update_priority(torch.zeros(0, dtype=torch.int64), {"red": torch.zeros(0, 2)})
+    assert_unchanged(buffer, before)
+
+
 # ---- checkpoints --------------------------------------------------------------------------------------
 
 
