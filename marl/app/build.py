@@ -20,6 +20,8 @@ def resolve_device(device: str) -> torch.device:
         device = torch.device(device)
     except RuntimeError as error:  # torch's own message lists every backend it knows, not what marl runs on
         raise ValueError(f"unknown device {device!r}; expected cpu, cuda, cuda:N or auto") from error
+    if device.type not in ("cpu", "cuda"):  # e.g. meta: it holds no data, so training fails deep inside torch
+        raise ValueError(f"unknown device {str(device)!r}; expected cpu, cuda, cuda:N or auto")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device} was asked for, but CUDA is not available; use --device cpu or auto")
     return device

@@ -43,6 +43,7 @@ def evaluate(
         raise ValueError(f"num_envs must be >= 1 (or left out: min(episodes, 256)), got {num_envs}")
     if render:
         check_render_path(render)  # now, not after the whole evaluation
+    device = canonical_device(resolve_device(device))  # an argument: checked before the checkpoint is read
     state = load_checkpoint(checkpoint)
     config = TrainConfig.from_dict(state["config"])
     trained = config.run.members()
@@ -58,7 +59,6 @@ def evaluate(
         if len(trained) > 1:
             state = load_checkpoint(seeds.member_dir(Path(checkpoint).parent, chosen[0]) / "checkpoint.pt")
             config = TrainConfig.from_dict(state["config"])
-    device = canonical_device(resolve_device(device))
     batch = num_envs if num_envs is not None else min(episodes, 256)
     returns: dict[str, list[float]] = {}
     lengths: list[float] = []

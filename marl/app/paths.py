@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -13,3 +14,14 @@ def check_output_file(path: str | Path, what: str, example: str | None = None) -
         raise ValueError(f"{what}: it is a folder; give a file name such as {path / example}")
     if not path.parent.is_dir():
         raise ValueError(f"{what}: the folder {path.parent} does not exist")
+
+
+def check_output_folder(path: str | Path, what: str) -> None:
+    """Raise a ValueError, its message starting with `what`, when folder `path` can neither be used nor
+    made: it, or the nearest of its parents that exists, is a file, or is a folder this user cannot write."""
+    path = Path(path)
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"{what}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{what}: the folder {existing} is not writable")

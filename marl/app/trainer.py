@@ -37,6 +37,7 @@ from marl.app import distributed, seeds
 from marl.app.build import build_algorithm, check_group_overrides, make_env, resolve_device
 from marl.app.checkpoint import load_checkpoint, save_checkpoint
 from marl.app.logger import NoLogger, RunLogger, drop_rows_after
+from marl.app.paths import check_output_folder
 from marl.app.wandb_logging import check_installed, wandb_run
 from marl.config import TrainConfig
 from marl.core.member_replay import MemberReplayBuffer
@@ -346,6 +347,8 @@ def _to_device(data, device: torch.device):
 def check_fresh_run_dir(run_dir: Path) -> None:
     """A fresh run must not append to another run's metrics.csv (whose header may lack this run's
     columns) nor overwrite its checkpoint."""
+    # Checked before the env and the algorithm are built: the logger makes the folder only when training starts.
+    check_output_folder(run_dir, f"cannot write the run folder {run_dir}")
     held = [name for name in ("metrics.csv", seeds.AGGREGATE, "checkpoint.pt") if (run_dir / name).exists()]
     if not held:
         return

@@ -120,12 +120,27 @@ def test_options_reach_the_config():
             "cannot write /nonexistent/x.gif: the folder /nonexistent does not exist",
         ),
         (["plot", "/nonexistent"], "no metrics.csv in /nonexistent"),
+        # meta holds no data: torch's "META device type not an accelerator" with a traceback, after parsing
+        (["train", "--device", "meta"], "unknown device 'meta'; expected cpu, cuda, cuda:N or auto"),
+        (["eval", "--checkpoint", "c.pt", "--device", "meta"], "unknown device 'meta'; expected cpu, cuda"),
     ],
 )
 def test_bad_input_is_one_clear_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_a_log_dir_under_a_file_is_one_clear_line_before_anything_is_built(tmp_path, capsys, monkeypatch):
+    # Was a NotADirectoryError traceback from the logger, once the env and the networks were built.
+    (tmp_path / "notes.txt").write_text("")
+    monkeypatch.setattr("marl.app.trainer.make_env", lambda *a, **k: pytest.fail("built the env"))
+    for log_dir in ("notes.txt", "notes.txt/runs"):
+        argv = ["train", "--log-dir", str(tmp_path / log_dir), "--run-name", "r", "--no-progress"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"cannot write the run folder {tmp_path / log_dir / 'r'}: {tmp_path / 'notes.txt'} is a file" in err
+        assert "Traceback" not in err
 
 
 def test_configs_built_in_python_refuse_values_outside_their_choices():
