@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -39,6 +40,11 @@ class EnvSettings:
     (`--imports my_envs`)."""
 
     def __post_init__(self) -> None:
+        _options.check_types(self, skip=("group_map",))
+        if not isinstance(self.group_map, (str, Mapping)):
+            raise TypeError(
+                f"EnvSettings: group_map={self.group_map!r}, expected a str or a dict {{group: [agent names]}}"
+            )
         _options.check_finite(self)
         if self.num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {self.num_envs}")
@@ -59,6 +65,7 @@ class AlgorithmConfig:
 
     def __post_init__(self) -> None:
         _check_choices(self)
+        _options.check_types(self)
         _options.check_finite(self)
         self.check()
 
@@ -95,6 +102,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _check_choices(self)
+        _options.check_types(self)
         _options.check_finite(self)
         object.__setattr__(self, "hidden", tuple(int(h) for h in self.hidden))
         if any(h < 1 for h in self.hidden):
@@ -176,6 +184,7 @@ class RunConfig:
     NAME/seed_<s>...). Default: the run folder's name."""
 
     def __post_init__(self) -> None:
+        _options.check_types(self)
         _options.check_finite(self)
         for name in ("total_frames", "rollout_length", "checkpoint_every", "compile_unroll"):
             if getattr(self, name) < 1:
@@ -269,6 +278,12 @@ class TrainConfig:
             raise TypeError(
                 f"algo must be an algorithm's config (e.g. marl.algorithms.ppo.PPOConfig), got {self.algo!r}"
             )
+        for name, cls in SECTIONS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise TypeError(f"{name} must be a marl.config.{cls.__name__}, got {getattr(self, name)!r}")
+        overrides = self.group_overrides
+        if not isinstance(overrides, Mapping) or not all(isinstance(o, Mapping) for o in overrides.values()):
+            raise TypeError(f"group_overrides must be a dict {{group: {{field: value}}}}, got {overrides!r}")
         for group, overrides in self.group_overrides.items():
             fields = group_fields(self.group_algorithm(group))
             unknown = set(overrides) - fields

@@ -1,12 +1,15 @@
-"""Every float option refuses NaN and inf, which slip through range checks such as `x <= 0`."""
+"""Config values: every float option refuses NaN and inf, which slip through range checks such as `x <= 0`;
+every field of a config built in Python refuses a value of the wrong type, as the command line does."""
 
 import dataclasses
+import re
 
 import pytest
 
+from envs.native.navigation import NavigationConfig
 from marl.algorithms.ppo import PPOConfig
 from marl.app.cli import main
-from marl.config import ModelConfig, TrainConfig
+from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
 
 NAN, INF = float("nan"), float("inf")
 
@@ -70,3 +73,33 @@ def test_the_largest_seed_is_accepted():
     from marl.config import MAX_SEED, RunConfig
 
     assert RunConfig(seed=MAX_SEED).seed == MAX_SEED
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        # Cast or split silently before: sizes (6, 4), seeds (1, 2), each character imported as a module.
+        (lambda: ModelConfig(hidden="64"), "ModelConfig: hidden='64' has type str, expected tuple[int, ...]"),
+        (lambda: ModelConfig(hidden=(64.7, 32)), "ModelConfig: hidden=(64.7, 32) has type tuple, expected tuple[int"),
+        (lambda: RunConfig(seeds="12"), "RunConfig: seeds='12' has type str, expected tuple[int, ...]"),
+        (lambda: RunConfig(seed=1.5), "RunConfig: seed=1.5 has type float, expected int"),
+        (lambda: EnvSettings(imports="my_envs"), "EnvSettings: imports='my_envs' has type str, expected tuple[str"),
+        (lambda: PPOConfig(epochs=2.5), "PPOConfig: epochs=2.5 has type float, expected int"),
+        # Failed in a range check: "'<=' not supported between instances of 'str' and 'int'".
+        (lambda: PPOConfig(lr="1e-3"), "PPOConfig: lr='1e-3' has type str, expected float"),
+        (lambda: EnvSettings(num_envs="4"), "EnvSettings: num_envs='4' has type str, expected int"),
+        (lambda: NavigationConfig(n_agents="3"), "NavigationConfig: n_agents='3' has type str, expected int"),
+        # Failed far away: "'dict' object has no attribute 'num_envs'", "'int' object has no attribute 'get'".
+        (lambda: TrainConfig(env={"env": "spread"}), "env must be a marl.config.EnvSettings, got {'env': 'spread'}"),
+        (lambda: TrainConfig(group_overrides={"agent": 3}), "group_overrides must be a dict {group: {field: value}}"),
+    ],
+)
+def test_configs_built_in_python_refuse_values_of_the_wrong_type(build, message):
+    with pytest.raises(TypeError, match=re.escape(message)):
+        build()
+
+
+def test_configs_built_in_python_take_what_the_command_line_gives():
+    # lists for tuples, ranges of seeds, ints for floats, an explicit group map
+    assert ModelConfig(hidden=[32, 16]).hidden == (32, 16) and RunConfig(seeds=range(3)).seeds == (0, 1, 2)
+    assert PPOConfig(lr=1).lr == 1 and EnvSettings(group_map={"a": ["agent_0"]}).group_map == {"a": ["agent_0"]}
