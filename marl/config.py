@@ -340,7 +340,7 @@ class TrainConfig:
                 f"from {run.collects}; the groups of one run all learn on-policy or all off-policy (one replay "
                 "buffer): pick algorithms of one kind"
             )
-        return other.Config
+        return algorithms.config_class(name)
 
     def for_group(self, group: str) -> tuple[AlgorithmConfig, ModelConfig]:
         """The algorithm and model configs of `group`, with its overrides applied. A group on another

@@ -44,6 +44,9 @@ class Algorithm:
     """
 
     Config: ClassVar[type[AlgorithmConfig]]
+    configs: ClassVar[dict[str, type[AlgorithmConfig]]] = {}
+    """Optional: names this class serves whose config is a subclass of `Config` with other defaults (the
+    Q-learning module's QMIX, whose replay schedule differs from IQL's and VDN's); the others take `Config`."""
     collects: ClassVar[Literal["rollout", "transitions"]] = "rollout"
     """What `update` learns from: "rollout", the iteration's `[T, B]` batch (on-policy); or "transitions",
     a replay buffer (`marl.core.replay.ReplayBuffer`, sized by `replay()`) that the run loop extends with
@@ -145,6 +148,18 @@ def _check_algorithm_class(names: tuple[str, ...], cls) -> None:
             f"register{names}: {cls.__qualname__}.Config must be a frozen dataclass subclassing "
             f"marl.config.AlgorithmConfig, got {getattr(config, '__qualname__', config)}"
         )
+    for name, own in cls.configs.items():
+        if name not in names or not (isinstance(own, type) and issubclass(own, config)):
+            raise TypeError(
+                f"register{names}: {cls.__qualname__}.configs[{name!r}] must be a subclass of {config.__qualname__} "
+                "for one of the names registered"
+            )
+    for name in names:
+        _check_config(names, cls.configs.get(name, config), name)
+
+
+def _check_config(names: tuple[str, ...], config: type[AlgorithmConfig], name: str) -> None:
+    """Refuse a config class that cannot serve `--algo name`."""
     if "__dataclass_fields__" not in vars(config):
         raise TypeError(f"register{names}: decorate {config.__qualname__} with @dataclasses.dataclass(frozen=True)")
     clash = sorted({f.name for f in dataclasses.fields(config)} & RESERVED)
@@ -153,11 +168,10 @@ def _check_algorithm_class(names: tuple[str, ...], cls) -> None:
             f"register{names}: {config.__qualname__} has field(s) {clash}, which are already options of the "
             "env, model or run sections: rename them"
         )
-    for name in names:
-        try:
-            config(algo=name)
-        except (TypeError, ValueError) as error:
-            raise TypeError(f"register{names}: {config.__qualname__}(algo={name!r}) fails: {error}") from error
+    try:
+        config(algo=name)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"register{names}: {config.__qualname__}(algo={name!r}) fails: {error}") from error
 
 
 def _redefined(registered: type, cls: type) -> bool:
@@ -231,12 +245,14 @@ def get(name: str) -> type[Algorithm]:
 
 
 def config_class(name: str) -> type[AlgorithmConfig]:
-    return get(name).Config
+    """Algorithm `name`'s config class: its class's `Config`, or the subclass `configs` gives for the name."""
+    cls = get(name)
+    return cls.configs.get(name, cls.Config)
 
 
 def default_config(name: str) -> AlgorithmConfig:
     """Algorithm `name`'s config with its defaults."""
-    return get(name).Config(algo=name)
+    return config_class(name)(algo=name)
 
 
 def build(config: TrainConfig, env, device: torch.device, world, generator: torch.Generator) -> Algorithm:

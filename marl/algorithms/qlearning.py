@@ -82,9 +82,25 @@ HYPERNET_INIT_SCALE = 0.01  # QMixer's output layers at init, relative to torch'
 class QConfig(OffPolicyConfig):
     """IQL, VDN and QMIX: ε-greedy Q-learning per agent, alone or mixed into the group's value."""
 
-    algo: Literal["qmix", "vdn", "iql"] = "qmix"
+    algo: Literal["qmix", "vdn", "iql"] = "vdn"
     """iql: each agent learns its own Q; vdn: the group's Q is the sum of its agents'; qmix: a monotonic
     mixing network of the env's state (or the group's observations) combines them."""
+    # Q-learning's own defaults, chosen by the return on spread (marl/bench/README.md, "Returns at the
+    # defaults"): with the shared ones (lr 3e-4, tau 0.005, gamma 0.99, 32 steps of 2048) VDN was at -25.8
+    # per agent after 1M frames, hardly above random moves (-26.4); with these at -12.7 (scripted: -10.4).
+    lr: float = 1e-3
+    """Adam learning rate of the Q-networks and mixers (Q-learning's: 3x the shared one; with 3e-3 VDN was
+    at -11.4 after 1M frames, but QMIX swung between -32 and -22)."""
+    tau: float = 0.02
+    """Polyak factor of the target networks (Q-learning's: targets that keep up with the faster lr)."""
+    gamma: float = 0.9
+    """Discount factor (Q-learning's: with 0.99 VDN levelled off at -16 on spread, whose episodes last 25
+    steps)."""
+    batch_size: int = 256
+    """Env steps drawn from the buffer per optimiser step (IQL's and VDN's: many small steps; with 32
+    steps of 2048 per iteration VDN was at -19 to -21 after 1M frames, lr 1e-3 to 3e-3)."""
+    updates_per_iteration: int = 256
+    """Optimiser steps per iteration (IQL's and VDN's: one per 64 frames of the default 256 x 64 iteration)."""
     exploration_eps_init: float = 0.8
     """Probability of a uniformly random allowed action at the start."""
     exploration_eps_end: float = 0.01
@@ -345,6 +361,20 @@ def gather_chunks(storage, index: torch.Tensor, burn_in: int) -> tuple[dict, dic
     return main, window
 
 
+@dataclass(frozen=True)
+class QMIXConfig(QConfig):
+    """QMIX: Q-learning's options, with QMIX's own replay schedule."""
+
+    algo: Literal["qmix"] = "qmix"
+    """qmix: a monotonic mixing network of the env's state (or the group's observations) combines the agents' Qs."""
+    batch_size: int = 2048
+    """Env steps drawn from the buffer per optimiser step (QMIX's: the shared one; with IQL's and VDN's 256 x
+    256 QMIX's return fell to -42 and -48 (seeds 0 and 1) while epsilon annealed, ended no higher, and each
+    iteration took 1.65x as long)."""
+    updates_per_iteration: int = 32
+    """Optimiser steps per iteration (QMIX's: the shared one)."""
+
+
 @dataclass
 class QLearner:
     """Everything one group learns with (a mixer and its target for QMIX only)."""
@@ -366,6 +396,7 @@ class QLearning(OffPolicy):
     """IQL, VDN or QMIX for every group at once (each group mixes its own agents)."""
 
     Config = QConfig
+    configs = {"qmix": QMIXConfig}
     term_names = TERMS
     scheduled = ("epsilon",)
 

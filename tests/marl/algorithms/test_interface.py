@@ -13,6 +13,7 @@ import torch
 
 from marl import algorithms
 from marl.algorithms.ppo import PPOConfig
+from marl.algorithms.qlearning import QConfig, QMIXConfig
 from marl.app.cli import main
 from marl.app.trainer import Trainer
 from marl.config import AlgorithmConfig, RunConfig, TrainConfig
@@ -104,6 +105,25 @@ def test_register_refuses_what_would_fail_later():
     with pytest.raises(ValueError, match="an algorithm named 'mappo' is already registered"):
         algorithms.register("mappo")(type("Other", (algorithms.get("mappo"),), {}))
     assert "clashing" not in algorithms.names() and "no_config" not in algorithms.names()
+
+    class OtherConfigs(algorithms.Algorithm):  # configs must subclass Config, for a name registered
+        Config = PPOConfig
+        configs = {"mappo": AlgorithmConfig}
+
+    with pytest.raises(TypeError, match=r"OtherConfigs.configs\['mappo'\] must be a subclass of PPOConfig"):
+        algorithms.register("mappo_again")(OtherConfigs)
+
+
+def test_one_module_may_give_one_of_its_names_a_config_of_other_defaults(tmp_path):
+    """The Q-learning module serves qmix, vdn and iql; QMIX's config is a subclass with its own replay
+    schedule. A group on another of the module's algorithms takes its config class, and a checkpoint's."""
+    qmix, vdn = algorithms.default_config("qmix"), algorithms.default_config("vdn")
+    assert type(qmix) is QMIXConfig and type(vdn) is QConfig and algorithms.get("qmix") is algorithms.get("vdn")
+    assert (qmix.batch_size, qmix.updates_per_iteration) == (2048, 32)
+    assert (vdn.batch_size, vdn.updates_per_iteration) == (256, 256) and vdn.lr == qmix.lr
+    config = TrainConfig(algo=qmix, group_overrides={"agent": {"algo": "iql"}})
+    assert config.group_algorithm("agent") is QConfig and config.for_group("agent")[0].algo == "iql"
+    assert TrainConfig.from_dict(TrainConfig(algo=qmix).to_dict()).algo == qmix
 
 
 # `marl train` defaults (seed 0, cpu), iterations 1-2, recorded from the trainer before the algorithm

@@ -183,6 +183,7 @@ class FakeQConfig(AlgorithmConfig):
 
 class FakeOffPolicy:
     Config = FakeOffPolicyConfig
+    configs = {}
 
 
 @pytest.fixture
@@ -190,7 +191,9 @@ def fake_off_policy(monkeypatch):
     """maddpg and iddpg registered with FakeOffPolicyConfig, qmix with FakeQConfig, for this test only."""
     for name in ("maddpg", "iddpg"):
         monkeypatch.setitem(algorithm_registry._ALGORITHMS, name, FakeOffPolicy)
-    monkeypatch.setitem(algorithm_registry._ALGORITHMS, "qmix", type("FakeQ", (), {"Config": FakeQConfig}))
+    monkeypatch.setitem(
+        algorithm_registry._ALGORITHMS, "qmix", type("FakeQ", (), {"Config": FakeQConfig, "configs": {}})
+    )
 
 
 def test_off_policy_benchmarl_settings_in_vecmarl_fields(fake_off_policy):
