@@ -31,6 +31,8 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     torch file, a truncated checkpoint) raises a ValueError saying so, instead of whatever torch.load
     raises, which can be as cryptic as a bare `KeyError: 105`."""
     path = Path(path)
+    if path.is_dir() and (path / "checkpoint.pt").is_file():  # a run's folder: the usual slip
+        raise FileNotFoundError(f"{path} is a run folder; pass its checkpoint, {path / 'checkpoint.pt'}")
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
     state = _read(path, map_location)

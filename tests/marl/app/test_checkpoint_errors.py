@@ -84,6 +84,9 @@ def test_a_python_object_in_the_file_is_refused_without_suggesting_weights_only_
 def test_a_missing_checkpoint_stays_a_file_not_found_error(tmp_path):
     with pytest.raises(FileNotFoundError, match=f"no checkpoint at {tmp_path / 'nope.pt'}"):
         load_checkpoint(tmp_path / "nope.pt")
+    (tmp_path / "checkpoint.pt").write_bytes(b"")  # a run folder given for its checkpoint
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path} is a run folder; pass its checkpoint, {tmp_path}/"):
+        load_checkpoint(tmp_path)
 
 
 @pytest.mark.parametrize("command", ["train --resume", "eval --checkpoint"])
