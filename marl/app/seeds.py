@@ -75,6 +75,23 @@ def logged_rows(run_dir: Path, members: Sequence[Member]) -> list[dict]:
     return [{**rows[0], "members": list(rows)} for rows in zip(*logged)]
 
 
+def check_none_trained_alone(run_dir: Path, members: Sequence[Member]) -> None:
+    """Before a population resumes: refuse when one of its members was resumed alone (`marl train --resume
+    RUN/seed_s/checkpoint.pt`, which trains on in that member's folder) and logged more iterations than the
+    population, whose resume would overwrite that member's checkpoint and drop its later rows."""
+    if len(members) == 1:
+        return
+    population = len(read_rows(Path(run_dir) / AGGREGATE))
+    ahead = [m.name for m in members if len(read_rows(member_dir(run_dir, m) / "metrics.csv")) > population]
+    if ahead:
+        folders = ", ".join(str(Path(run_dir) / name) for name in ahead)
+        raise ValueError(
+            f"{', '.join(ahead)} trained on alone past the population's {population} iterations; resuming the "
+            f"population would overwrite that training: move {folders} out of the run folder first (each stays "
+            "an ordinary run: marl eval or --resume its checkpoint.pt)"
+        )
+
+
 def check_population(config: TrainConfig, world) -> None:
     """Refuse what several seeds in one process do not support, before anything is built (each group's
     algorithm and model: `marl.algorithms.build_seeded`, once the env has named the groups)."""

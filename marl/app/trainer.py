@@ -327,6 +327,7 @@ class Trainer:
         config = TrainConfig.from_dict(state["config"])
         if run_overrides:
             config = dataclasses.replace(config, run=dataclasses.replace(config.run, **run_overrides))
+        seeds.check_none_trained_alone(Path(path).parent, config.run.members())
         trainer = cls(config, run_dir=Path(path).parent, resuming=True)
         trainer.load_state_dict(state)
         if trainer.world.is_main:

@@ -310,6 +310,18 @@ def test_train_writes_member_logs_aggregate_and_summary(tmp_path, capsys):
     assert (run / "learning_curve.png").stat().st_size > 1000
 
 
+def test_a_population_whose_member_trained_on_alone_refuses_to_resume_over_it(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *tiny_argv(tmp_path), "--num-seeds", "2"]) == 0
+    assert main(["train", "--resume", str(run / "seed_1" / "checkpoint.pt"), "--total-frames", "256"]) == 0
+    trained_alone = (run / "seed_1" / "metrics.csv").read_bytes()
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run / "checkpoint.pt"), "--total-frames", "256"]) == 2
+    err = capsys.readouterr().err
+    assert "seed_1 trained on alone past the population's 2 iterations" in err and str(run / "seed_1") in err
+    assert (run / "seed_1" / "metrics.csv").read_bytes() == trained_alone  # nothing overwritten
+
+
 def tiny_argv(tmp_path) -> list[str]:
     return [
         *("--num-envs", "8", "--rollout-length", "8", "--minibatch-size", "32", "--total-frames", "128"),
