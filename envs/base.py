@@ -121,8 +121,7 @@ class EnvConfig:
     """Episode length: an env is truncated after this many steps."""
 
     def __post_init__(self) -> None:
-        _options.check_types(self)
-        _options.check_finite(self)
+        _options.check_fields(self)
         if self.max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
 

@@ -121,23 +121,21 @@ def matches_type(value: Any, tp: Any) -> bool:
     return True
 
 
-def check_types(config: Any, skip: tuple[str, ...] = ()) -> None:
+def check_fields(config: Any, skip: tuple[str, ...] = ()) -> None:
     """Every field of dataclass `config` (but those in `skip`) holds a value of its annotated type, as `build`
     checks options given by name: a config built in Python would otherwise take `hidden="64"` as the sizes
-    (6, 4), `seed=1.5` as a seed, or fail in a comparison (`'<' not supported between 'str' and 'int'`)."""
-    for name, tp in field_types(type(config)).items():
+    (6, 4), `seed=1.5` as a seed, or fail in a comparison (`'<' not supported between 'str' and 'int'`).
+    Then every float field is finite: range checks compare with `<` and `<=`, which are False for NaN, so a
+    NaN (or inf) would pass them and silently break what reads it (a NaN radius makes every distance test
+    False; max_grad_norm=nan turns gradient clipping off)."""
+    fields = field_types(type(config))
+    for name, tp in fields.items():
         value = getattr(config, name)
         if name not in skip and not matches_type(value, tp):
             raise TypeError(
                 f"{type(config).__name__}: {name}={value!r} has type {type(value).__name__}, expected {type_name(tp)}"
             )
-
-
-def check_finite(config: Any) -> None:
-    """Every float field of dataclass `config` is finite. Range checks compare with `<` and `<=`, which are
-    False for NaN, so a NaN (or inf) would pass them and silently break what reads it (a NaN radius makes
-    every distance test False; max_grad_norm=nan turns gradient clipping off)."""
-    for name, tp in field_types(type(config)).items():
+    for name, tp in fields.items():
         value = getattr(config, name)
         if tp is float and isinstance(value, (int, float)) and not math.isfinite(value):
             raise ValueError(f"{name} must be a finite number, got {value}")

@@ -40,12 +40,11 @@ class EnvSettings:
     (`--imports my_envs`)."""
 
     def __post_init__(self) -> None:
-        _options.check_types(self, skip=("group_map",))
         if not isinstance(self.group_map, (str, Mapping)):
             raise TypeError(
                 f"EnvSettings: group_map={self.group_map!r}, expected a str or a dict {{group: [agent names]}}"
             )
-        _options.check_finite(self)
+        _options.check_fields(self, skip=("group_map",))
         if self.num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {self.num_envs}")
 
@@ -65,8 +64,7 @@ class AlgorithmConfig:
 
     def __post_init__(self) -> None:
         _check_choices(self)
-        _options.check_types(self)
-        _options.check_finite(self)
+        _options.check_fields(self)
         self.check()
 
     def check(self) -> None:
@@ -102,8 +100,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _check_choices(self)
-        _options.check_types(self)
-        _options.check_finite(self)
+        _options.check_fields(self)
         object.__setattr__(self, "hidden", tuple(int(h) for h in self.hidden))
         if any(h < 1 for h in self.hidden):
             raise ValueError(f"hidden sizes must be >= 1, got {self.hidden}")
@@ -184,8 +181,7 @@ class RunConfig:
     NAME/seed_<s>...). Default: the run folder's name."""
 
     def __post_init__(self) -> None:
-        _options.check_types(self)
-        _options.check_finite(self)
+        _options.check_fields(self)
         for name in ("total_frames", "rollout_length", "checkpoint_every", "compile_unroll"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
