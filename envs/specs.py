@@ -8,11 +8,33 @@ A spec describes a single agent; a group of `n` agents shares one spec, so its t
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 
 import torch
 
 Bound = float | tuple[float, ...]
+
+
+def _count(value, what: str, minimum: int) -> int:
+    """`value` as an int >= `minimum`; floats, bools and strings are refused rather than cast (`Discrete(5.5)`
+    would otherwise fail inside torch when sampled)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        count = operator.index(value)  # ints, numpy ints and one-element integer tensors
+    except TypeError:
+        raise TypeError(f"{what} must be an int, got {type(value).__name__} {value!r}") from None
+    if count < minimum:
+        raise ValueError(f"{what} must be >= {minimum}, got {count}")
+    return count
+
+
+def _sizes(value, what: str, example: str) -> tuple[int, ...]:
+    """`value` as a tuple of ints >= 0: a shape or an nvec, given as a sequence (`(4,)`, not `4`)."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{what} must be a tuple of ints, e.g. {example}, got {type(value).__name__} {value!r}")
+    return tuple(_count(size, f"each size of {what} {value!r}", 0) for size in value)
 
 
 def _flat(bound: Bound) -> tuple[float, ...]:
@@ -33,10 +55,15 @@ class Box:
     dtype: torch.dtype = torch.float32
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        object.__setattr__(self, "shape", _sizes(self.shape, "Box shape", "Box((4,))"))
         numel = math.prod(self.shape)
         for name in ("low", "high"):
             value = getattr(self, name)
+            if not isinstance(value, (tuple, list)) and getattr(value, "ndim", 0):  # float() would fail on it
+                raise TypeError(
+                    f"Box {name} must be a number or a flat tuple of numbers, got {type(value).__name__} "
+                    f"(convert an array with .tolist())"
+                )
             if isinstance(value, (tuple, list)):
                 value = tuple(float(v) for v in value)
                 if len(value) != numel:
@@ -105,8 +132,9 @@ class Discrete:
         return ()
 
     def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"Discrete needs n >= 1, got {self.n}")
+        object.__setattr__(self, "n", _count(self.n, "Discrete n", 1))
+        if not isinstance(self.masked, bool):  # "no" would be truthy
+            raise TypeError(f"Discrete masked must be True or False, got {self.masked!r}")
 
     def sample(
         self,
@@ -136,7 +164,7 @@ class MultiDiscrete:
     dtype: torch.dtype = torch.int64
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "nvec", tuple(int(v) for v in self.nvec))
+        object.__setattr__(self, "nvec", _sizes(self.nvec, "MultiDiscrete nvec", "MultiDiscrete((3, 2))"))
         if not self.nvec or min(self.nvec) < 1:
             raise ValueError(f"MultiDiscrete needs a non-empty nvec of values >= 1, got {self.nvec}")
 
@@ -170,7 +198,18 @@ class GroupSpec:
     action: ActionSpec
 
     def __post_init__(self) -> None:
+        # A str is a sequence too: GroupSpec("agent_0", ...) would be 7 agents named "a", "g", ...
+        if isinstance(self.agents, str) or not hasattr(self.agents, "__iter__"):
+            raise TypeError(
+                f"GroupSpec agents must be a list of agent names, got {type(self.agents).__name__} {self.agents!r}"
+            )
         object.__setattr__(self, "agents", tuple(self.agents))
+        if not all(isinstance(agent, str) and agent for agent in self.agents):
+            raise TypeError(f"agent names must be non-empty strs, got {self.agents}")
+        if not isinstance(self.observation, Box):
+            raise TypeError(f"GroupSpec observation must be a Box, got {self.observation!r}")
+        if not isinstance(self.action, (Box, Discrete, MultiDiscrete)):
+            raise TypeError(f"GroupSpec action must be a Box, Discrete or MultiDiscrete, got {self.action!r}")
         if not self.agents:
             raise ValueError("a group needs at least one agent")
         if len(set(self.agents)) != len(self.agents):

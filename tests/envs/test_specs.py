@@ -51,3 +51,35 @@ def test_group_spec_checks_agents():
         GroupSpec(["a", "a"], Box((1,)), Discrete(2))
     with pytest.raises(ValueError, match="at least one agent"):
         GroupSpec([], Box((1,)), Discrete(2))
+
+
+def test_group_spec_refuses_a_str_of_agents_and_other_specs():
+    # A str is a sequence: it would silently make one agent per character.
+    with pytest.raises(TypeError, match="list of agent names, got str 'agent_0'"):
+        GroupSpec("agent_0", Box((1,)), Discrete(2))
+    with pytest.raises(TypeError, match="agent names must be non-empty strs"):
+        GroupSpec([0, 1], Box((1,)), Discrete(2))
+    with pytest.raises(TypeError, match="observation must be a Box"):
+        GroupSpec(["a"], Discrete(2), Box((1,)))  # observation and action swapped
+    with pytest.raises(TypeError, match="action must be a Box, Discrete or MultiDiscrete"):
+        GroupSpec(["a"], Box((1,)), gymnasium.spaces.Discrete(2))
+
+
+def test_specs_refuse_sizes_that_are_not_ints():
+    with pytest.raises(TypeError, match=r"Box shape must be a tuple of ints, e.g. Box\(\(4,\)\), got int 4"):
+        Box(4)
+    with pytest.raises(ValueError, match="must be >= 0, got -1"):
+        Box((2, -1))
+    with pytest.raises(TypeError, match="Box low must be a number or a flat tuple"):
+        Box((2,), low=np.zeros(2), high=1.0)
+    with pytest.raises(TypeError, match="Discrete n must be an int, got float 5.5"):
+        Discrete(5.5)
+    with pytest.raises(TypeError, match="masked must be True or False"):
+        Discrete(5, masked="yes")
+    with pytest.raises(TypeError, match="MultiDiscrete nvec must be a tuple of ints"):
+        MultiDiscrete(3)
+    with pytest.raises(TypeError, match="must be an int, got float 2.5"):
+        MultiDiscrete((3, 2.5))  # int() would silently make it 2 choices
+    # What the adapters pass stays accepted: numpy ints, one-element tensors, lists.
+    assert Discrete(np.int64(4)).n == 4 and Discrete(torch.tensor(3)).n == 3
+    assert Box([2, np.int64(3)]).shape == (2, 3) and MultiDiscrete(np.array([2, 3])).nvec == (2, 3)
