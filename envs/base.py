@@ -296,7 +296,16 @@ class MultiAgentEnv:
         """`step_data` after the action checks: the physics, step counts, flags, auto-reset and both
         observations. Compiled, it is one graph: the output checks are on shapes and dtypes only, which
         torch.compile decides while tracing, so they cost nothing when it runs."""
-        reward, terminated = self._step(action)
+        result = self._step(action)
+        # Unpacked blindly, a bare reward dict `{"agent": r}` would fail as "reward ... got a str" (its keys).
+        if not (isinstance(result, (tuple, list)) and len(result) == 2):
+            raise EnvOutputError(
+                f"{self.name}: _step() must return a pair (reward {{group: float32 [num_envs, n_agents]}}, "
+                f"terminated bool [num_envs]), got a {type(result).__name__}"
+                + (f" of {len(result)}" if isinstance(result, (tuple, list)) else ""),
+                key="reward",
+            )
+        reward, terminated = result
         self._check_outputs("reward", reward)
         self._check_output(
             "_step()'s terminated (bool [num_envs])", terminated, (self.num_envs,), torch.bool, key="terminated"

@@ -255,3 +255,11 @@ class AliasedObservation(Counter):
 
     def _observe(self):
         return {"mover": self.pos, "picker": self.picks[:, None, None]}
+
+
+class RewardOnly(Counter):
+    """`_step` returns the rewards alone, without the termination flags."""
+
+    def _step(self, action):
+        reward, _ = super()._step(action)
+        return reward
