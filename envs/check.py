@@ -87,6 +87,11 @@ class _Checker:
     # ---- runs ------------------------------------------------------------------------------------
 
     def actions(self, generator: torch.Generator, obs: TensorDictBase):
+        # An agent whose mask allows nothing gets a forbidden action from any sampler or policy; say so here,
+        # before stepping, where the step's action check would blame the action instead.
+        for group, spec in self.env.groups.items():
+            if spec.has_action_mask and not bool(obs[group, "action_mask"].any(-1).all()):
+                self.fail("data", "action_mask allows no action for some agent", group, "action_mask")
         return self.env.sample_actions(generator, obs)
 
     def run(self, steps: int, action_seed: int = 1, perturb_env0: bool = False, reset_mask_at: int | None = None):

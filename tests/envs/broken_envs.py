@@ -263,3 +263,12 @@ class RewardOnly(Counter):
     def _step(self, action):
         reward, _ = super()._step(action)
         return reward
+
+
+class NoActionAllowed(Counter):
+    """The picker's mask allows no action once it has picked more than twice (a mask for an agent that
+    "is out"): every sampler and policy then picks a forbidden action."""
+
+    def _action_mask(self):
+        mask = super()._action_mask()["picker"]
+        return {"picker": mask & (self.picks < 3)[:, None, None]}

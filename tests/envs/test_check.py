@@ -39,6 +39,7 @@ def test_navigation_passes(num_envs, n_agents):
         (broken.UndeclaredActionMask, "data", "action_mask"),
         (broken.AliasedObservation, "auto_reset", "observation"),
         (broken.RewardOnly, "data", "reward"),
+        (broken.NoActionAllowed, "data", "action_mask"),
     ],
     ids=lambda v: v.__name__ if isinstance(v, type) else str(v),
 )
@@ -70,6 +71,7 @@ def test_names_what_the_env_returned_and_what_was_expected():
             r"_step\(\)'s reward has groups \['mover'\], expected every group: \['mover', 'picker'\]",
         ),
         (broken.RewardOnly, r"_step\(\) must return a pair \(reward .*, terminated bool \[num_envs\]\), got a dict"),
+        (broken.NoActionAllowed, r"'picker', key 'action_mask': action_mask allows no action for some agent"),
     ]
     for env_class, message in cases:
         with pytest.raises(envs.CheckError, match=message):
