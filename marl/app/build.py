@@ -38,7 +38,25 @@ def make_env(config: TrainConfig, device: torch.device, num_envs: int | None = N
         seed=config.run.seed if seed is None else seed,
         **settings.env_options,
     )
+    check_float32(env)
     return GroupedEnv(env, settings.group_map, pad=settings.pad)
+
+
+def check_float32(env) -> None:
+    """The networks, buffers and action distributions are float32: a Box of another dtype (which an env
+    may declare, and `check_env` accepts) would fail inside torch on the first update."""
+    boxes = [("the state", env.state_spec, "return .float() from _state")] if env.state_spec is not None else []
+    for group, spec in env.groups.items():
+        boxes += [
+            (f"group {group!r}'s observation", spec.observation, "return .float() from _observe"),
+            (f"group {group!r}'s action", spec.action, "convert the action in _step"),
+        ]
+    for what, spec, fix in boxes:
+        if isinstance(spec, Box) and spec.dtype != torch.float32:
+            raise ValueError(
+                f"{env.name}: {what} is a {spec.dtype} Box, but marl trains in float32: declare it "
+                f"float32 (Box's default) and, where the env computes in another dtype, {fix}"
+            )
 
 
 def check_group_overrides(config: TrainConfig, groups) -> None:

@@ -169,3 +169,39 @@ def test_the_cli_reports_an_unknown_group_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "marl train: error: unknown group(s) ['foo']" in err and "['listener', 'speaker']" in err
     assert "Traceback" not in err
+
+
+def test_a_box_that_is_not_float32_is_refused_when_the_env_is_built(tmp_path, monkeypatch):
+    # check_env accepts a float64 Box; training then failed inside torch ("mat1 and mat2 must have the same
+    # dtype" for an observation, index_copy_ of the log-probs for an action).
+    from envs import registry
+    from tests.envs.broken_envs import Counter
+
+    class Float64Observation(Counter):
+        def _make_groups(self):
+            groups = super()._make_groups()
+            spec = groups["mover"]
+            groups["mover"] = envs.GroupSpec(spec.agents, envs.Box((2,), dtype=torch.float64), spec.action)
+            return groups
+
+        def _observe(self):
+            return {**super()._observe(), "mover": super()._observe()["mover"].double()}
+
+    class Float64Action(Counter):
+        def _make_groups(self):
+            groups = super()._make_groups()
+            spec = groups["mover"]
+            groups["mover"] = envs.GroupSpec(spec.agents, spec.observation, envs.Box((1,), -1.0, 1.0, torch.float64))
+            return groups
+
+        def _step(self, action):
+            return super()._step({**action, "mover": action["mover"].float()})  # the toy steps in float32
+
+    for name, cls, what in [
+        ("float64_observation", Float64Observation, "group 'mover''s observation"),
+        ("float64_action", Float64Action, "group 'mover''s action"),
+    ]:
+        monkeypatch.setitem(registry._ENVS, name, cls)
+        envs.check_env(envs.make(name, num_envs=4, seed=0))  # a valid env, just not a trainable one
+        with pytest.raises(ValueError, match=f"{what} is a torch.float64 Box, but marl trains in float32"):
+            Trainer(config(tmp_path, env_settings=EnvSettings(env=name, num_envs=16)))
