@@ -270,6 +270,11 @@ def import_env_module(path: str):
         import pettingzoo  # noqa: F401
     except ImportError as error:
         raise ImportError(f"the PettingZoo adapter needs pettingzoo ({error}); install it with: {INSTALL}") from error
+    if not all(part.isidentifier() for part in path.split(".")):  # importlib: "Empty module name", or a relative import
+        raise KeyError(
+            f"pettingzoo/{path}: {path!r} is not a module name; the name after 'pettingzoo/' is an importable "
+            f"module with a parallel_env() or env() function, e.g. {EXAMPLES}"
+        )
     try:
         module = importlib.import_module(path)
     except ImportError as error:

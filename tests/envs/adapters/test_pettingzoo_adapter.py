@@ -2,6 +2,7 @@
 agents that leave mid-episode, time limits, and its errors."""
 
 import importlib
+import re
 import sys
 
 import numpy as np
@@ -142,6 +143,10 @@ def test_unknown_module_says_what_a_name_is():
         envs.make("pettingzoo/mpe2.simple_sprad_v3", num_envs=1)
     with pytest.raises(KeyError, match=r"module 'json' has neither parallel_env\(\) nor env\(\)"):
         envs.make("pettingzoo/json", num_envs=1)
+    for name in ("", ".simple_spread_v3", "mpe2..simple_spread_v3", "mpe2/simple_spread_v3"):
+        # importlib's own errors were "Empty module name" or a TypeError about relative imports
+        with pytest.raises(KeyError, match=rf"{re.escape(repr(name))} is not a module name.*e\.g\. pettingzoo/mpe2"):
+            envs.make(f"pettingzoo/{name}", num_envs=1)
 
 
 def test_missing_pettingzoo_names_the_extra(monkeypatch):
