@@ -11,12 +11,14 @@ from the group specs: an agent of a group with action masks observes a Dict
 Agents whose per-agent `done` is set leave `agents`, as PettingZoo expects; when the env is done all
 of them have left, and the next `reset()` starts a new episode (vecmarl has already started one:
 `reset()` draws a fresh start either way, so that `reset(seed=s)` reproduces an episode).
-It passes PettingZoo's `parallel_api_test` and `parallel_seed_test` (see tests/envs/test_export.py).
+It passes PettingZoo's `parallel_api_test` and `parallel_seed_test` (see tests/envs/adapters/test_export.py).
 
 `step(actions)` needs an action for every agent in `agents`, of its action space's shape (an integer for
-a discrete one); a missing or unknown agent, a wrong shape or a non-integer discrete action is a
-ValueError. Actions of agents that have left are ignored, as PettingZoo's envs do. `render_modes` is
-`["rgb_array"]` when the wrapped env renders (`MultiAgentEnv.renders`), else empty.
+a discrete one); a missing or unknown agent, a wrong shape, a discrete action that is not an integer
+of its space, or a NaN or infinite continuous one is a ValueError (continuous actions outside their
+bounds are clipped, as in every vecmarl env). Actions of agents that have left are ignored, as
+PettingZoo's envs do. `render_modes` is `["rgb_array"]` when the wrapped env renders
+(`MultiAgentEnv.renders`), else empty.
 """
 
 from __future__ import annotations
@@ -146,6 +148,16 @@ class VecmarlParallelEnv(ParallelEnv):
                     f"{name}: the action of {agent!r} is {value.tolist()!r} ({value.dtype}), expected {expected} "
                     f"in each entry ({space})"
                 )
+            # Values the wrapped env does not check (it would with check_values, at a host sync per step; here
+            # the actions are on the host already): out of range, NaN or inf. A move its mask forbids is left
+            # to the env, as PettingZoo does: its own seed test samples actions without the mask.
+            action = self.env.groups[self._slot[agent][0]].action
+            if discrete:
+                high = np.asarray(action.nvec if action.shape else action.n)
+                if np.any((value < 0) | (value >= high)):
+                    raise ValueError(f"{name}: the action of {agent!r} is {value.tolist()!r}, outside {space}")
+            elif not np.all(np.isfinite(value)):
+                raise ValueError(f"{name}: the action of {agent!r} is {value.tolist()!r}, expected finite numbers")
             checked[agent] = value
         return checked
 

@@ -124,8 +124,27 @@ def test_round_trip_gives_back_the_wrapped_env():
             {"mover_0": [0.5], "mover_1": [0.5], "picker_0": [1]},
             r"counter: the action of 'picker_0' has shape \(1,\), expected \(\) \(Discrete\(3\)\)",
         ),
+        # The wrapped env checks no values unless made with check_values: these stepped on silently.
+        (
+            {"mover_0": [0.5], "mover_1": [0.5], "picker_0": 3},
+            r"counter: the action of 'picker_0' is 3, outside Discrete\(3\)",
+        ),
+        ({"mover_0": [0.5], "mover_1": [0.5], "picker_0": -1}, r"the action of 'picker_0' is -1, outside"),
+        (
+            {"mover_0": [float("nan")], "mover_1": [0.5], "picker_0": 1},
+            r"counter: the action of 'mover_0' is \[nan\], expected finite numbers",
+        ),
     ],
-    ids=["missing", "unknown", "float-for-discrete", "wrong-shape-box", "wrong-shape-discrete"],
+    ids=[
+        "missing",
+        "unknown",
+        "float-for-discrete",
+        "wrong-shape-box",
+        "wrong-shape-discrete",
+        "discrete-too-large",
+        "discrete-negative",
+        "nan",
+    ],
 )
 def test_bad_actions_raise_like_pettingzoo_envs(actions, match):
     par_env = envs.to_pettingzoo(Counter(num_envs=1, seed=0))
