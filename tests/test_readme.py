@@ -24,3 +24,22 @@ def test_ci_runs_the_readme_test_command():
     assert "grep -m1 '^pip install -e \"\\.\\[test\\]\" && ' README.md" in ci
     assert 'eval "$test_command"' in ci
     assert "pip install -q torch==2.13.0" in ci
+
+
+def test_files_the_docs_name_exist():
+    # A path in backticks in the README, a tutorial or a docstring is where a reader goes next; moved
+    # files left the tutorial pointing at envs/navigation.py (now envs/native/navigation.py).
+    documents = [
+        ROOT / "README.md",
+        *ROOT.glob("tutorials/*.py"),
+        *ROOT.glob("envs/**/*.py"),
+        *ROOT.glob("marl/**/*.py"),
+    ]
+    pattern = r"`((?:envs|marl|tests|tutorials|kernels)/[\w./-]+\.(?:py|md))`"
+    missing = [
+        f"{document.relative_to(ROOT)}: {path}"
+        for document in documents
+        for path in re.findall(pattern, document.read_text())
+        if not (ROOT / path).exists()
+    ]
+    assert not missing, missing

@@ -353,8 +353,8 @@ print(f"figures written to {OUT}")
 # %% [markdown]
 # ## Where to go from here
 #
-# - To ship the env with vecmarl, put the class in its own module under `envs/` (one file, like
-#   `envs/navigation.py`), import that module in `envs/__init__.py`, and add a test that runs
-#   `check_env` on it over a few sizes (like `tests/envs/test_spread.py`). It is then also available
+# - To ship the env with vecmarl, put the class in its own module under `envs/native/` (one file, like
+#   `envs/native/navigation.py`), import that module in `envs/__init__.py`, and add a test that runs
+#   `check_env` on it over a few sizes (like `tests/envs/native/test_spread.py`). It is then also available
 #   to the command line: `marl train --env rendezvous --env-option n_agents=6`.
 # - `python -m envs.bench.steps` measures the package's envs, side by side with VMAS when it is installed.

@@ -21,7 +21,7 @@ into the live world with `torch.where` (`envs.adapters.vmas_world`: the tensors 
 construction, by walking the objects of the worlds side by side). When every env is to be reset it
 calls VMAS's own `reset()`, which also redraws what some scenarios keep for the whole batch
 (simple_speaker_listener's goal).
-`tests/envs/test_vmas_adapter.py` shows that the masked copy equals VMAS's own per-index `reset_at`.
+`tests/envs/adapters/test_vmas_adapter.py` shows that the masked copy equals VMAS's own per-index `reset_at`.
 
 Host syncs. VMAS's own step and reset synchronise with the host (asserts on action values, branches
 on `tensor.any()`, rejection sampling), so calls into VMAS run under `allow_host_sync`. The adapter
