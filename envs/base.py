@@ -99,6 +99,9 @@ def canonical_device(device: torch.device | str) -> torch.device:
         raise ValueError(f"device {str(device)!r} cannot hold tensors here: {error}") from error
 
 
+ROOT_KEYS = ("terminated", "truncated", "done", "state")
+"""The keys of `reset` and `step` data next to the groups' entries; no group may be named so."""
+
 _OUTPUTS = {  # key -> (the env author's method that returns it, the layout of each group's tensor)
     "observation": ("_observe()", "[num_envs, n_agents, *observation.shape]"),
     "action_mask": ("_action_mask()", "bool [num_envs, n_agents, n_actions]"),
@@ -182,7 +185,7 @@ class MultiAgentEnv:
         if isinstance(self.seed, tuple) and num_envs % len(self.seed):
             raise ValueError(f"{self.name}: num_envs ({num_envs}) must be divisible by the {len(self.seed)} seeds")
         self.rng = CounterRandom(self.seed, self.device)
-        self.groups: dict[str, GroupSpec] = dict(self._make_groups())
+        self.groups: dict[str, GroupSpec] = self._checked_groups(self._make_groups())
         self.state_spec: Box | None = self._state_spec()
         specs = self.groups.items()
         self._output_layouts = {  # what `_observe`, `_action_mask` and `_step` return: {group: (shape, dtype)}
@@ -460,6 +463,28 @@ class MultiAgentEnv:
         return f"{type(self).__name__}(num_envs={self.num_envs}, device={self.device}, {groups}, config={self.config})"
 
     # ---- internals -------------------------------------------------------------------------------
+
+    def _checked_groups(self, groups) -> dict[str, GroupSpec]:
+        """What `_make_groups` returned, refused where it would fail far away: a group named like a key of
+        the step's root (`next["done"]`) would be overwritten by it, a non-str name fails inside TensorDict."""
+        if not isinstance(groups, Mapping) or not groups:
+            raise EnvOutputError(
+                f"{self.name}: _make_groups() must return a non-empty dict {{group name: GroupSpec}}, got {groups!r}"
+            )
+        for group, spec in groups.items():
+            if not isinstance(group, str) or not group or group in ROOT_KEYS:
+                raise EnvOutputError(
+                    f"{self.name}: _make_groups() names a group {group!r}; a group is named by a non-empty str other "
+                    f"than the keys {list(ROOT_KEYS)}, which the step's data holds next to the groups",
+                    key="groups",
+                )
+            if not isinstance(spec, GroupSpec):
+                raise EnvOutputError(
+                    f"{self.name}: _make_groups()[{group!r}] must be an envs.GroupSpec, got {type(spec).__name__}",
+                    group,
+                    "groups",
+                )
+        return dict(groups)
 
     def _reset_where(self, mask: torch.Tensor) -> None:
         self._reset(mask)

@@ -23,15 +23,16 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from envs.base import ROOT_KEYS as ENV_ROOT_KEYS
 from envs.base import group_action, sample_actions
 from envs.specs import Box, GroupSpec
 
 GroupMap = str | Mapping[str, Sequence[str]]
 GROUP_MAPS = ("by_type", "all_in_one", "per_agent")
 PER_AGENT_KEYS = ("observation", "action_mask", "reward", "terminated", "truncated", "done")
-# Keys at the root of a step, a rollout or a replay sample, next to the groups' sub-TensorDicts: a group of
-# one of these names would overwrite them (a group "done" would replace the env-level done flags).
-ROOT_KEYS = ("terminated", "truncated", "done", "state", "next_state", "is_init", "index", "weight")
+# Keys at the root of a step (the env's), a rollout or a replay sample, next to the groups' sub-TensorDicts: a
+# group of one of these names would overwrite them (a group "done" would replace the env-level done flags).
+ROOT_KEYS = (*ENV_ROOT_KEYS, "next_state", "is_init", "index", "weight")
 
 
 @dataclass(frozen=True)

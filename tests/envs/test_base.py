@@ -327,3 +327,27 @@ def test_fixed_length_tuple_option():
             envs.make("goal_toy", num_envs=2, goal=(1, "a"))
     finally:
         registry._ENVS.pop("goal_toy", None)
+
+
+@pytest.mark.parametrize("name", ["done", "terminated", "state", "", 3])
+def test_a_group_named_like_a_root_key_or_not_a_str_is_refused(name):
+    # A group "done" had its data overwritten by the env-level flags (check_env then said its observation was
+    # missing); a group "state" by an env's global state; an int name failed inside TensorDict.
+    class Renamed(Counter):
+        def _make_groups(self):
+            groups = super()._make_groups()
+            return {name: groups["mover"], "picker": groups["picker"]}
+
+    with pytest.raises(EnvOutputError, match=re.escape(f"_make_groups() names a group {name!r}; a group is named by")):
+        Renamed(num_envs=2, seed=0)
+
+
+def test_make_groups_must_give_group_specs():
+    class Tuples(Counter):
+        def _make_groups(self):
+            return {"mover": (["mover_0"], envs.Box((2,)), envs.Box((1,), -1.0, 1.0))}
+
+    with pytest.raises(EnvOutputError, match=r"_make_groups\(\)\['mover'\] must be an envs.GroupSpec, got tuple"):
+        Tuples(num_envs=2, seed=0)
+    with pytest.raises(EnvOutputError, match=r"must return a non-empty dict \{group name: GroupSpec\}, got \{\}"):
+        type("NoGroups", (Counter,), {"_make_groups": lambda self: {}})(num_envs=2, seed=0)
