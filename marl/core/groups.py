@@ -245,13 +245,14 @@ class GroupedEnv:
         for group in self.groups:
             out[group] = {}
         for key in PER_AGENT_KEYS:
-            if not all(key in data[g] for g in source):
-                continue
-            tensors = {g: data[g][key] for g in source}
+            # Only masked groups have an "action_mask"; a new group has one when its agents come from them
+            # (its agents share one action spec, so they all do or none does).
+            tensors = {g: data[g][key] for g in source if key in data[g]}
             if key == "observation" and self.pad:
                 tensors = self._padded(tensors)
             for group, segments in self._forward.items():
-                out[group][key] = _gather(tensors, segments, self._source_sizes)
+                if all(s.source in tensors for s in segments):
+                    out[group][key] = _gather(tensors, segments, self._source_sizes)
         return out
 
     def _padded(self, observations: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

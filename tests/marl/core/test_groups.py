@@ -145,3 +145,20 @@ def test_regrouped_actions_of_the_wrong_dtype_or_device_name_the_users_group():
         grouped.step({**good, "movers": torch.zeros(B, 5, 2, device="meta")})  # was torch.cat's device error
     with pytest.raises(TypeError, match="pad must be True or False, got 'no'"):
         GroupedEnv(env, "all_in_one", pad="no")
+
+
+@pytest.mark.parametrize("group_map", ["per_agent", {"movers": ["mover_0", "mover_1"], "pickers": ["picker_0"]}])
+def test_regrouping_keeps_the_masks_of_masked_groups_next_to_unmasked_ones(group_map):
+    # The mask was regrouped only when every env group had one: a masked group next to a Box group lost it,
+    # and training failed on a KeyError (or sampled actions its mask forbids).
+    from tests.envs.broken_envs import Counter
+
+    env = Counter(num_envs=B, seed=0)
+    grouped = GroupedEnv(env, group_map)
+    envs.check_env(grouped)
+    picker = "picker_0" if group_map == "per_agent" else "pickers"
+    obs = grouped.reset(seed=0)
+    assert torch.equal(obs[picker, "action_mask"], env.reset(seed=0)["picker", "action_mask"])
+    next_td, _ = grouped.step(grouped.sample_actions(obs=obs))
+    assert next_td[picker, "action_mask"].shape == (B, 1, 3)
+    assert "action_mask" not in next_td["mover_0" if group_map == "per_agent" else "movers"].keys()
