@@ -61,6 +61,9 @@ class AlgorithmConfig:
     """Fields every group shares, which `--group NAME.FIELD=VALUE` cannot override."""
     recurrent: ClassVar[bool] = False
     """Whether the algorithm trains recurrent networks (`--model gru`)."""
+    not_shared: ClassVar[tuple[str, ...]] = ()
+    """Fields a group on this config does not take from a run on another algorithm's (`TrainConfig.for_group`):
+    the run sets them for its own kind of algorithm (e.g. the critic's scope, which Q-learning has no use for)."""
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -340,10 +343,13 @@ class TrainConfig:
 
     def for_group(self, group: str) -> tuple[AlgorithmConfig, ModelConfig]:
         """The algorithm and model configs of `group`, with its overrides applied. A group on another
-        algorithm's config class takes the run's values of the fields both classes have (lr, gamma, ...)."""
+        algorithm's config class takes the run's values of the fields both classes have (lr, gamma, ...), but
+        not those its class leaves out (`AlgorithmConfig.not_shared`)."""
         overrides = self.group_overrides.get(group, {})
         cls = self.group_algorithm(group)
         shared = {k: v for k, v in _as_dict(self.algo).items() if k in field_names(cls)}
+        if cls is not type(self.algo):
+            shared = {k: v for k, v in shared.items() if k not in cls.not_shared}
         algo = {k: v for k, v in overrides.items() if k in field_names(cls)}
         model = {k: v for k, v in overrides.items() if k in field_names(ModelConfig)}
         return (

@@ -128,6 +128,8 @@ class QConfig(OffPolicyConfig):
 
     run_wide = (*OffPolicyConfig.run_wide, "chunk_length", "burn_in")  # one draw of chunks for every group
     recurrent: ClassVar[bool] = True
+    # A run of an actor-critic algorithm sets these for its critics; a Q-learning group of it keeps the defaults.
+    not_shared = ("critic_scope", "shared_value")
 
     def check(self) -> None:
         super().check()

@@ -76,6 +76,22 @@ def test_a_mixed_update_reads_nothing_back_and_a_resumed_run_continues_exactly(t
     assert_repeats(resumed, expected, ("loss", "alpha", "epsilon", "q_value", "episode_return"))
 
 
+@pytest.mark.parametrize("options", [{"critic_scope": "group"}, {"shared_value": True}])
+def test_the_runs_critic_options_reach_the_actor_critic_groups_not_the_q_learning_one(tmp_path, options):
+    # `--algo masac --critic-scope group --group speaker.algo=iql`: the option is for the listener's critic;
+    # the speaker's Q-learning has no critic and keeps its defaults instead of refusing an option it was not given.
+    trainer = Trainer(mixed_config(tmp_path, **options), run_dir=tmp_path / "run")
+    speaker, listener = (trainer.config.for_group(g)[0] for g in ("speaker", "listener"))
+    assert (speaker.critic_scope, speaker.shared_value) == ("auto", False)
+    assert {name: getattr(listener, name) for name in options} == options
+    assert trainer.algorithm.learners["listener"].algo == listener
+    # Given for the Q-learning group itself, they are still refused.
+    config = mixed_config(tmp_path)
+    config = type(config)(**{**vars(config), "group_overrides": {"speaker": {"algo": "iql", **options}}})
+    with pytest.raises(ValueError, match="critic.*iql|iql has no critic"):
+        config.for_group("speaker")
+
+
 def test_groups_that_cannot_take_their_algorithm_are_refused_clearly(tmp_path):
     config = small_config(tmp_path, "masac", "speaker_listener")
     bad = {
