@@ -26,7 +26,7 @@ from typing import Any
 
 from envs import options as _options
 from marl import algorithms
-from marl.config import SECTIONS, TrainConfig, field_names, import_modules
+from marl.config import SECTIONS, TrainConfig, field_names, group_fields, import_modules
 
 # Options that are not plain fields on the command line.
 SPECIAL = {"env_options", "group_overrides"}
@@ -196,6 +196,12 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     algo = given.get("algo", algorithms.DEFAULT)
     config = algorithms.config_class(algo)
     own = field_names(config)
+    overrides: dict[str, dict[str, Any]] = {}
+    for key, value in given.get("group_overrides", []):
+        if "." not in key:
+            raise ValueError(f"--group expects GROUP.FIELD=VALUE, got {key}={value}")
+        group, field = key.split(".", 1)
+        overrides.setdefault(group, {})[field] = value
     # Another algorithm's option (never a model option: registration refuses such names).
     others = {name for cls in _algorithm_configs() for name in field_names(cls) - own if name in given}
     if others:
@@ -203,16 +209,25 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         raise ValueError(
             f"{flags} {'is not an option' if len(others) == 1 else 'are not options'} of --algo {algo}; "
             f"its options: {', '.join(_flag(n) for n in sorted(own - {'algo'}))}"
+            + _group_hint(sorted(others), given, overrides)
         )
     values = {name: given[name] for name in own if name in given}
     sections["algo"] = _options.build(config, {**values, "algo": algo}, "algo options")
-    overrides: dict[str, dict[str, Any]] = {}
-    for key, value in given.get("group_overrides", []):
-        if "." not in key:
-            raise ValueError(f"--group expects GROUP.FIELD=VALUE, got {key}={value}")
-        group, field = key.split(".", 1)
-        overrides.setdefault(group, {})[field] = value
     return TrainConfig(**sections, group_overrides=overrides)
+
+
+def _group_hint(names: list[str], given: dict[str, Any], overrides: dict[str, dict[str, Any]]) -> str:
+    """Where the options `names` of another algorithm go when a group takes that algorithm (`--group
+    speaker.algo=iql` with `--exploration-eps-init` in a masac run): that group's `--group` overrides."""
+    hints = []
+    for group, fields in overrides.items():
+        other = fields.get("algo")
+        if other in algorithms.names():
+            own = [name for name in names if name in group_fields(algorithms.config_class(other))]
+            if own:
+                flags = " ".join(f"--group {group}.{name}={given[name]}" for name in own)
+                hints.append(f"for group {group!r} ({other}) pass {flags}")
+    return "".join(f"; {hint}" for hint in hints)
 
 
 class UsageError(Exception):

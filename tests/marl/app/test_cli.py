@@ -117,6 +117,12 @@ def test_options_reach_the_config():
             ["train", "--group", "agent.std=net"],
             "option std='net' for group 'agent' has type str, expected 'param' | 'state'",
         ),
+        # An option of the algorithm one group takes (--group NAME.algo=...): said where it goes.
+        (
+            ["train", "--env", "speaker_listener", "--algo", "masac", "--group", "speaker.algo=iql"]
+            + ["--exploration-eps-init", "0.5"],
+            "for group 'speaker' (iql) pass --group speaker.exploration_eps_init=0.5",
+        ),
         (["eval", "--checkpoint", "/nonexistent/checkpoint.pt"], "no checkpoint at /nonexistent/checkpoint.pt"),
         (["eval", "--checkpoint", "c.pt", "--num-envs", "0"], "num_envs must be >= 1 (or left out"),
         (
