@@ -110,8 +110,12 @@ class Algorithm:
 
     @classmethod
     def label(cls, config: TrainConfig, groups: Mapping) -> str:
-        """The name `marl train` prints for what trains `groups` under `config`."""
-        return config.algo.algo.upper()
+        """The name `marl train` prints for what trains `groups` under `config`: each group's algorithm
+        (`--group NAME.algo=...` may name another, e.g. isac in a masac run), per group where they differ."""
+        names = {g: config.for_group(g)[0].algo.upper() for g in groups}
+        if len(set(names.values())) == 1:
+            return next(iter(names.values()))
+        return ", ".join(f"{name} ({g})" for g, name in names.items())
 
 
 _ALGORITHMS: dict[str, type[Algorithm]] = {}

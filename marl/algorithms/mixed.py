@@ -90,7 +90,3 @@ class Mixed(OffPolicy):
     def load_state_dict(self, state: dict, load_group=None) -> None:
         for m in self.members:
             m.load_state_dict(state[type(m).__name__], load_group)
-
-    @classmethod
-    def label(cls, config: TrainConfig, groups) -> str:
-        return ", ".join(f"{config.for_group(g)[0].algo.upper()} ({g})" for g in groups)

@@ -337,3 +337,13 @@ def test_the_startup_line_names_what_each_groups_critic_sees():
     assert algorithms_text(TrainConfig(algo=PPOConfig(critic_scope="agent")), groups) == "IPPO"
     overridden = TrainConfig(group_overrides={"listener": {"critic_scope": "agent"}})
     assert algorithms_text(overridden, groups) == "MAPPO (speaker), IPPO (listener)"
+
+
+def test_the_startup_line_names_each_groups_algorithm_of_one_module():
+    # `--algo masac --group speaker.algo=isac`: one SAC module trains both groups, the speaker as ISAC.
+    groups = ["speaker", "listener"]
+    sac = TrainConfig(algo=SACConfig(algo="masac"), group_overrides={"speaker": {"algo": "isac"}})
+    assert algorithms_text(sac, groups) == "ISAC (speaker), MASAC (listener)"
+    ddpg = TrainConfig(algo=DDPGConfig(algo="iddpg"), group_overrides={"listener": {"algo": "maddpg"}})
+    assert algorithms_text(ddpg, groups) == "IDDPG (speaker), MADDPG (listener)"
+    assert algorithms_text(TrainConfig(algo=SACConfig(algo="isac")), groups) == "ISAC"
