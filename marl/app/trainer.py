@@ -164,14 +164,15 @@ class Trainer:
         self.algorithm.collect_ahead = self._collect_ahead if more else None
         terms = self.algorithm.update(batch if self.buffer is None else self.buffer, self.timer)
         self.timer.mark("update_s")
+        members = len(self.members)
+        shape = (members,) if members > 1 else ()  # several seeds: every value is per member
+        check_terms(self.algorithm, terms, self.env.groups, shape, self.device)
         device_values = {"episodes": episodes.episodes, "episode_length": episodes.length_sum / episodes.episodes}
         for g in self.env.groups:
             device_values[f"{g}/episode_return"] = episodes.return_sum[g] / episodes.episodes
             for name, value in terms[g].items():
                 device_values[f"{g}/{name}"] = value
         device_values = self.world.reduce_metrics(device_values, episodes)
-        members = len(self.members)
-        shape = (members,) if members > 1 else ()  # several seeds: every value is per member
         values = torch.stack([v.float().reshape(shape) for v in device_values.values()]).tolist()  # the one sync
         per_member = [dict(zip(device_values, column)) for column in zip(*values)] if members > 1 else None
         metrics = dict(zip(device_values, values)) if members == 1 else {"members": per_member}
@@ -336,6 +337,36 @@ class Trainer:
                 drop_rows_after(log, trainer.iteration)
             trainer.logged_rows = seeds.logged_rows(trainer.run_dir, trainer.members)
         return trainer
+
+
+def check_terms(algorithm, terms, groups, shape: tuple[int, ...], device: torch.device) -> None:
+    """Refuse what `update` returned unless it is `{group: {name: tensor of shape}}` for exactly the env's
+    groups, on `device`: else the logging below fails with a bare KeyError or a reshape error. Host-side
+    metadata only, no sync."""
+    expected = "{group: {name: 0-d tensor}}" if not shape else f"{{group: {{name: tensor {list(shape)}}}}}"
+    where = f"{type(algorithm).__qualname__}.update must return {expected} on {device}"
+    if not isinstance(terms, dict):
+        raise TypeError(f"{where}, one entry per group; it returned {type(terms).__name__}")
+    if set(terms) != set(groups):
+        raise TypeError(f"{where} for the groups {sorted(groups)}, got the keys {sorted(terms, key=str)}")
+    for g, named in terms.items():
+        if not isinstance(named, dict):
+            raise TypeError(f"{where}; group {g!r}: returned {type(named).__name__}, expected a dict of named terms")
+        for name, value in named.items():
+            term = f"{g}/{name}"
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(
+                    f"{where}; {term!r} is {type(value).__name__}, expected a {_tensor_text(shape)} on {device}"
+                )
+            if value.shape != shape or value.device != device:
+                raise TypeError(
+                    f"{where}; {term!r} has shape {tuple(value.shape)} on {value.device}, expected a "
+                    f"{_tensor_text(shape)} on {device}"
+                )
+
+
+def _tensor_text(shape: tuple[int, ...]) -> str:
+    return "0-d tensor" if not shape else f"tensor of shape {shape} (one value per member)"
 
 
 def _to_device(data, device: torch.device):

@@ -161,3 +161,34 @@ def test_defaults_give_the_metrics_pinned_before_the_algorithm_interface(tmp_pat
         row = trainer.train_iteration()
         for key, value in pinned.items():
             assert row[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
+def _reinforce_trainer(tmp_path) -> Trainer:
+    from tests.marl.algorithms.reinforce import ReinforceConfig
+
+    run = RunConfig(device="cpu", progress=False, tensorboard=False, total_frames=64, rollout_length=4)
+    return Trainer(TrainConfig(algo=ReinforceConfig(), run=run), run_dir=tmp_path)
+
+
+LOSS = torch.tensor(0.5)
+
+
+@pytest.mark.parametrize(
+    ("returned", "says"),
+    [
+        (None, "returned NoneType"),
+        ({"loss": LOSS}, r"for the groups \['agent'\], got the keys \['loss'\]"),
+        ({}, r"for the groups \['agent'\], got the keys \[\]"),
+        ({"agent": {"loss": LOSS}, "other": {"loss": LOSS}}, r"got the keys \['agent', 'other'\]"),
+        ({"agent": LOSS}, r"group 'agent': returned Tensor, expected a dict of named terms"),
+        ({"agent": {"loss": 0.5}}, r"'agent/loss' is float, expected a 0-d tensor on cpu"),
+        ({"agent": {"loss": torch.ones(3)}}, r"'agent/loss' has shape \(3,\) on cpu, expected a 0-d tensor on cpu"),
+    ],
+)
+def test_update_returning_other_than_terms_per_group_is_refused_naming_the_layout(tmp_path, returned, says):
+    """A user's `update` returning the wrong layout failed in the run loop's logging with a bare
+    `KeyError: 'agent'`, `'float' object has no attribute 'float'` or `shape '[]' is invalid`."""
+    trainer = _reinforce_trainer(tmp_path)
+    trainer.algorithm.update = lambda batch, timer: returned
+    with pytest.raises(TypeError, match=r"Reinforce\.update must return \{group: \{name: 0-d tensor\}\}.*" + says):
+        trainer.train_iteration()
