@@ -160,6 +160,20 @@ def _check_algorithm_class(names: tuple[str, ...], cls) -> None:
             )
     for name in names:
         _check_config(names, cls.configs.get(name, config), name)
+    if cls.collects not in ("rollout", "transitions"):
+        raise TypeError(
+            f"register{names}: {cls.__qualname__}.collects must be 'rollout' or 'transitions', got {cls.collects!r}"
+        )
+    # The base's versions raise NotImplementedError: without state_dict a run would fail at its first
+    # checkpoint, after training up to it.
+    required = ("acting", "update", "parameters", "state_dict", "load_state_dict")
+    required += ("replay",) if cls.collects == "transitions" else ()
+    missing = sorted(name for name in required if getattr(cls, name) is getattr(Algorithm, name))
+    if missing:
+        raise TypeError(
+            f"register{names}: {cls.__qualname__} does not define {', '.join(missing)}: the run loop calls "
+            f"{', '.join(required)} (see marl.algorithms.Algorithm)"
+        )
 
 
 def _check_config(names: tuple[str, ...], config: type[AlgorithmConfig], name: str) -> None:

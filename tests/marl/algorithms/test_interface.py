@@ -192,3 +192,29 @@ def test_update_returning_other_than_terms_per_group_is_refused_naming_the_layou
     trainer.algorithm.update = lambda batch, timer: returned
     with pytest.raises(TypeError, match=r"Reinforce\.update must return \{group: \{name: 0-d tensor\}\}.*" + says):
         trainer.train_iteration()
+
+
+def test_register_refuses_an_algorithm_missing_what_the_run_loop_calls():
+    """Without `state_dict` a run trained to the end, then failed at its first checkpoint with a bare
+    NotImplementedError; a `collects` other than the two kinds was taken as "rollout"."""
+    from tests.marl.algorithms.reinforce import Reinforce
+
+    class NoState(algorithms.Algorithm):
+        Config = Reinforce.Config
+        acting, update, parameters = Reinforce.acting, Reinforce.update, Reinforce.parameters
+
+    with pytest.raises(TypeError, match=r"NoState does not define load_state_dict, state_dict: the run loop calls"):
+        algorithms.register("no_state")(NoState)
+
+    class Replayed(Reinforce):  # inherits every method, but a replay buffer needs replay()
+        collects = "transitions"
+
+    with pytest.raises(TypeError, match=r"Replayed does not define replay: the run loop calls"):
+        algorithms.register("replayed")(Replayed)
+
+    class Misspelt(Reinforce):
+        collects = "rollouts"
+
+    with pytest.raises(TypeError, match=r"Misspelt.collects must be 'rollout' or 'transitions', got 'rollouts'"):
+        algorithms.register("misspelt")(Misspelt)
+    assert not {"no_state", "replayed", "misspelt"} & set(algorithms.names())
