@@ -17,12 +17,14 @@ a module passed with `--imports`, as they register an env.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 from tensordict import TensorDict
 
+from envs.options import field_types, type_name
 from marl.config import AlgorithmConfig, EnvSettings, ModelConfig, RunConfig
 
 if TYPE_CHECKING:
@@ -186,10 +188,43 @@ def _check_config(names: tuple[str, ...], config: type[AlgorithmConfig], name: s
             f"register{names}: {config.__qualname__} has field(s) {clash}, which are already options of the "
             "env, model or run sections: rename them"
         )
+    for field, tp in field_types(config).items():
+        if field != "algo":
+            _check_option_type(names, config, field, tp)
     try:
         config(algo=name)
     except (TypeError, ValueError) as error:
         raise TypeError(f"register{names}: {config.__qualname__}(algo={name!r}) fails: {error}") from error
+
+
+def _check_option_type(names: tuple[str, ...], config: type[AlgorithmConfig], field: str, tp) -> None:
+    """Refuse a field `marl train` cannot take as `--FIELD`: a type it does not parse, or another type than
+    another algorithm's field of that name (the command line has one `--FIELD`, parsed as the first one's)."""
+    item = typing.get_args(tp)[0] if typing.get_origin(tp) is tuple and typing.get_args(tp) else None
+    plain = tp in (bool, int, float, str) or typing.get_origin(tp) is typing.Literal
+    if not (plain or (item in (int, float, str) and typing.get_args(tp)[1:] == (Ellipsis,))):
+        raise TypeError(
+            f"register{names}: {config.__qualname__} has field {field}: {type_name(tp)}, which marl train cannot "
+            "take as an option: the command line takes bool, int, float, str, a Literal or tuple[int/float/str, ...]"
+        )
+    for other_name in _names_of_other_configs(names):
+        other = config_class(other_name)
+        theirs = field_types(other).get(field)
+        if theirs is not None and theirs != tp:
+            served = " / ".join(n for n in sorted(_ALGORITHMS) if config_class(n) is other)
+            raise TypeError(
+                f"register{names}: {config.__qualname__} has field {field}: {type_name(tp)}, but "
+                f"--{field.replace('_', '-')} is also an option of {served} ({other.__qualname__}), of type "
+                f"{type_name(theirs)}: rename the field or give it that type"
+            )
+
+
+def _names_of_other_configs(names: tuple[str, ...]) -> list[str]:
+    """One registered name per config class, leaving out `names` (being registered, perhaps again)."""
+    firsts: dict[type, str] = {}
+    for name in sorted(set(_ALGORITHMS) - set(names)):
+        firsts.setdefault(config_class(name), name)
+    return list(firsts.values())
 
 
 def _redefined(registered: type, cls: type) -> bool:

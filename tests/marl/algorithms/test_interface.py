@@ -218,3 +218,30 @@ def test_register_refuses_an_algorithm_missing_what_the_run_loop_calls():
     with pytest.raises(TypeError, match=r"Misspelt.collects must be 'rollout' or 'transitions', got 'rollouts'"):
         algorithms.register("misspelt")(Misspelt)
     assert not {"no_state", "replayed", "misspelt"} & set(algorithms.names())
+
+
+def test_register_refuses_options_the_command_line_cannot_take(monkeypatch):
+    """A user's `epochs: str` (PPO's is an int) made `marl train --algo mappo --epochs 3` fail when the user's
+    algorithm sorted first (one --epochs, parsed as the first config's type), and `--epochs lots` fail for
+    the user's algorithm otherwise; a `float | None` field broke `marl train --help` for every algorithm with
+    "'types.UnionType' object has no attribute '__name__'"; a bare `tuple` parsed "--sizes 3 4" as an error."""
+    from tests.marl.algorithms.reinforce import Reinforce
+
+    monkeypatch.setattr(algorithms.base, "_ALGORITHMS", dict(algorithms.base._ALGORITHMS))  # "fine" stays here
+
+    def algorithm(name, tp, default):
+        config = dataclasses.make_dataclass(
+            name, [(name.lower(), tp, dataclasses.field(default=default))], bases=(AlgorithmConfig,), frozen=True
+        )
+        return type(f"{name}Algorithm", (Reinforce,), {"Config": config})
+
+    with pytest.raises(
+        TypeError, match=r"field epochs: str, but --epochs is also an option of ippo / mappo \(PPOConfig\), of type int"
+    ):
+        algorithms.register("aaa")(algorithm("Epochs", str, "many"))
+    for tp, default in [(float | None, None), (tuple, (1, 2)), (list[int], (1,)), (dict, None)]:
+        with pytest.raises(TypeError, match="the command line takes bool, int, float, str, a Literal or tuple"):
+            algorithms.register("odd")(algorithm("Odd", tp, default))
+    assert not {"aaa", "odd"} & set(algorithms.names())
+    algorithms.register("fine")(algorithm("Sizes", tuple[int, ...], (1, 2)))  # as ModelConfig's hidden
+    assert "fine" in algorithms.names()
