@@ -9,6 +9,7 @@ from envs.specs import Box
 from marl import algorithms
 from marl.config import TrainConfig, import_modules
 from marl.core.groups import GroupedEnv
+from marl.core.rollout import Acting
 
 
 def resolve_device(device: str) -> torch.device:
@@ -82,4 +83,10 @@ def check_group_overrides(config: TrainConfig, groups) -> None:
 def build_algorithm(config: TrainConfig, env, device: torch.device, world, generator: torch.Generator):
     """`config.algo`'s algorithm for `env`, its overrides checked against the env's groups."""
     check_group_overrides(config, env.groups)
-    return algorithms.build(config, env, device, world, generator)
+    algorithm = algorithms.build(config, env, device, world, generator)
+    if not isinstance(algorithm.acting, Acting):  # else collection fails reading `.policies` of it
+        raise TypeError(
+            f"{type(algorithm).__qualname__}.acting must be a marl.core.rollout.Acting (its policies per group: "
+            f"Acting(policies)), got {type(algorithm.acting).__name__}"
+        )
+    return algorithm

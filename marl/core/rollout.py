@@ -277,6 +277,12 @@ class Collector:
                 dist, next_hidden[g] = policy(observation, mask, self.hidden[g])
             else:
                 dist = policy(observation, mask)
+            if not hasattr(dist, "env_action"):  # e.g. a torch.distributions one: its sample takes a shape
+                raise TypeError(
+                    f"group {g!r}: the acting policy returned a {type(dist).__name__}, not a distribution of "
+                    "marl.core.distributions (sampled from pre-drawn noise: sample(noise), env_action(raw), "
+                    "log_prob, mode), as marl.core.models.Policy returns"
+                )
             raw = dist.sample(noise[g].index_select(0, t).squeeze(0))
             _write(leaf["observation"], t, observation)
             _write(leaf["action"], t, raw)

@@ -245,3 +245,21 @@ def test_register_refuses_options_the_command_line_cannot_take(monkeypatch):
     assert not {"aaa", "odd"} & set(algorithms.names())
     algorithms.register("fine")(algorithm("Sizes", tuple[int, ...], (1, 2)))  # as ModelConfig's hidden
     assert "fine" in algorithms.names()
+
+
+def test_acting_other_than_acting_policies_is_refused_naming_what_collection_needs(tmp_path, monkeypatch):
+    """`acting` returning the dict of policies failed with "'dict' object has no attribute 'policies'", and a
+    policy returning a torch.distributions one in collection with "torch.Size() takes an iterable of 'int'"."""
+    from tests.marl.algorithms.reinforce import Reinforce
+
+    monkeypatch.setattr(Reinforce, "acting", property(lambda self: self.policies))
+    with pytest.raises(
+        TypeError, match=r"Reinforce.acting must be a marl.core.rollout.Acting \(its policies per group"
+    ):
+        _reinforce_trainer(tmp_path)
+    monkeypatch.undo()
+
+    trainer = _reinforce_trainer(tmp_path)
+    trainer.collector.policies["agent"] = lambda observation, mask: torch.distributions.Normal(observation, 1.0)
+    with pytest.raises(TypeError, match=r"group 'agent': the acting policy returned a Normal, not a distribution of"):
+        trainer.train_iteration()
