@@ -15,7 +15,9 @@ An env author subclasses `MultiAgentEnv` and writes only the physics:
 
 - `Config`: a frozen dataclass of options (subclass `EnvConfig`, which holds `max_steps`);
 - `_make_groups()`: the group specs;
-- `_init_state()`: allocate the state tensors;
+- `_init_state()`: allocate the state tensors (every attribute holding a tensor or a dict of tensors that
+  `_reset` and `_step` then update: one first created there is refused, as a compiled step would not hold
+  it in place);
 - `_reset(mask)`: re-initialise the state where the bool `[B]` mask is true (draw random numbers for
   the whole batch from `self.rng`, the env's counter-based stream (`envs.random`), and select with
   `torch.where`, so no shape depends on data and the step compiles into one graph);
@@ -210,6 +212,7 @@ class MultiAgentEnv:
             self._step_call = maybe_compile(self._step_body, True, self.device, name=f"{self.name} step")
             self._reset_call = maybe_compile(self._reset_body, True, self.device, name=f"{self.name} reset")
         self._reset(torch.ones(num_envs, dtype=torch.bool, device=self.device))
+        self._check_state_allocated("_reset")
 
     # ---- what an env author writes -------------------------------------------------------------
 
@@ -374,6 +377,7 @@ class MultiAgentEnv:
         copy fuses into the kernel that computes it), never an output. The env calls it when it
         compiles itself, the rollout when it compiles the env's step into its own."""
         if not self.state_in_place:
+            self._check_state_allocated("_reset or _step")
             self.state_in_place = True
             self._step = self._holding_state(self._step)
             self._reset = self._holding_state(self._reset)
@@ -381,6 +385,19 @@ class MultiAgentEnv:
             # step now overwrites: it is copied (in a graph the copy fuses into the op that computes it).
             for name in ("_observe", "_action_mask", "_state", "_agent_terminated"):
                 setattr(self, name, _copying_outputs(getattr(self, name)))
+
+    def _check_state_allocated(self, where: str) -> None:
+        """Refuse state tensors that `_init_state` did not allocate: held in place (compiled), only the
+        tensors it allocated are written back, so one first assigned in `_reset` would be a new tensor each
+        call, and a CUDA graph replay would read a stale one. Eager it would work, which hides the bug."""
+        new = sorted(set(self._state_tensors()) - set(self._state_names))
+        if new:
+            raise EnvOutputError(
+                f"{self.name}: {where} created the state attribute(s) {new}, which _init_state does not allocate: "
+                "a compiled step holds in place only the state _init_state allocates (a CUDA graph would read "
+                "stale tensors); allocate them in _init_state ([num_envs, ...] on self.device) and let _reset "
+                "write them with torch.where"
+            )
 
     def _holding_state(self, method):
         def call(*args):

@@ -51,6 +51,8 @@ device = "cuda" if torch.cuda.is_available() else "cpu"
 # - a frozen `Config` dataclass of options (a subclass of `envs.EnvConfig`, which holds `max_steps`);
 # - `_make_groups`: the agents, grouped by type, with their observation and action specs;
 # - `_init_state`: the state, as tensors shaped `[B, ...]` or `[B, n, ...]` (B = `num_envs`, n = agents);
+#   all of it: a state tensor first created in `_reset` or `_step` is refused, since a compiled step
+#   holds only these in place;
 # - `_reset(mask)`: start new episodes in the envs where the bool `[B]` `mask` is true, and only there;
 # - `_step(action)`: advance every env and agent at once; return the rewards `{group: [B, n]}` and the
 #   termination flags `[B]`;

@@ -163,3 +163,54 @@ def test_the_compiled_rollout_traces_a_compiled_env_inline(counting):
         assert counting.runs == {"rollout step": 8, **({"navigation reset": 1} if env_compiled else {})}
     torch.testing.assert_close(buffers[1].to_dict(), buffers[0].to_dict())
     assert buffers[0]["agent", "done"].any()  # auto-resets included
+
+
+class StateFromReset(Counter):
+    """Allocates `picks` on its first reset instead of in `_init_state`: eager it steps, but held in place
+    (compiled) `picks` would be a new tensor every call, which a CUDA graph replay does not see."""
+
+    def _init_state(self):
+        B, n = self.num_envs, self.config.n_agents
+        self.pos = torch.zeros(B, n, device=self.device)
+        self.target = torch.zeros(B, n, device=self.device)
+
+    def _reset(self, mask):
+        if not hasattr(self, "picks"):
+            self.picks = torch.zeros(self.num_envs, device=self.device)
+        super()._reset(mask)
+
+
+class StateFromStep(Counter):
+    def _step(self, action):
+        self.steps_taken = getattr(self, "steps_taken", torch.zeros(self.num_envs, device=self.device)) + 1
+        return super()._step(action)
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_state_first_created_in_reset_is_refused_naming_init_state(compile):
+    with pytest.raises(
+        EnvOutputError,
+        match=r"counter: _reset created the state attribute\(s\) \['picks'\], which "
+        r"_init_state does not allocate.*allocate them in _init_state",
+    ):
+        StateFromReset(num_envs=4, seed=0, compile=compile)
+
+
+def test_state_first_created_in_step_is_refused_when_held_in_place():
+    env = StateFromStep(num_envs=4, seed=0)
+    env.step(env.sample_actions(torch.Generator().manual_seed(0)))  # eager: nothing to hold in place
+    with pytest.raises(EnvOutputError, match=r"_reset or _step created the state attribute\(s\) \['steps_taken'\]"):
+        env.hold_state_in_place()
+
+
+@pytest.mark.parametrize(
+    ("name", "needs"),
+    [*((n, None) for n in NATIVE), ("vmas/navigation", "vmas"), ("pettingzoo/tests.envs.pz_toy", "pettingzoo")],
+)
+def test_every_shipped_env_allocates_its_state_in_init_state(name, needs):
+    if needs:
+        pytest.importorskip(needs)
+    env = envs.make(name, num_envs=3, seed=0)
+    for _ in range(2):
+        env.step(env.sample_actions(torch.Generator().manual_seed(0)))
+    env.hold_state_in_place()  # no state created after _init_state: the guard has no false positive here
