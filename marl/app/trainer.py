@@ -215,6 +215,7 @@ class Trainer:
         else:
             logger = NoLogger()
         rows = []
+        saving = False  # a failure in save() comes after the iteration was counted
         try:
             while self.frames < run.total_frames:
                 row = self.train_iteration()
@@ -223,7 +224,9 @@ class Trainer:
                     self.graphs_to_announce = cudagraphs.announce(self.graphs_to_announce)
                 rows.append(row)
                 if self.iteration % run.checkpoint_every == 0 or self.frames >= run.total_frames:
+                    saving = True
                     self.save()
+                    saving = False
         except KeyboardInterrupt:
             logger.close(exit_code=1)
             if self.world.is_main:
@@ -232,7 +235,10 @@ class Trainer:
         except Exception:
             logger.close(exit_code=1)
             if self.world.is_main:
-                print(f"\nthe run failed at iteration {self.iteration + 1}; {self._last_checkpoint_text()}")
+                where = (
+                    f"saving iteration {self.iteration}'s checkpoint" if saving else f"iteration {self.iteration + 1}"
+                )
+                print(f"\nthe run failed at {where}; {self._last_checkpoint_text()}")
             raise
         logger.close()
         return rows

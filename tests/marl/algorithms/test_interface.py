@@ -263,3 +263,17 @@ def test_acting_other_than_acting_policies_is_refused_naming_what_collection_nee
     trainer.collector.policies["agent"] = lambda observation, mask: torch.distributions.Normal(observation, 1.0)
     with pytest.raises(TypeError, match=r"group 'agent': the acting policy returned a Normal, not a distribution of"):
         trainer.train_iteration()
+
+
+def test_a_run_failing_to_checkpoint_says_so_not_an_iteration_that_never_ran(tmp_path, capsys):
+    """A `state_dict` that raised after the run's one iteration printed "the run failed at iteration 2"."""
+    trainer = _reinforce_trainer(tmp_path)  # 64 frames: 1 iteration of 4 steps of 16 envs
+
+    def broken():
+        raise RuntimeError("cannot pickle")
+
+    trainer.algorithm.state_dict = broken
+    with pytest.raises(RuntimeError, match="cannot pickle"):
+        trainer.train()
+    out = capsys.readouterr().out
+    assert "the run failed at saving iteration 1's checkpoint; no checkpoint was written yet" in out
