@@ -64,6 +64,9 @@ class AlgorithmConfig:
     not_shared: ClassVar[tuple[str, ...]] = ()
     """Fields a group on this config does not take from a run on another algorithm's (`TrainConfig.for_group`):
     the run sets them for its own kind of algorithm (e.g. the critic's scope, which Q-learning has no use for)."""
+    recurrent_options: ClassVar[tuple[str, ...]] = ()
+    """Fields only recurrent networks use (`--model gru`): without them a value other than the default is
+    refused (`TrainConfig._check_recurrent`), as it would have no effect."""
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -77,11 +80,19 @@ class AlgorithmConfig:
         """Raise a ValueError when this config does not fit the rest of `config` (e.g. a minibatch larger
         than an iteration's frames)."""
 
+    @classmethod
+    def saved(cls, values: dict[str, Any], algo: str) -> dict[str, Any]:
+        """`values` of this config for the algorithm `algo` as a checkpoint holds them (its `algo` section, or
+        a group's overrides), as this version takes them: options an earlier version accepted where they had no
+        effect, and which `check` now refuses, back at their defaults (the run trained without them)."""
+        return values
+
 
 @dataclass(frozen=True)
 class ModelConfig:
     hidden: tuple[int, ...] = (64, 64)
-    """Hidden layer sizes of the policy and the critic (`--hidden 256 256`)."""
+    """Hidden layer sizes of the policy and the critic (`--hidden 256 256`); none (`--group NAME.hidden=()`,
+    or `hidden=()` in Python) makes them linear maps of their inputs, a legitimate baseline."""
     activation: Literal["tanh", "relu", "elu"] = "tanh"
     """Hidden activation."""
     share_params: bool = True
@@ -128,7 +139,13 @@ def check_seed(seed: int) -> None:
 @dataclass(frozen=True)
 class RunConfig:
     total_frames: int = 2_000_000
-    """Frames (env steps) to train for, rounded up to whole iterations."""
+    """Frames (env steps) to train for, rounded up to whole iterations. With --resume: train on to this many;
+    the schedules keep the run's length (--schedule-frames)."""
+    schedule_frames: int = 0
+    """Frames the schedules anneal over (Q-learning's epsilon, DDPG's sigma, prioritized replay's beta, PPO's
+    --lr-schedule linear), held at their end values after; 0: total_frames. A resumed run keeps the length its
+    schedules had, whatever its new --total-frames, so that annealed values stay annealed; pass this with
+    --resume to stretch them over another length."""
     rollout_length: int = 64
     """Steps collected per env per iteration (T); an iteration is num_envs * rollout_length frames."""
     seed: int = 0
@@ -188,6 +205,8 @@ class RunConfig:
         for name in ("total_frames", "rollout_length", "checkpoint_every", "compile_unroll"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.schedule_frames < 0:
+            raise ValueError(f"schedule_frames must be >= 0 (0: total_frames), got {self.schedule_frames}")
         if self.rollout_length % self.compile_unroll:
             raise ValueError(
                 f"compile_unroll ({self.compile_unroll}) must divide rollout_length ({self.rollout_length})"
@@ -214,6 +233,10 @@ class RunConfig:
         grid = self.sweep_grid()
         if grid and len(self.members()) < 2:
             raise ValueError(f"--sweep {' '.join(self.sweep)} with one seed is one run: set the option itself instead")
+
+    def schedule_span(self) -> int:
+        """The frames the schedules anneal over: `schedule_frames`, else `total_frames`."""
+        return self.schedule_frames or self.total_frames
 
     def member_seeds(self) -> tuple[int, ...]:
         """The seeds of the runs trained in this process: `seeds`, else `seed`, `seed + 1`, ... `num_seeds` of them
@@ -300,7 +323,17 @@ class TrainConfig:
         return "gru" in models
 
     def _check_recurrent(self) -> None:
-        """`--model gru` only for groups on an algorithm that trains recurrent networks."""
+        """`--model gru` only for groups on an algorithm that trains recurrent networks, and the options of
+        recurrent training (`AlgorithmConfig.recurrent_options`) only with it."""
+        cls = type(self.algo)
+        given = [name for name in cls.recurrent_options if getattr(self.algo, name) != _field_default(cls, name)]
+        if given and not self.uses_gru():
+            flags = ", ".join(f"--{name.replace('_', '-')} {getattr(self.algo, name)}" for name in given)
+            raise ValueError(
+                f"{flags}: {'it applies' if len(given) == 1 else 'they apply'} to recurrent networks only, which "
+                f"train in chunks of steps; these networks are MLPs: pass --model gru too, or leave "
+                f"{'it' if len(given) == 1 else 'them'} out"
+            )
         refused = {}  # group (None: the run's) -> its algorithm's name
         if self.model.model == "gru" and not type(self.algo).recurrent:
             refused[None] = self.algo.algo
@@ -370,12 +403,24 @@ class TrainConfig:
         group_map = env.pop("group_map", "by_type")
         env_settings = dataclasses.replace(_options.build(EnvSettings, env, "env"), group_map=group_map)
         import_modules(env_settings.imports)  # the algorithm may be registered by one of them
+        name = data["algo"]["algo"]
+        algo_class, overrides = algorithms.config_class(name), data.get("group_overrides", {})
+        algo = algo_class.saved(dict(data["algo"]), name)
+        # An earlier version accepted the options of recurrent training without --model gru, unused.
+        if "gru" not in (data["model"]["model"], *(o.get("model") for o in overrides.values())):
+            algo = {k: v for k, v in algo.items() if k not in algo_class.recurrent_options}
+        overrides = {
+            group: algorithms.config_class(o.get("algo", name)).saved(dict(o), o.get("algo", name))
+            if o.get("algo", name) in algorithms.names()
+            else o  # an unknown algorithm: the config's check names it
+            for group, o in overrides.items()
+        }
         return cls(
             env=env_settings,
-            algo=_options.build(algorithms.config_class(data["algo"]["algo"]), data["algo"], "algo config"),
+            algo=_options.build(algo_class, algo, "algo config"),
             model=_options.build(ModelConfig, {**data["model"], "hidden": tuple(data["model"]["hidden"])}, "model"),
             run=_options.build(RunConfig, data["run"], "run config"),
-            group_overrides=data.get("group_overrides", {}),
+            group_overrides=overrides,
         )
 
 
@@ -418,6 +463,12 @@ def _check_choices(config) -> None:
 def field_names(cls) -> set[str]:
     """The names of a dataclass's fields."""
     return {f.name for f in dataclasses.fields(cls)}
+
+
+def _field_default(cls, name: str) -> Any:
+    """The default of the dataclass `cls`'s field `name`."""
+    field = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return field.default if field.default is not dataclasses.MISSING else field.default_factory()
 
 
 def _as_dict(config) -> dict[str, Any]:

@@ -80,8 +80,14 @@ class Algorithm:
         raise NotImplementedError(f"{type(self).__qualname__} collects transitions: define replay()")
 
     def begin_iteration(self, frames: int, total_frames: int) -> None:
-        """Called before each iteration's collection with the frames trained so far: schedules (a
-        learning rate annealed over the run, exploration noise) are set here."""
+        """Called before each iteration's collection with the frames trained so far and the frames the
+        schedules span (`RunConfig.schedule_span`): schedules (a learning rate annealed over the run,
+        exploration noise) are set here."""
+
+    def schedules(self, frames: int, total_frames: int) -> dict[str, float]:
+        """The values of the schedules `begin_iteration(frames, total_frames)` sets, by name (`GROUP epsilon`,
+        `beta`): `marl train --resume` says what a new length does to them. None by default."""
+        return {}
 
     def update(self, batch: TensorDict | ReplayBuffer, timer: PhaseTimer) -> dict[str, dict[str, torch.Tensor]]:
         """Learn from the iteration's `batch` (`marl.core.rollout`'s layout), or from the replay buffer

@@ -172,12 +172,18 @@ class DDPG(OffPolicy):
 
     def begin_iteration(self, frames: int, total_frames: int) -> None:
         super().begin_iteration(frames, total_frames)
-        for lr in self.learners.values():
+        values = self.schedules(frames, total_frames)
+        for g, lr in self.learners.items():
+            lr.policy.sigma.fill_(values[f"{g} sigma"])
+
+    def schedules(self, frames: int, total_frames: int) -> dict[str, float]:
+        values = super().schedules(frames, total_frames)
+        for g, lr in self.learners.items():
             a = lr.algo
-            sigma = annealed(
+            values[f"{g} sigma"] = annealed(
                 a.exploration_sigma_init, a.exploration_sigma_end, a.exploration_anneal, frames, total_frames
             )
-            lr.policy.sigma.fill_(sigma)
+        return values
 
     def next_actions(self, batch, noise, t):
         """The target policies' actions at the next observations."""

@@ -57,6 +57,9 @@ class Mixed(OffPolicy):
         for m in self.members:
             m.begin_iteration(frames, total_frames)
 
+    def schedules(self, frames: int, total_frames: int) -> dict[str, float]:
+        return {name: v for m in self.members for name, v in m.schedules(frames, total_frames).items()}
+
     def draw_noise(
         self, steps: int, batch_size: int, generator: torch.Generator | None = None
     ) -> dict[str, torch.Tensor]:

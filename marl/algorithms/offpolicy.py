@@ -277,6 +277,11 @@ class OffPolicy(Algorithm):
         self.beta = linear(algo.priority_beta, 1.0, frames / total_frames)
         self.beta_now.fill_(self.beta)
 
+    def schedules(self, frames: int, total_frames: int) -> dict[str, float]:
+        """Prioritized replay's beta (as `begin_iteration`; unused with uniform draws)."""
+        algo = self.config.algo
+        return {"beta": linear(algo.priority_beta, 1.0, frames / total_frames)} if algo.prioritized else {}
+
     def draw_noise(
         self, steps: int, batch_size: int, generator: torch.Generator | None = None
     ) -> dict[str, torch.Tensor]:

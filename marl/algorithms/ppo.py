@@ -125,6 +125,7 @@ class PPOConfig(AlgorithmConfig):
     # Every group is updated in the same minibatch steps (overlapped or not).
     run_wide = ("epochs", "minibatch_size", "overlap_critic", "chunk_length", "burn_in")
     recurrent: ClassVar[bool] = True
+    recurrent_options = ("chunk_length", "burn_in")
 
     def check(self) -> None:
         for name in ("gamma", "lmbda"):
@@ -158,6 +159,14 @@ class PPOConfig(AlgorithmConfig):
             )
         if config.uses_gru():
             self._check_sequences(config)
+        linear = [self.lr_schedule, *(o.get("lr_schedule") for o in config.group_overrides.values())]
+        span, total = config.run.schedule_span(), config.run.total_frames
+        if "linear" in linear and total > span:
+            raise ValueError(
+                f"--lr-schedule linear anneals lr to 0 over --schedule-frames {span:,} (a resumed run keeps its "
+                f"schedules' length): from there to --total-frames {total:,} PPO would not learn; pass "
+                f"--schedule-frames {total:,} to anneal lr over the whole run, or a --total-frames of {span:,} or less"
+            )
 
     def _check_sequences(self, config: TrainConfig) -> None:
         T = config.run.rollout_length
@@ -381,13 +390,20 @@ class PPO(Algorithm):
         """With `overlap_critic`: the update collects the next batch beside the critics' steps."""
         return self.config.algo.overlap_critic
 
-    def begin_iteration(self, frames: int, total_frames: int) -> None:
+    def schedules(self, frames: int, total_frames: int) -> dict[str, float]:
         """With `lr_schedule` linear: lr * (1 - progress), progress by frames so far."""
         progress = min(frames / total_frames, 1.0)
-        for learner in self.learners.values():
-            if learner.algo.lr_schedule == "linear":
-                for group in learner.optimizer.param_groups:
-                    group["lr"] = learner.algo.lr * (1.0 - progress)
+        return {
+            f"{g} lr": learner.algo.lr * (1.0 - progress)
+            for g, learner in self.learners.items()
+            if learner.algo.lr_schedule == "linear"
+        }
+
+    def begin_iteration(self, frames: int, total_frames: int) -> None:
+        lrs = self.schedules(frames, total_frames)
+        for g, learner in self.learners.items():
+            for group in learner.optimizer.param_groups if f"{g} lr" in lrs else ():
+                group["lr"] = lrs[f"{g} lr"]
 
     def update(self, batch: TensorDict, timer) -> dict[str, dict[str, torch.Tensor]]:
         explained = self.advantages(batch)

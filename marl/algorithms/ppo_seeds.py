@@ -132,13 +132,23 @@ class SeededPPO(Seeded):
         """Recurrent nets: the update's samples are each member's chunks (`PPO.sequence_inputs`)."""
         return self.template.sequences
 
-    def begin_iteration(self, frames: int, total_frames: int) -> None:
-        """With `lr_schedule` linear: lr * (1 - progress), as `PPO.begin_iteration`."""
+    def schedules(self, frames: int, total_frames: int) -> dict[str, float]:
+        """With `lr_schedule` linear: lr * (1 - progress), as `PPO.schedules`; with lr swept, the factor of
+        each member's lr (`base_lr` is then 1)."""
         progress = min(frames / total_frames, 1.0)
-        for g, learner in self.template.learners.items():
-            if learner.algo.lr_schedule == "linear":
-                for group in self.optimizers[g].param_groups:
-                    group["lr"] = self.base_lr[g] * (1.0 - progress)
+        name = "lr" if self.member_lr is None else "lr factor"
+        return {
+            f"{g} {name}": self.base_lr[g] * (1.0 - progress)
+            for g, learner in self.template.learners.items()
+            if learner.algo.lr_schedule == "linear"
+        }
+
+    def begin_iteration(self, frames: int, total_frames: int) -> None:
+        lrs = list(self.schedules(frames, total_frames).values())
+        linear = [g for g, learner in self.template.learners.items() if learner.algo.lr_schedule == "linear"]
+        for g, lr in zip(linear, lrs, strict=True):
+            for group in self.optimizers[g].param_groups:
+                group["lr"] = lr
 
     def update(self, batch: TensorDict, timer) -> dict[str, dict[str, torch.Tensor]]:
         """`PPO.update` for every member; each term is `[S]`, one per member."""

@@ -128,8 +128,10 @@ class QConfig(OffPolicyConfig):
 
     run_wide = (*OffPolicyConfig.run_wide, "chunk_length", "burn_in")  # one draw of chunks for every group
     recurrent: ClassVar[bool] = True
-    # A run of an actor-critic algorithm sets these for its critics; a Q-learning group of it keeps the defaults.
-    not_shared = ("critic_scope", "shared_value")
+    recurrent_options = ("chunk_length", "burn_in")
+    # A run of an actor-critic algorithm sets these for its critics, and a QMIX run its mixer's size; an IQL or
+    # VDN group of it keeps the defaults.
+    not_shared = ("critic_scope", "shared_value", "mixing_embed_dim")
 
     def check(self) -> None:
         super().check()
@@ -137,6 +139,12 @@ class QConfig(OffPolicyConfig):
             raise ValueError(
                 f"critic_scope and shared_value are options of the actor-critic algorithms; {self.algo} has no "
                 "critic: leave them at their defaults (auto, False)"
+            )
+        if self.algo != "qmix" and self.mixing_embed_dim != QConfig.mixing_embed_dim:
+            raise ValueError(
+                f"mixing_embed_dim is an option of qmix (its mixing network's width); {self.algo} has no mixing "
+                f"network: leave it at its default ({QConfig.mixing_embed_dim}), or train on qmix (--algo qmix, or for one "
+                f"group --group NAME.algo=qmix --group NAME.mixing_embed_dim={self.mixing_embed_dim})"
             )
         for name in ("exploration_eps_init", "exploration_eps_end", "exploration_anneal"):
             if not 0 <= getattr(self, name) <= 1:
@@ -151,6 +159,11 @@ class QConfig(OffPolicyConfig):
         super().check_train(config)
         if config.uses_gru():
             self._check_chunks(config)
+
+    @classmethod
+    def saved(cls, values: dict, algo: str) -> dict:
+        # An earlier version accepted mixing_embed_dim for IQL and VDN, which have no mixer.
+        return values if algo == "qmix" else {k: v for k, v in values.items() if k != "mixing_embed_dim"}
 
     def _check_chunks(self, config: TrainConfig) -> None:
         window, B = self.burn_in + self.chunk_length, config.env.num_envs
@@ -376,6 +389,8 @@ class QMIXConfig(QConfig):
     updates_per_iteration: int = 32
     """Optimiser steps per iteration (QMIX's: the shared one)."""
 
+    not_shared = ("critic_scope", "shared_value")  # a QMIX group of an IQL or VDN run takes its mixer's size
+
 
 @dataclass
 class QLearner:
@@ -516,12 +531,18 @@ class QLearning(OffPolicy):
 
     def begin_iteration(self, frames: int, total_frames: int) -> None:
         super().begin_iteration(frames, total_frames)
-        for lr in self.learners.values():
+        values = self.schedules(frames, total_frames)
+        for g, lr in self.learners.items():
+            lr.policy.epsilon.fill_(values[f"{g} epsilon"])
+
+    def schedules(self, frames: int, total_frames: int) -> dict[str, float]:
+        values = super().schedules(frames, total_frames)
+        for g, lr in self.learners.items():
             a = lr.algo
-            epsilon = annealed(
+            values[f"{g} epsilon"] = annealed(
                 a.exploration_eps_init, a.exploration_eps_end, a.exploration_anneal, frames, total_frames
             )
-            lr.policy.epsilon.fill_(epsilon)
+        return values
 
     def loss(self, storage, index, weight, noise, t):
         if index.dim() == 1:

@@ -33,6 +33,7 @@ class Seeded(Algorithm):
 
     members: Members
     optimizers: dict[str, torch.optim.Optimizer]
+    template: Algorithm  # a member's single run, whose nets run every member's tensors (set by `build`)
 
     def __init__(
         self,
@@ -66,6 +67,10 @@ class Seeded(Algorithm):
     def build(self, singles: list[Algorithm]) -> None:
         """Stack the `singles` (every member as the single run it trains as, in order) into this population."""
         raise NotImplementedError
+
+    def schedules(self, frames: int, total_frames: int) -> dict[str, float]:
+        """The single run's: every member's schedules are its own (none is swept)."""
+        return self.template.schedules(frames, total_frames)
 
     @property
     def count(self) -> int:

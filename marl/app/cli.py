@@ -30,7 +30,7 @@ from marl.config import SECTIONS, TrainConfig, field_names, group_fields, import
 
 # Options that are not plain fields on the command line.
 SPECIAL = {"env_options", "group_overrides"}
-RESUMABLE = {"total_frames", "checkpoint_every", "progress", "tensorboard", "device", "save_buffer"}
+RESUMABLE = {"total_frames", "schedule_frames", "checkpoint_every", "progress", "tensorboard", "device", "save_buffer"}
 RESUMABLE |= {"wandb", "wandb_project", "wandb_entity", "wandb_mode", "wandb_name"}  # logging only
 
 
@@ -134,7 +134,15 @@ def _train_parser(subparsers) -> argparse.ArgumentParser:
         )
         + ")",
     )
-    parser.add_argument("--resume", metavar="CHECKPOINT", help="continue the run saved in this checkpoint")
+    parser.add_argument(
+        "--resume",
+        metavar="CHECKPOINT",
+        help="continue the run saved in this checkpoint, with its options; only "
+        + ", ".join(_flag(name) for name in sorted(RESUMABLE))
+        + " may be given. With a larger --total-frames it trains on from where it stopped; the schedules "
+        "(epsilon, sigma, beta, a linear lr) keep the run's length, so that annealed values stay annealed, "
+        "unless --schedule-frames stretches them",
+    )
     return parser
 
 
@@ -279,10 +287,21 @@ def _frames_text(total_frames: int, trainer) -> str:
 def cmd_train(args: argparse.Namespace) -> int:
     from marl.app import seeds
     from marl.app.summary import print_summary
+    from marl.app.trainer import NothingToTrain
 
-    with usage_errors():
-        trainer = _make_trainer(args)
+    try:
+        with usage_errors():
+            trainer = _make_trainer(args)
+    except NothingToTrain as done:  # one line, not a plan to train followed by "nothing to train"
+        if os.environ.get("RANK", "0") == "0":  # raised before torchrun's ranks join: rank 0 says it
+            print(done)
+        return 0
     config, world = trainer.config, trainer.world
+    if trainer.saved_run is not None and world.is_main:
+        print(f"resuming {trainer.run_dir} at iteration {trainer.iteration} ({trainer.frames:,} frames)")
+        schedules = schedules_text(trainer)
+        if schedules:
+            print(schedules)
     envs_text = f"{config.env.num_envs} envs" + (f" on each of {world.size} ranks" if world.size > 1 else "")
     if len(trainer.members) > 1:
         envs_text = f"{len(trainer.members)} runs x {envs_text} ({seeds.members_text(trainer.members)})"
@@ -322,11 +341,41 @@ def _make_trainer(args: argparse.Namespace):
                 f"marl train --resume keeps the run's configuration; only {sorted(RESUMABLE)} can change, "
                 f"got {not_allowed}"
             )
-        trainer = Trainer.resume(args.resume, **{k: getattr(args, k) for k in changed})
-        if trainer.world.is_main:
-            print(f"resuming {trainer.run_dir} at iteration {trainer.iteration} ({trainer.frames:,} frames)")
-        return trainer
+        return Trainer.resume(args.resume, **{k: getattr(args, k) for k in changed})
     return Trainer(config_from_args(args))
+
+
+def schedules_text(trainer) -> str | None:
+    """What a resumed run's new --total-frames (or --schedule-frames) does to its schedules, with their
+    values now; None when neither changed or the run has no schedules."""
+    saved, run, frames = trainer.saved_run, trainer.config.run, trainer.frames
+    before, span = saved.schedule_span(), run.schedule_span()
+    if run.total_frames == saved.total_frames and span == before:
+        return None
+    now = trainer.algorithm.schedules(frames, span)
+    if not now:
+        return None
+    end = trainer.algorithm.schedules(span, span)
+
+    def values(at: dict[str, float], was: dict[str, float] | None = None) -> str:
+        return ", ".join(
+            f"{name} "
+            + (f"{was[name]:.3g} -> " if was and f"{was[name]:.3g}" != f"{v:.3g}" else "")
+            + f"{v:.3g}"
+            + (f", annealing to {end[name]:.3g}" if f"{end[name]:.3g}" != f"{v:.3g}" else "")
+            for name, v in at.items()
+        )
+
+    if span == before:
+        stretched = trainer.algorithm.schedules(frames, run.total_frames)
+        return (
+            f"schedules: they keep annealing over the run's {span:,} frames, not --total-frames "
+            f"{run.total_frames:,} ({values(now)}); --schedule-frames {run.total_frames:,} would fit them to it ("
+            + ", ".join(f"{name} {v:.3g} now" for name, v in stretched.items())
+            + ")"
+        )
+    was = trainer.algorithm.schedules(frames, before)
+    return f"schedules: stretched from {before:,} to --schedule-frames {span:,} frames ({values(now, was)})"
 
 
 def _count(n: int, noun: str) -> str:

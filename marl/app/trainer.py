@@ -39,18 +39,31 @@ from marl.app.checkpoint import load_checkpoint, save_checkpoint
 from marl.app.logger import NoLogger, RunLogger, drop_rows_after
 from marl.app.paths import check_output_folder
 from marl.app.wandb_logging import check_installed, wandb_run
-from marl.config import TrainConfig
+from marl.config import RunConfig, TrainConfig
 from marl.core.member_replay import MemberReplayBuffer
 from marl.core.replay import ReplayBuffer, format_bytes, replay_nbytes
 from marl.core.rollout import Collector
 from marl.core.timing import PhaseTimer
 from marl.optim.background import one_thread
 
-__all__ = ["NonFiniteLossError", "Trainer", "check_fresh_run_dir", "default_run_dir", "make_env", "resolve_device"]
+__all__ = [
+    "NonFiniteLossError",
+    "NothingToTrain",
+    "Trainer",
+    "check_fresh_run_dir",
+    "default_run_dir",
+    "make_env",
+    "resolve_device",
+]
 
 
 class NonFiniteLossError(FloatingPointError):
     """A loss term became NaN or inf; the run stops instead of training on garbage."""
+
+
+class NothingToTrain(Exception):
+    """`Trainer.resume` of a run that has trained its --total-frames already: said before anything is built
+    (`marl train` prints it and exits 0, so that a job resubmitted after the run ended does not fail)."""
 
 
 class Trainer:
@@ -99,6 +112,7 @@ class Trainer:
         self.buffer = self._replay_buffer()
         self._pending: TensorDict | None = None  # the next batch, when the update collected it ahead
         self.logged_rows: list[dict] = []  # resumed: the rows logged up to the checkpoint, for the summary
+        self.saved_run: RunConfig | None = None  # resumed: the run options of the checkpoint, before the new ones
         self.frames_per_iteration = self.world.size * config.env.num_envs * config.run.rollout_length
         # Whole iterations only: total_frames rounded up to a multiple of an iteration's frames.
         self.frames_to_run = -(-config.run.total_frames // self.frames_per_iteration) * self.frames_per_iteration
@@ -151,7 +165,7 @@ class Trainer:
         """Collect (unless the previous update collected this batch ahead), learn; returns the iteration's
         metrics (one host sync); with several seeds, each member's under `members` (a list, in their order)."""
         start = time.perf_counter()
-        self.algorithm.begin_iteration(self.frames, self.config.run.total_frames)
+        self.algorithm.begin_iteration(self.frames, self.config.run.schedule_span())
         self.timer.mark("start")
         batch, self._pending = self._pending, None
         if batch is None:
@@ -329,14 +343,24 @@ class Trainer:
     @classmethod
     def resume(cls, path: str | Path, **run_overrides) -> Trainer:
         """Continue the run saved at `path` (in its run folder); `run_overrides` may change RunConfig
-        fields such as `total_frames`."""
+        fields such as `total_frames`. The schedules keep the length they had (`RunConfig.schedule_frames`,
+        pinned here), unless `run_overrides` sets `schedule_frames`: a longer run trains on with exploration
+        as annealed as it was, not raised again as a fraction of the new total."""
         state = load_checkpoint(path)
         config = TrainConfig.from_dict(state["config"])
-        if run_overrides:
-            config = dataclasses.replace(config, run=dataclasses.replace(config.run, **run_overrides))
+        saved = config.run
+        run = dataclasses.replace(saved, **{"schedule_frames": saved.schedule_span(), **run_overrides})
+        config = dataclasses.replace(config, run=run)
+        if state["frames"] >= run.total_frames:
+            raise NothingToTrain(
+                f"nothing to train: {Path(path).parent} has trained {state['frames']:,} frames (iteration "
+                f"{state['iteration']}), --total-frames is {run.total_frames:,}; pass a larger --total-frames to "
+                "train on"
+            )
         seeds.check_none_trained_alone(Path(path).parent, config.run.members())
         trainer = cls(config, run_dir=Path(path).parent, resuming=True)
         trainer.load_state_dict(state)
+        trainer.saved_run = saved
         if trainer.world.is_main:
             # Iterations logged after the checkpoint (before a Ctrl-C or a crash) are trained again.
             for log in seeds.logs(trainer.run_dir, trainer.members):

@@ -1,0 +1,164 @@
+"""What `marl train --resume` does with a new --total-frames (the schedules keep the run's length unless
+--schedule-frames stretches them, and say so), a total already reached, and options that would have no effect."""
+
+from __future__ import annotations
+
+import pytest
+
+from marl.algorithms.ppo import PPOConfig
+from marl.algorithms.qlearning import QConfig, QMIXConfig
+from marl.app.checkpoint import load_checkpoint, save_checkpoint
+from marl.app.cli import main
+from marl.app.trainer import NothingToTrain, Trainer
+from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
+
+# VDN on spread: 16 envs x 32 steps = 512 frames per iteration; epsilon 0.8 -> 0.01 over the first third.
+VDN = ["--algo", "vdn", "--env", "spread", "--num-envs", "16", "--rollout-length", "32", "--hidden", "16"]
+VDN += ["--batch-size", "64", "--updates-per-iteration", "1", "--buffer-size", "4096", "--no-progress"]
+VDN += ["--no-tensorboard"]
+
+
+def epsilon(frames: int, span: int) -> float:
+    """QConfig's default schedule, written out: 0.8 moved linearly to 0.01 over span / 3 frames."""
+    return 0.8 + (0.01 - 0.8) * min(frames / (span / 3), 1.0)
+
+
+def trained(tmp_path, capsys, total: int):
+    assert main(["train", *VDN, "--log-dir", str(tmp_path), "--run-name", "run", "--total-frames", str(total)]) == 0
+    capsys.readouterr()
+    return tmp_path / "run" / "checkpoint.pt"
+
+
+def epsilons(trainer) -> list[float]:
+    return [float(lr.policy.epsilon) for lr in trainer.algorithm.learners.values()]
+
+
+def test_a_longer_resumed_run_keeps_its_schedules_annealed_and_says_so(tmp_path, capsys):
+    # The run ended at 5,120 frames with epsilon at its end value; resumed to 20,000 frames it used to anneal
+    # over the new total, raising epsilon back to 0.19.
+    checkpoint = trained(tmp_path, capsys, 5120)
+    assert main(["train", "--resume", str(checkpoint), "--total-frames", "5632", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "schedules: they keep annealing over the run's 5,120 frames, not --total-frames 5,632" in out
+    assert "agent epsilon 0.01)" in out and f"agent epsilon {epsilon(5120, 5632):.3g} now" in out
+    resumed = Trainer.resume(checkpoint, total_frames=6144)
+    assert resumed.config.run.schedule_span() == 5120 and resumed.frames == 5632
+    resumed.train_iteration()
+    assert epsilons(resumed) == [pytest.approx(epsilon(5632, 5120))] == [pytest.approx(0.01)]
+
+
+def test_schedule_frames_stretches_the_schedules_on_resume(tmp_path, capsys):
+    checkpoint = trained(tmp_path, capsys, 1024)
+    command = ["train", "--resume", str(checkpoint), "--total-frames", "1536", "--schedule-frames", "8192"]
+    assert main([*command, "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"schedules: stretched from 1,024 to --schedule-frames 8,192 frames (agent epsilon 0.01 -> "
+        f"{epsilon(1024, 8192):.3g}, annealing to 0.01)" in out
+    )
+    resumed = Trainer.resume(checkpoint, total_frames=2048)  # the stretched length is the run's now
+    resumed.train_iteration()
+    assert epsilons(resumed) == [pytest.approx(epsilon(1536, 8192))]
+
+
+def test_a_resume_to_the_same_total_says_nothing_of_the_schedules(tmp_path, capsys):
+    config = TrainConfig(
+        env=EnvSettings(env="spread", num_envs=16),
+        algo=QConfig(algo="vdn", batch_size=64, updates_per_iteration=1, buffer_size=4096),
+        model=ModelConfig(hidden=(16,)),
+        run=RunConfig(total_frames=4096, rollout_length=32, progress=False, tensorboard=False, checkpoint_every=1),
+    )
+    trainer = Trainer(config, run_dir=tmp_path / "run")
+    trainer.train_iteration()
+    trainer.save()
+    assert main(["train", "--resume", str(trainer.checkpoint_path), "--checkpoint-every", "100"]) == 0
+    assert "schedules" not in capsys.readouterr().out
+
+
+def test_a_checkpoint_of_an_earlier_version_resumes_with_its_schedules_over_its_total(tmp_path, capsys):
+    checkpoint = trained(tmp_path, capsys, 1024)
+    state = load_checkpoint(checkpoint)
+    del state["config"]["run"]["schedule_frames"]  # as an earlier vecmarl wrote it
+    # Options an earlier version accepted where they had no effect (no GRU, no mixer): loaded at their defaults.
+    state["config"]["algo"].update(chunk_length=8, burn_in=2, mixing_embed_dim=64)
+    state["config"]["group_overrides"] = {"agent": {"mixing_embed_dim": 16}}
+    save_checkpoint(checkpoint, state)
+    resumed = Trainer.resume(checkpoint, total_frames=4096)
+    algo, _ = resumed.config.for_group("agent")
+    assert (algo.chunk_length, algo.burn_in, algo.mixing_embed_dim) == (16, 0, 32)
+    assert resumed.config.group_overrides == {"agent": {}}
+    resumed.train_iteration()
+    assert epsilons(resumed) == [pytest.approx(0.01)]
+
+
+def test_a_total_already_reached_is_one_line(tmp_path, capsys):
+    checkpoint = trained(tmp_path, capsys, 1024)
+    assert main(["train", "--resume", str(checkpoint), "--total-frames", "1000"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == [
+        f"nothing to train: {checkpoint.parent} has trained 1,024 frames (iteration 2), --total-frames is 1,000; "
+        "pass a larger --total-frames to train on"
+    ]
+    assert not captured.err
+    with pytest.raises(NothingToTrain):
+        Trainer.resume(checkpoint)
+
+
+def test_a_linear_lr_is_not_trained_past_its_end(tmp_path):
+    run = RunConfig(total_frames=4096, schedule_frames=1024)
+    with pytest.raises(ValueError, match=r"--lr-schedule linear anneals lr to 0 over --schedule-frames 1,024"):
+        TrainConfig(algo=PPOConfig(lr_schedule="linear"), run=run)
+    with pytest.raises(ValueError, match=r"pass --schedule-frames 4,096"):
+        TrainConfig(group_overrides={"agent": {"lr_schedule": "linear"}}, run=run)
+    TrainConfig(run=run)  # a constant lr does not anneal
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--burn-in", "4"], "--burn-in 4: it applies to recurrent networks only"),
+        (["--chunk-length", "8", "--burn-in", "2"], "--chunk-length 8, --burn-in 2: they apply to recurrent"),
+        (["--algo", "ippo", "--chunk-length", "8"], "--chunk-length 8: it applies to recurrent networks only"),
+        (["--algo", "vdn", "--mixing-embed-dim", "64"], "mixing_embed_dim is an option of qmix"),
+        (["--algo", "iql", "--group", "agent.mixing_embed_dim=64"], "invalid option for group 'agent': mixing_"),
+        (
+            [
+                "--algo",
+                "qmix",
+                "--batch-size",
+                "256",
+                "--group",
+                "agent.algo=vdn",
+                "--group",
+                "agent.mixing_embed_dim=64",
+            ],
+            "vdn has no mixing network",
+        ),
+    ],
+)
+def test_options_without_effect_are_refused_in_one_line(tmp_path, argv, message, capsys):
+    base = ["train", "--env", "spread", "--num-envs", "8", "--total-frames", "1", "--log-dir", str(tmp_path)]
+    assert main([*base, *argv]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_their_defaults_and_their_right_uses_are_taken():
+    assert TrainConfig(algo=PPOConfig(chunk_length=16, burn_in=0)).algo.chunk_length == 16  # the defaults, given
+    gru = ModelConfig(model="gru")
+    assert TrainConfig(algo=QConfig(algo="vdn", chunk_length=8, burn_in=2), model=gru).algo.burn_in == 2
+    qmix = TrainConfig(algo=QMIXConfig(mixing_embed_dim=64), group_overrides={"b": {"algo": "vdn"}})
+    assert qmix.for_group("a")[0].mixing_embed_dim == 64
+    assert qmix.for_group("b")[0].mixing_embed_dim == 32  # a VDN group of a QMIX run has no mixer to size
+    vdn = TrainConfig(algo=QConfig(algo="vdn"), group_overrides={"b": {"algo": "qmix", "mixing_embed_dim": 16}})
+    assert vdn.for_group("b")[0].mixing_embed_dim == 16
+
+
+def test_help_says_what_resume_does_with_the_schedules(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "the schedules (epsilon, sigma, beta, a linear lr) keep the run's length" in text
+    assert "A resumed run keeps the length its schedules had" in text
+    assert "makes them linear maps of their inputs" in text  # --hidden: none is a legitimate choice
