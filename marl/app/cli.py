@@ -341,7 +341,7 @@ def _make_trainer(args: argparse.Namespace):
                 f"marl train --resume keeps the run's configuration; only {sorted(RESUMABLE)} can change, "
                 f"got {not_allowed}"
             )
-        return Trainer.resume(args.resume, **{k: getattr(args, k) for k in changed})
+        return Trainer.resume(args.resume, frames_left=True, **{k: getattr(args, k) for k in changed})
     return Trainer(config_from_args(args))
 
 

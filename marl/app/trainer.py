@@ -62,8 +62,9 @@ class NonFiniteLossError(FloatingPointError):
 
 
 class NothingToTrain(Exception):
-    """`Trainer.resume` of a run that has trained its --total-frames already: said before anything is built
-    (`marl train` prints it and exits 0, so that a job resubmitted after the run ended does not fail)."""
+    """`Trainer.resume(..., frames_left=True)` of a run that has trained its --total-frames already: said
+    before anything is built (`marl train` prints it and exits 0, so that a job resubmitted after the run
+    ended does not fail)."""
 
 
 class Trainer:
@@ -341,17 +342,19 @@ class Trainer:
                 print("the checkpoint holds no replay buffer (trained without --save-buffer): it refills from empty")
 
     @classmethod
-    def resume(cls, path: str | Path, **run_overrides) -> Trainer:
+    def resume(cls, path: str | Path, *, frames_left: bool = False, **run_overrides) -> Trainer:
         """Continue the run saved at `path` (in its run folder); `run_overrides` may change RunConfig
         fields such as `total_frames`. The schedules keep the length they had (`RunConfig.schedule_frames`,
         pinned here), unless `run_overrides` sets `schedule_frames`: a longer run trains on with exploration
-        as annealed as it was, not raised again as a fraction of the new total."""
+        as annealed as it was, not raised again as a fraction of the new total. A run that has trained its
+        `total_frames` resumes to a trainer whose `train()` trains nothing (to inspect it), or with
+        `frames_left` raises NothingToTrain before anything is built."""
         state = load_checkpoint(path)
         config = TrainConfig.from_dict(state["config"])
         saved = config.run
         run = dataclasses.replace(saved, **{"schedule_frames": saved.schedule_span(), **run_overrides})
         config = dataclasses.replace(config, run=run)
-        if state["frames"] >= run.total_frames:
+        if frames_left and state["frames"] >= run.total_frames:
             raise NothingToTrain(
                 f"nothing to train: {Path(path).parent} has trained {state['frames']:,} frames (iteration "
                 f"{state['iteration']}), --total-frames is {run.total_frames:,}; pass a larger --total-frames to "

@@ -101,7 +101,8 @@ def test_a_total_already_reached_is_one_line(tmp_path, capsys):
     ]
     assert not captured.err
     with pytest.raises(NothingToTrain):
-        Trainer.resume(checkpoint)
+        Trainer.resume(checkpoint, frames_left=True)
+    assert Trainer.resume(checkpoint).train() == []  # in Python, a finished run resumes to be looked at
 
 
 def test_a_linear_lr_is_not_trained_past_its_end(tmp_path):
