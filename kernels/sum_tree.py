@@ -244,6 +244,7 @@ def _find_kernel(
     root = tl.load(rows_starts_ptr + depth - 1)
     total = tl.load(tree + root + root_width, mask=in_range, other=0.0)
     mass = tl.load(fraction_ptr + offsets, mask=in_range, other=0.0).to(tl.float64) * total
+    mass = tl.where(mass > 0.0, mass, 0.0)  # a fraction below 0 or NaN finds what 0 finds
     node = tl.zeros([BLOCK], dtype=tl.int64)
     for step in range(depth):
         width = FANOUT + (step == 0) * (root_width - FANOUT)
@@ -537,7 +538,9 @@ def _find_torch(tree, fraction):
     top = views.top if views.base is None else views.top.contiguous()
     fraction = _lanes(views, fraction)[0] if views.base is None else fraction
     total = top[..., -1:]  # [1] or [S, 1]
-    mass = (fraction.to(torch.float64) * total).clamp_(max=total.nextafter(views.zero))  # [k] or [S, k]
+    mass = fraction.to(torch.float64) * total  # [k] or [S, k]
+    # Kept in [0, total): a fraction below 0 or NaN finds what 0 finds, above 1 what 1 finds.
+    mass = mass.nan_to_num_(0.0).clamp_(min=0.0).clamp_(max=total.nextafter(views.zero))
     choice = torch.searchsorted(top, mass, right=True).sub_(1).clamp_(max=top.shape[-1] - 2)
     mass = (mass - top.gather(-1, choice)).view(-1, 1)  # [S k, 1]
     node, base = _lanes(views, choice)  # [S k]
@@ -607,6 +610,7 @@ def sum_tree_find_reference(tree: torch.Tensor, fraction: torch.Tensor) -> tuple
         values = one.tolist()
         for f in fractions.double().tolist():
             mass, node = f * values[-1], 0
+            mass = mass if mass > 0.0 else 0.0  # below 0 or NaN: as 0 (above the total: clamped below)
             for start, width in zip(reversed(layout.rows), reversed(layout.widths), strict=True):
                 row = values[start + node * (width + 1) : start + (node + 1) * (width + 1)]
                 mass = min(mass, math.nextafter(row[width], 0.0))  # below the node's value
@@ -706,7 +710,8 @@ def sum_tree_find(
     Args:
         tree: float64 tree `[numel]` from `sum_tree_zeros`, with a positive total, or trees `[S, numel]`.
         fraction: `[k]` (`[S, k]` for trees: row s in tree s) floating point in `[0, 1]`, e.g.
-            `(arange(k) + rand(k)) / k` for a stratified draw.
+            `(arange(k) + rand(k)) / k` for a stratified draw. Not checked (that would read the device
+            from the host): one below 0 or NaN finds what 0 finds, one above 1 what 1 finds.
         backend: as in `sum_tree_update_`.
 
     Returns:

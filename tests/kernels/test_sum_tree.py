@@ -319,6 +319,19 @@ def test_zero_priority_is_never_found():
         assert (value[index] > 0).all() and (leaf > 0).all(), backend
 
 
+@pytest.mark.needs_interpreter
+def test_fractions_outside_the_unit_interval_are_clamped_to_it():
+    # Fractions are not checked (that would read the device from the host): below 0, NaN and -inf find
+    # what 0 finds, above 1 what 1 finds, never an empty or padding leaf nor an index outside the tree.
+    leaves = torch.tensor([0.0, 2.0, 0.0, 1.0, 0.0], dtype=torch.float64)
+    tree = sum_tree_update_(sum_tree_zeros(5), torch.arange(5), leaves)
+    fraction = torch.tensor([-0.5, -math.inf, math.nan, 1.5, math.inf], dtype=torch.float64)
+    for backend in BACKENDS:
+        index, leaf = sum_tree_find(tree, fraction, backend=backend)
+        assert index.tolist() == [1, 1, 1, 3, 3], backend
+        assert leaf.tolist() == [2.0, 2.0, 2.0, 1.0, 1.0], backend
+
+
 def test_found_frequencies_match_priorities_chi_square():
     capacity, draws = 50, 200_000
     generator = torch.Generator().manual_seed(0)
