@@ -26,7 +26,9 @@ def _hint(path: Path) -> str:
     of a file in it, or the runs a folder of runs holds."""
     if path.is_file():
         return f"pass the run folder that holds it ({path.parent}), not a file"
-    runs = sorted(d.name for d in path.glob("*/") if (d / "metrics.csv").is_file()) if path.is_dir() else []
+    # A run holds metrics.csv, a population (`--seeds`) aggregate.csv.
+    files = ("metrics.csv", AGGREGATE)
+    runs = sorted(d.name for d in path.glob("*/") if any((d / f).is_file() for f in files)) if path.is_dir() else []
     if runs:
         shown = ", ".join(runs[:5]) + (f" and {len(runs) - 5} more" if len(runs) > 5 else "")
         return f"it is a folder of runs ({shown}); pass one or more of them, e.g. {path / runs[0]}"

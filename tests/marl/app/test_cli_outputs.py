@@ -46,6 +46,8 @@ def test_plot_reports_the_file_it_wrote(tmp_path, capsys, monkeypatch):
         (["runs/a", "--out", "newdir/"], "cannot write newdir/learning_curve.png: the folder newdir does not exist"),
         (["runs"], "no metrics.csv in runs: it is a folder of runs (a, b); pass one or more of them, e.g. runs/a"),
         (["runs/a/metrics.csv"], "pass the run folder that holds it (runs/a), not a file"),
+        # --log-dir pops of a population: its runs hold aggregate.csv, their members' metrics one level down.
+        (["pops"], "no metrics.csv in pops: it is a folder of runs (p); pass one or more of them, e.g. pops/p"),
         (["bad/none"], "bad/none: no episode has ended yet in its 2 iteration(s), so there is no return to plot"),
         (["bad/other"], "bad/other/metrics.csv has no episode_return column"),
     ],
@@ -54,6 +56,8 @@ def test_plot_refuses_what_it_cannot_draw_or_write_in_one_line(args, message, tm
     monkeypatch.chdir(tmp_path)
     write_run(tmp_path / "runs" / "a", ["1.0", "2.0"])
     write_run(tmp_path / "runs" / "b", ["1.0", "2.0"])
+    (tmp_path / "pops" / "p").mkdir(parents=True)
+    (tmp_path / "pops" / "p" / "aggregate.csv").write_text("frames,time_s,agent/episode_return\n100,1,1.0\n")
     (tmp_path / "bad" / "none").mkdir(parents=True)  # iterations shorter than an episode: no return logged
     (tmp_path / "bad" / "none" / "metrics.csv").write_text("frames,time_s,agent/episode_return\n100,1,\n200,2,nan\n")
     (tmp_path / "bad" / "other").mkdir()  # some other CSV
