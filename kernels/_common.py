@@ -60,8 +60,9 @@ def autotuned(kernel: Callable | None) -> Callable | None:
 def check_unit_interval(op: str, name: str, x: float, accepted: str = "a Python float in [0, 1]") -> float:
     """`x` as a float, or an error unless it is a real number in [0, 1]; `accepted` names what `op` takes."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
+        kind = type(x).__name__ if type(x).__module__ == "builtins" else f"{type(x).__module__}.{type(x).__name__}"
         raise TypeError(
-            f"{op}: {name} must be {accepted}, got {type(x).__name__}"
+            f"{op}: {name} must be {accepted}, got {kind}"  # numpy.float32, not float32 (a tensor's dtype)
             + (" (pass float(tensor) once, outside the training loop)" if isinstance(x, torch.Tensor) else "")
         )
     if not 0.0 <= x <= 1.0:  # also rejects NaN

@@ -2,6 +2,7 @@
 
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -94,6 +95,11 @@ GAE_ERRORS = {
     "gamma-negative": (dict(gamma=-0.1), ValueError, "gae: gamma = -0.1 is outside [0, 1]"),
     "gamma-nan": (dict(gamma=float("nan")), ValueError, "gae: gamma = nan is outside [0, 1]"),
     "lmbda-above-one": (dict(lmbda=2), ValueError, "gae: lmbda = 2 is outside [0, 1]"),
+    "gamma-numpy-float32": (  # float32 is also the dtype a per-column tensor must have: name numpy's type
+        dict(gamma=np.float32(0.9)),
+        TypeError,
+        "gae: gamma must be a Python float in [0, 1] or a float32 tensor of one value per column, got numpy.float32",
+    ),
     "lmbda-bool": (
         dict(lmbda=True),
         TypeError,
@@ -167,7 +173,7 @@ def test_discounted_returns_errors():
         discounted_returns(data["reward"], torch.zeros(T, 1, 2, dtype=torch.bool), gamma=0.9)
     with pytest.raises(ValueError, match=re.escape("discounted_returns: gamma = 1.01 is outside [0, 1]")):
         discounted_returns(data["reward"], data["done"], gamma=1.01)
-    message = "discounted_returns: gamma must be a Python float in [0, 1], got Tensor (pass float(tensor) once"
+    message = "discounted_returns: gamma must be a Python float in [0, 1], got torch.Tensor (pass float(tensor) once"
     with pytest.raises(TypeError, match=re.escape(message)):
         discounted_returns(data["reward"], data["done"], gamma=torch.tensor(0.9))
 
