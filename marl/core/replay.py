@@ -610,6 +610,7 @@ class ReplayBuffer:
         if self.tree is not None:
             state["leaves"] = sum_tree_leaves(self.tree)[..., :count].clone()
             state["max_priority"] = self.max_priority.clone()
+            state["alpha"], state["eps"] = self.prioritized.alpha, self.prioritized.eps  # the leaves' formula
         return state
 
     def load_state_dict(self, state: Mapping) -> None:
@@ -627,6 +628,14 @@ class ReplayBuffer:
                 ("prioritized" if self.tree is not None else "uniform"),
             )
             raise ValueError(f"load_state_dict: the saved buffer is {saved}, this one is {this}")
+        # The leaves are (priority + eps) ** alpha; a state saved without alpha (before it was) is taken as is.
+        if self.tree is not None and "alpha" in state:
+            saved, this = (state["alpha"], state["eps"]), (self.prioritized.alpha, self.prioritized.eps)
+            if saved != this:
+                raise ValueError(
+                    "load_state_dict: the saved buffer's priorities are (priority + {1}) ** {0}, this one's "
+                    "(priority + {3}) ** {2}: build it with Prioritized(alpha={0}, eps={1})".format(*saved, *this)
+                )
         count = int(state["count"])
         for name, value in state["storage"].items():
             storage = self._slotted(self.storage[tuple(name.split("/"))])

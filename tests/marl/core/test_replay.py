@@ -4,6 +4,7 @@ checkpoints. The sum tree runs as Triton under the interpreter (the default here
 
 import io
 import math
+import re
 
 import pytest
 import torch
@@ -484,6 +485,16 @@ def test_load_state_dict_of_another_layout_is_an_error():
         ReplayBuffer(GROUPS, 6).load_state_dict(buffer.state_dict())
     with pytest.raises(ValueError, match="the saved buffer is uniform, this one is prioritized"):
         ReplayBuffer(GROUPS, 6, state_spec=STATE, prioritized=Prioritized()).load_state_dict(buffer.state_dict())
+    # The tree holds (priority + eps) ** alpha: loaded under another alpha or eps, the saved leaves and the
+    # new steps' would follow two formulas.
+    prioritized = ReplayBuffer(GROUPS, 6, prioritized=Prioritized(alpha=0.6))
+    prioritized.extend(numbered(1, 2))
+    message = "the saved buffer's priorities are (priority + 1e-08) ** 0.6, this one's (priority + 1e-08) ** 0.9"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ReplayBuffer(GROUPS, 6, prioritized=Prioritized(alpha=0.9)).load_state_dict(prioritized.state_dict())
+    with pytest.raises(ValueError, match=r"\(priority \+ 0.01\) \*\* 0.6"):
+        ReplayBuffer(GROUPS, 6, prioritized=Prioritized(alpha=0.6, eps=0.01)).load_state_dict(prioritized.state_dict())
+    ReplayBuffer(GROUPS, 6, prioritized=Prioritized(alpha=0.6, beta=0.9)).load_state_dict(prioritized.state_dict())
 
 
 # ---- on a GPU -----------------------------------------------------------------------------------------
