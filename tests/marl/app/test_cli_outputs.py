@@ -44,6 +44,10 @@ def test_plot_reports_the_file_it_wrote(tmp_path, capsys, monkeypatch):
     [
         (["runs/a", "--out", "nodir/c.png"], "cannot write nodir/c.png: the folder nodir does not exist"),
         (["runs/a", "--out", "newdir/"], "cannot write newdir/learning_curve.png: the folder newdir does not exist"),
+        (
+            ["runs/a", "--out", "runs/a/metrics.csv/c.png"],
+            "cannot write runs/a/metrics.csv/c.png: runs/a/metrics.csv is a file",
+        ),
         (["runs"], "no metrics.csv in runs: it is a folder of runs (a, b); pass one or more of them, e.g. runs/a"),
         (["runs/a/metrics.csv"], "pass the run folder that holds it (runs/a), not a file"),
         # --log-dir pops of a population: its runs hold aggregate.csv, their members' metrics one level down.
