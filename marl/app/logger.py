@@ -122,4 +122,14 @@ def read_rows(csv_path: str | os.PathLike) -> list[dict[str, float]]:
     if not csv_path.exists():
         return []
     with open(csv_path, newline="") as f:
-        return [{k: float(v) if v not in ("", None) else math.nan for k, v in row.items()} for row in csv.DictReader(f)]
+        reader = csv.DictReader(f)
+        rows = []
+        for row in reader:
+            numbers = {}
+            for key, value in row.items():
+                try:
+                    numbers[key] = float(value) if value not in ("", None) else math.nan
+                except ValueError:  # float() names neither the file nor the cell
+                    raise ValueError(f"{csv_path}, line {reader.line_num}: {key} is {value!r}, not a number") from None
+            rows.append(numbers)
+        return rows

@@ -54,6 +54,7 @@ def test_plot_reports_the_file_it_wrote(tmp_path, capsys, monkeypatch):
         (["pops"], "no metrics.csv in pops: it is a folder of runs (p); pass one or more of them, e.g. pops/p"),
         (["bad/none"], "bad/none: no episode has ended yet in its 2 iteration(s), so there is no return to plot"),
         (["bad/other"], "bad/other/metrics.csv has no episode_return column"),
+        (["bad/torn"], "bad/torn/metrics.csv, line 3: agent/episode_return is '1.2e', not a number"),
     ],
 )
 def test_plot_refuses_what_it_cannot_draw_or_write_in_one_line(args, message, tmp_path, capsys, monkeypatch):
@@ -64,6 +65,8 @@ def test_plot_refuses_what_it_cannot_draw_or_write_in_one_line(args, message, tm
     (tmp_path / "pops" / "p" / "aggregate.csv").write_text("frames,time_s,agent/episode_return\n100,1,1.0\n")
     (tmp_path / "bad" / "none").mkdir(parents=True)  # iterations shorter than an episode: no return logged
     (tmp_path / "bad" / "none" / "metrics.csv").write_text("frames,time_s,agent/episode_return\n100,1,\n200,2,nan\n")
+    (tmp_path / "bad" / "torn").mkdir()  # a row cut short, e.g. by a full disk
+    (tmp_path / "bad" / "torn" / "metrics.csv").write_text("frames,time_s,agent/episode_return\n100,1,1.0\n200,2,1.2e")
     (tmp_path / "bad" / "other").mkdir()  # some other CSV
     (tmp_path / "bad" / "other" / "metrics.csv").write_text("frames,time_s,loss\n100,1,0.5\n")
     assert main(["plot", *args]) == 2
