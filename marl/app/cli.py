@@ -549,6 +549,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`marl ARGS`; the exit status. A reader that stops early (`marl envs | head`) ends it quietly."""
+    try:
+        try:
+            code = _run(argv)
+        except SystemExit:  # argparse's --help and usage errors: what they print may still be buffered
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()  # here, not at exit: a closed pipe would print "Exception ignored ... BrokenPipeError"
+        return code
+    except BrokenPipeError:
+        # As Python's docs on SIGPIPE advise: stdout to devnull, so that the flush at exit does not fail
+        # again. Not SIGPIPE's default action instead, which would also kill a run whose socket (a torchrun
+        # store) breaks, without a word. 128 + SIGPIPE is the status a shell reports for a tool killed by
+        # SIGPIPE (`yes | head`), as 130 and 143 are for Ctrl-C and SIGTERM below.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _run(argv: list[str] | None) -> int:
     # `--imports my_envs` (and a checkpoint's imports) name modules of the current folder. `python -m
     # marl` has it on sys.path; the `marl` console script has its own folder there instead.
     if os.getcwd() not in sys.path:

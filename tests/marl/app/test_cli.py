@@ -307,6 +307,29 @@ def test_the_console_script_imports_modules_of_the_current_folder(tmp_path):
     assert "my_counter" in listed.stdout
 
 
+@pytest.mark.parametrize(
+    ("argv", "buffered"),
+    [
+        (["envs"], False),  # a print finds the pipe closed, inside the command
+        (["plot", "--help"], True),  # the help is still buffered when argparse exits: the flush finds it closed
+    ],
+)
+def test_a_reader_that_stops_early_ends_marl_quietly(argv, buffered):
+    # `marl envs | head -2`: head exits after two lines, and marl's next write fails with EPIPE. A pipe whose
+    # read end is closed before marl starts is that case without a race.
+    read, write = os.pipe()
+    os.close(read)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    env |= {"PYTHONPATH": str(ROOT)} | ({} if buffered else {"PYTHONUNBUFFERED": "1"})
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "marl", *argv], stdout=write, stderr=subprocess.PIPE, text=True, env=env
+        )
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (141, "")  # 128 + SIGPIPE, as a shell reports for `yes | head`
+
+
 def test_ctrl_c_ends_with_one_line_and_status_130(monkeypatch, capsys):
     def interrupted(args):
         raise KeyboardInterrupt
