@@ -253,10 +253,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--skip",
         nargs="+",
         default=[],
-        choices=["env", "gae", "replay", "train", "target", "benchmarl"],
+        choices=SECTIONS,
         help="sections to leave out",
     )
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+
+
+SECTIONS = ["env", "gae", "replay", "train", "target", "benchmarl"]  # in the order they run
 
 
 # Checked as the arguments are parsed (argparse `type`s), so that both `marl bench` and `bench.main`
@@ -300,7 +303,8 @@ _FIND_MODULES = (
 def check_args(args: argparse.Namespace) -> None:
     """Refuse, before any section runs, what would otherwise fail minutes into the benchmark with a
     traceback: an unknown or absent device, a `--json` path in a missing folder, a peer interpreter
-    that does not exist or lacks its library. Raises ValueError naming the option."""
+    that does not exist or lacks its library; and a `--skip` that leaves no section, which would print an
+    empty table. Raises ValueError naming the option."""
     from marl.app.trainer import resolve_device
 
     resolve_device(args.device)
@@ -322,6 +326,13 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag} {python}: it is not a working Python ({done.stderr.strip()[-300:]})")
         if missing:
             raise ValueError(f"{flag} {python}: {', '.join(missing)} not installed in that interpreter")
+    # benchmarl runs only with its interpreter: without one, skipping the other five leaves nothing either.
+    left = [s for s in SECTIONS if s not in args.skip and (s != "benchmarl" or args.benchmarl_python)]
+    if not left:
+        unless = "" if "benchmarl" in args.skip else " (benchmarl runs only with --benchmarl-python)"
+        raise ValueError(
+            f"--skip {' '.join(args.skip)} leaves no section to run{unless}: the sections are {', '.join(SECTIONS)}"
+        )
 
 
 def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:

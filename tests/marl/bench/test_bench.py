@@ -35,14 +35,12 @@ def test_gae_section_prints_and_writes_json(tmp_path, capsys):
 
 
 def test_benchmarl_section_needs_a_python_with_benchmarl(tmp_path, capsys):
-    """Without `--benchmarl-python` the section prints nothing; a missing interpreter is named, in one
-    line, before any section runs."""
-    out = tmp_path / "bench.json"
-    main(
-        ["bench", "--quick", "--device", "cpu", "--skip", "env", "replay", "gae", "train", "target", "--json", str(out)]
-    )
-    assert json.loads(out.read_text()) == []
-    capsys.readouterr()
+    """Without `--benchmarl-python` the section does not run (the gae test's rows have none of it), so
+    skipping the others leaves nothing; a missing interpreter is named, in one line, before any section runs."""
+    with pytest.raises(SystemExit) as exit:
+        main(["bench", "--quick", "--device", "cpu", "--skip", "env", "replay", "gae", "train", "target"])
+    assert exit.value.code == 2
+    assert "(benchmarl runs only with --benchmarl-python)" in capsys.readouterr().err
     missing = str(tmp_path / "no-python")
     with pytest.raises(SystemExit) as exit:
         main(["bench", "--quick", "--skip", "env", "replay", "gae", "train", "target", "--benchmarl-python", missing])
@@ -70,6 +68,28 @@ def test_bad_arguments_are_refused_before_any_section_runs(argv, message, entry,
     assert exit.value.code == 2
     err = capsys.readouterr().err
     assert f"marl bench: error: {message}" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "skip, unless",
+    [
+        (["env", "gae", "replay", "train", "target", "benchmarl"], ""),
+        (["target", "train", "replay", "gae", "env"], " (benchmarl runs only with --benchmarl-python)"),
+    ],
+)
+@pytest.mark.parametrize("entry", ["marl", "bench"])
+def test_a_skip_that_leaves_no_section_is_refused(skip, unless, entry, tmp_path, capsys):
+    # It printed the table's header and no rows (and wrote [] to --json).
+    argv = ["--quick", "--no-vmas", "--skip", *skip, "--json", str(tmp_path / "bench.json")]
+    with pytest.raises(SystemExit) as exit:
+        main(["bench", *argv]) if entry == "marl" else bench_main(argv)
+    assert exit.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and not (tmp_path / "bench.json").exists()
+    assert captured.err.splitlines()[-1] == (
+        f"marl bench: error: --skip {' '.join(skip)} leaves no section to run{unless}: the sections are "
+        "env, gae, replay, train, target, benchmarl"
+    )
 
 
 def test_gae_section_times_each_call_repeats_times(monkeypatch, capsys):
