@@ -16,7 +16,7 @@ from envs.adapters import pettingzoo, vmas  # noqa: F401
 from envs.base import EnvConfig, EnvOutputError, MultiAgentEnv
 from envs.check import CheckError, check_env
 from envs.native import navigation, speaker_listener, spread, tag  # noqa: F401
-from envs.registry import describe, make, names, register, register_prefix
+from envs.registry import RegistrationError, describe, make, names, register, register_prefix
 from envs.specs import Box, Discrete, GroupSpec, MultiDiscrete
 from envs.sync import HostSyncError, allow_host_sync, forbid_host_sync
 
@@ -48,6 +48,7 @@ __all__ = [
     "HostSyncError",
     "MultiAgentEnv",
     "MultiDiscrete",
+    "RegistrationError",
     "allow_host_sync",
     "check_env",
     "describe",

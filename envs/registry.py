@@ -16,6 +16,13 @@ import torch
 from envs import options as _options
 from envs.base import EnvConfig, MultiAgentEnv
 
+
+class RegistrationError(TypeError, ValueError):
+    """`register` (here or `marl.algorithms.register`) refused a name or a class; the message says what to
+    change. A type of its own so that `marl --imports MODULE` can report it in one line, where any other
+    error in a user's module keeps its traceback; a TypeError and a ValueError, as the refusals were before."""
+
+
 _ENVS: dict[str, type[MultiAgentEnv]] = {}
 _PREFIXES: dict[str, tuple[Callable[..., MultiAgentEnv], str]] = {}
 
@@ -23,7 +30,7 @@ _PREFIXES: dict[str, tuple[Callable[..., MultiAgentEnv], str]] = {}
 def register(name: str) -> Callable[[type[MultiAgentEnv]], type[MultiAgentEnv]]:
     """Class decorator: make a `MultiAgentEnv` subclass available as `make(name, ...)`."""
     if not isinstance(name, str):  # `@register` without the name: it would bind the class's name to `decorate`
-        raise TypeError(f"register takes the env's name: write @envs.register('my_env'), got {name!r}")
+        raise RegistrationError(f"register takes the env's name: write @envs.register('my_env'), got {name!r}")
 
     def decorate(cls: type[MultiAgentEnv]) -> type[MultiAgentEnv]:
         _check_env_class(name, cls)
@@ -31,9 +38,9 @@ def register(name: str) -> Callable[[type[MultiAgentEnv]], type[MultiAgentEnv]]:
             cls.name = name  # `python -m envs.<module>`: the package import registered the class already
             return cls
         if name in _ENVS and _ENVS[name] is not cls and not _redefined(_ENVS[name], cls):
-            raise ValueError(f"an env named {name!r} is already registered ({_ENVS[name].__qualname__})")
+            raise RegistrationError(f"an env named {name!r} is already registered ({_ENVS[name].__qualname__})")
         if "/" in name:
-            raise ValueError(f"env names may not contain '/': {name!r} (it separates adapter prefixes)")
+            raise RegistrationError(f"env names may not contain '/': {name!r} (it separates adapter prefixes)")
         cls.name = name
         _ENVS[name] = cls
         return cls
@@ -45,16 +52,18 @@ def _check_env_class(name: str, cls: type) -> None:
     """Refuse at registration what would otherwise fail later and far away: a class that is not an env,
     a `Config` that is not an `EnvConfig` dataclass (its fields would not be options)."""
     if not (isinstance(cls, type) and issubclass(cls, MultiAgentEnv)):
-        raise TypeError(f"register({name!r}): {getattr(cls, '__qualname__', cls)} must subclass envs.MultiAgentEnv")
+        raise RegistrationError(
+            f"register({name!r}): {getattr(cls, '__qualname__', cls)} must subclass envs.MultiAgentEnv"
+        )
     config = cls.Config
     if not (isinstance(config, type) and issubclass(config, EnvConfig)):
-        raise TypeError(
+        raise RegistrationError(
             f"register({name!r}): {cls.__qualname__}.Config must be a frozen dataclass subclassing envs.EnvConfig "
             f"(which holds max_steps), got {getattr(config, '__qualname__', config)}"
         )
     own = inspect.get_annotations(config)
     if own and "__dataclass_fields__" not in vars(config):
-        raise TypeError(
+        raise RegistrationError(
             f"register({name!r}): {config.__qualname__} declares {sorted(own)} but is not a dataclass, so they are "
             "not options: decorate it with @dataclasses.dataclass(frozen=True)"
         )

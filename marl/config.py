@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from envs import options as _options
+from envs.registry import RegistrationError
 
 
 @dataclass(frozen=True)
@@ -427,7 +428,8 @@ class TrainConfig:
 def import_modules(modules: tuple[str, ...]) -> None:
     """Import the `--imports` modules (which register envs or algorithms). A bare "No module named
     'my_envs'" would not say why it is wanted, nor what to do when `marl train --resume` or `marl eval`
-    runs from another folder than the run was started in."""
+    runs from another folder than the run was started in. Both errors, and a `RegistrationError`, name
+    the module; any other error in it is the module's own, and keeps its traceback."""
     import importlib
 
     for module in modules:
@@ -440,6 +442,8 @@ def import_modules(modules: tuple[str, ...]) -> None:
                     "it, or add that folder to PYTHONPATH"
                 ) from error
             raise ImportError(f"--imports {module}: importing {module!r} failed: {error}") from error
+        except RegistrationError as error:  # its message says what to change; name the module that has it
+            raise RegistrationError(f"--imports {module}: {error}") from error
 
 
 def group_fields(cls: type[AlgorithmConfig]) -> set[str]:

@@ -25,6 +25,7 @@ import torch
 from tensordict import TensorDict
 
 from envs.options import field_types, type_name
+from envs.registry import RegistrationError
 from marl.config import AlgorithmConfig, EnvSettings, ModelConfig, RunConfig
 
 if TYPE_CHECKING:
@@ -135,14 +136,14 @@ def register(*names: str):
     """Class decorator: make an `Algorithm` subclass available as `--algo NAME` for each of `names` (one
     module may serve several, as PPO serves mappo and ippo: its config's `algo` field tells them apart)."""
     if not names or not all(isinstance(name, str) and name for name in names):
-        raise TypeError(f"register takes the algorithm's name(s): write @register('my_algo'), got {names!r}")
+        raise RegistrationError(f"register takes the algorithm's name(s): write @register('my_algo'), got {names!r}")
 
     def decorate(cls: type[Algorithm]) -> type[Algorithm]:
         _check_algorithm_class(names, cls)
         for name in names:
             known = _ALGORITHMS.get(name)
             if known is not None and known is not cls and not _redefined(known, cls):
-                raise ValueError(f"an algorithm named {name!r} is already registered ({known.__qualname__})")
+                raise RegistrationError(f"an algorithm named {name!r} is already registered ({known.__qualname__})")
         for name in names:
             _ALGORITHMS[name] = cls
         return cls
@@ -153,23 +154,25 @@ def register(*names: str):
 def _check_algorithm_class(names: tuple[str, ...], cls) -> None:
     """Refuse at registration what would otherwise fail later and far away."""
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
-        raise TypeError(f"register{names}: {getattr(cls, '__qualname__', cls)} must subclass marl.algorithms.Algorithm")
+        raise RegistrationError(
+            f"register{names}: {getattr(cls, '__qualname__', cls)} must subclass marl.algorithms.Algorithm"
+        )
     config = getattr(cls, "Config", None)
     if not (isinstance(config, type) and issubclass(config, AlgorithmConfig) and config is not AlgorithmConfig):
-        raise TypeError(
+        raise RegistrationError(
             f"register{names}: {cls.__qualname__}.Config must be a frozen dataclass subclassing "
             f"marl.config.AlgorithmConfig, got {getattr(config, '__qualname__', config)}"
         )
     for name, own in cls.configs.items():
         if name not in names or not (isinstance(own, type) and issubclass(own, config)):
-            raise TypeError(
+            raise RegistrationError(
                 f"register{names}: {cls.__qualname__}.configs[{name!r}] must be a subclass of {config.__qualname__} "
                 "for one of the names registered"
             )
     for name in names:
         _check_config(names, cls.configs.get(name, config), name)
     if cls.collects not in ("rollout", "transitions"):
-        raise TypeError(
+        raise RegistrationError(
             f"register{names}: {cls.__qualname__}.collects must be 'rollout' or 'transitions', got {cls.collects!r}"
         )
     # The base's versions raise NotImplementedError: without state_dict a run would fail at its first
@@ -178,7 +181,7 @@ def _check_algorithm_class(names: tuple[str, ...], cls) -> None:
     required += ("replay",) if cls.collects == "transitions" else ()
     missing = sorted(name for name in required if getattr(cls, name) is getattr(Algorithm, name))
     if missing:
-        raise TypeError(
+        raise RegistrationError(
             f"register{names}: {cls.__qualname__} does not define {', '.join(missing)}: the run loop calls "
             f"{', '.join(required)} (see marl.algorithms.Algorithm)"
         )
@@ -187,10 +190,12 @@ def _check_algorithm_class(names: tuple[str, ...], cls) -> None:
 def _check_config(names: tuple[str, ...], config: type[AlgorithmConfig], name: str) -> None:
     """Refuse a config class that cannot serve `--algo name`."""
     if "__dataclass_fields__" not in vars(config):
-        raise TypeError(f"register{names}: decorate {config.__qualname__} with @dataclasses.dataclass(frozen=True)")
+        raise RegistrationError(
+            f"register{names}: decorate {config.__qualname__} with @dataclasses.dataclass(frozen=True)"
+        )
     clash = sorted({f.name for f in dataclasses.fields(config)} & RESERVED)
     if clash:
-        raise TypeError(
+        raise RegistrationError(
             f"register{names}: {config.__qualname__} has field(s) {clash}, which are already options of the "
             "env, model or run sections: rename them"
         )
@@ -200,7 +205,7 @@ def _check_config(names: tuple[str, ...], config: type[AlgorithmConfig], name: s
     try:
         config(algo=name)
     except (TypeError, ValueError) as error:
-        raise TypeError(f"register{names}: {config.__qualname__}(algo={name!r}) fails: {error}") from error
+        raise RegistrationError(f"register{names}: {config.__qualname__}(algo={name!r}) fails: {error}") from error
 
 
 def _check_option_type(names: tuple[str, ...], config: type[AlgorithmConfig], field: str, tp) -> None:
@@ -209,7 +214,7 @@ def _check_option_type(names: tuple[str, ...], config: type[AlgorithmConfig], fi
     item = typing.get_args(tp)[0] if typing.get_origin(tp) is tuple and typing.get_args(tp) else None
     plain = tp in (bool, int, float, str) or typing.get_origin(tp) is typing.Literal
     if not (plain or (item in (int, float, str) and typing.get_args(tp)[1:] == (Ellipsis,))):
-        raise TypeError(
+        raise RegistrationError(
             f"register{names}: {config.__qualname__} has field {field}: {type_name(tp)}, which marl train cannot "
             "take as an option: the command line takes bool, int, float, str, a Literal or tuple[int/float/str, ...]"
         )
@@ -218,7 +223,7 @@ def _check_option_type(names: tuple[str, ...], config: type[AlgorithmConfig], fi
         theirs = field_types(other).get(field)
         if theirs is not None and theirs != tp:
             served = " / ".join(n for n in sorted(_ALGORITHMS) if config_class(n) is other)
-            raise TypeError(
+            raise RegistrationError(
                 f"register{names}: {config.__qualname__} has field {field}: {type_name(tp)}, but "
                 f"--{field.replace('_', '-')} is also an option of {served} ({other.__qualname__}), of type "
                 f"{type_name(theirs)}: rename the field or give it that type"

@@ -25,6 +25,7 @@ import typing
 from typing import Any
 
 from envs import options as _options
+from envs.registry import RegistrationError
 from marl import algorithms
 from marl.config import SECTIONS, TrainConfig, field_names, group_fields, import_modules
 
@@ -584,8 +585,9 @@ def _run(argv: list[str] | None) -> int:
     imports.add_argument("--imports", nargs="+", default=[])
     try:
         import_modules(tuple(imports.parse_known_args(argv)[0].imports))
-    except ImportError as error:
-        print(f"marl: error: {error}", file=sys.stderr)
+    except (ImportError, RegistrationError) as error:  # one line, as a usage error: the message names the module
+        command = f"marl {argv[0]}" if argv and not argv[0].startswith("-") else "marl"
+        print(f"{command}: error: {error}", file=sys.stderr)
         return 2
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -11,6 +11,7 @@ import re
 import pytest
 import torch
 
+import envs
 from marl import algorithms
 from marl.algorithms.ppo import PPOConfig
 from marl.algorithms.qlearning import QConfig, QMIXConfig
@@ -112,6 +113,17 @@ def test_register_refuses_what_would_fail_later():
 
     with pytest.raises(TypeError, match=r"OtherConfigs.configs\['mappo'\] must be a subclass of PPOConfig"):
         algorithms.register("mappo_again")(OtherConfigs)
+
+
+def test_register_refusals_are_registration_errors_of_the_types_they_had():
+    # Their own type, which `marl --imports` reports in one line; still the TypeError or ValueError they were.
+    with pytest.raises(TypeError) as refused:
+        algorithms.register("plain")(object)
+    assert refused.type is envs.RegistrationError
+    with pytest.raises(ValueError) as refused:
+        algorithms.register("mappo")(type("Other", (algorithms.get("mappo"),), {}))
+    assert refused.type is envs.RegistrationError
+    assert "plain" not in algorithms.names() and algorithms.get("mappo").__name__ != "Other"
 
 
 def test_one_module_may_give_one_of_its_names_a_config_of_other_defaults(tmp_path):

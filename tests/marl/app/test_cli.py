@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import envs
 from marl.algorithms.ddpg import DDPGConfig
 from marl.algorithms.ppo import PPOConfig
 from marl.algorithms.qlearning import QConfig, QMIXConfig
@@ -260,6 +261,50 @@ def test_train_an_env_registered_by_the_users_own_module(tmp_path, monkeypatch, 
         "--imports no_such_module: no module 'no_such_module' is found here: run marl from the folder that holds "
         "it, or add that folder to PYTHONPATH"
     ) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("command", "name", "module", "says"),
+    [
+        (
+            "envs",
+            "refused_env",
+            "import envs\n\n@envs.register('x')\nclass X:\n    pass\n",
+            "register('x'): X must subclass envs.MultiAgentEnv",
+        ),
+        (
+            "envs",
+            "refused_env_name",
+            "import envs\n\n@envs.register\nclass X(envs.MultiAgentEnv):\n    pass\n",
+            "register takes the env's name: write @envs.register('my_env'), got <class 'refused_env_name.X'>",
+        ),
+        (
+            "train",
+            "refused_algorithm",
+            "from marl import algorithms\n\n@algorithms.register('mine')\nclass Mine:\n    pass\n",
+            "register('mine',): Mine must subclass marl.algorithms.Algorithm",
+        ),
+    ],
+    ids=["env-class", "env-name", "algorithm-class"],
+)
+def test_a_registration_refused_in_an_imports_module_is_one_line(
+    command, name, module, says, tmp_path, monkeypatch, capsys
+):
+    # It was a traceback ending in the registry's raise; a usage error names the module and what to change.
+    (tmp_path / f"{name}.py").write_text(module)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main([command, "--imports", name]) == 2
+    assert capsys.readouterr().err == f"marl {command}: error: --imports {name}: {says}\n"
+
+
+def test_any_other_error_in_an_imports_module_keeps_its_traceback(tmp_path, monkeypatch):
+    # The user's own bug: where it is matters more than one tidy line.
+    (tmp_path / "buggy_envs.py").write_text("SIZES = {'small': 1}\nSIZE = int('large')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match="invalid literal for int") as raised:
+        main(["envs", "--imports", "buggy_envs"])
+    assert not isinstance(raised.value, envs.RegistrationError)
+    assert raised.traceback[-1].path == tmp_path / "buggy_envs.py"
 
 
 def test_plot_overlays_runs_against_time(tmp_path, capsys):
