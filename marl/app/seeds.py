@@ -96,7 +96,16 @@ def check_population(config: TrainConfig, world) -> None:
     """Refuse what several seeds in one process do not support, before anything is built (each group's
     algorithm and model: `marl.algorithms.build_seeded`, once the env has named the groups)."""
     if world.size > 1:
-        raise ValueError("several seeds (--seeds, --num-seeds) train in one process: run them without torchrun")
+        run = config.run
+        given = [
+            flag
+            for flag, on in (("--seeds", run.seeds), ("--num-seeds", run.num_seeds > 1), ("--sweep", run.sweep))
+            if on
+        ]
+        raise ValueError(
+            f"{' with '.join(given)} trains {len(run.members())} runs in one process, which torchrun cannot split "
+            "over ranks: run them without torchrun, or one run per torchrun job"
+        )
 
 
 def env_seed(config: TrainConfig, seeds: tuple[int, ...]) -> int | tuple[int, ...]:

@@ -9,7 +9,8 @@ import torch
 
 import envs.compile
 from envs.specs import Box, GroupSpec
-from marl.app import distributed
+from marl.app import distributed, seeds
+from marl.app.cli import build_parser, config_from_args
 from marl.core.rollout import EpisodeStats
 
 
@@ -95,3 +96,22 @@ def test_resume_hints_name_nodes_and_processes_per_node(monkeypatch):
         distributed.World().own_checkpoint(saved)
     with pytest.raises(ValueError, match=r"this job has 2; resume it on 8 rank\(s\) \(e.g. torchrun --nnodes 2"):
         distributed.DistributedWorld(rank=0, size=2, device=torch.device("cpu")).own_checkpoint(saved)
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (["--sweep", "lr=1e-4,1e-3"], "--sweep"),
+        (["--num-seeds", "2"], "--num-seeds"),
+        (["--seeds", "0", "1"], "--seeds"),
+    ],
+)
+def test_several_runs_under_torchrun_are_refused_naming_the_option_given(options, named):
+    """`torchrun ... marl train --sweep lr=1e-4,1e-3` (one seed) was refused with "several seeds (--seeds,
+    --num-seeds) train in one process", naming options the user had not passed."""
+    config = config_from_args(build_parser().parse_args(["train", *options]))
+    world = distributed.DistributedWorld(rank=0, size=2, device=torch.device("cpu"))
+    with pytest.raises(ValueError, match=rf"^{named} trains 2 runs in one process.*without torchrun") as refused:
+        seeds.check_population(config, world)
+    others = {"--sweep", "--num-seeds", "--seeds"} - {named}
+    assert not [flag for flag in others if flag in str(refused.value)]  # "--seeds" is not in "--num-seeds"
