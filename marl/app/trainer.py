@@ -78,7 +78,8 @@ class Trainer:
         self.world, device = distributed.setup(resolve_device(config.run.device), config.to_dict())
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
         if not resuming:  # rank 0 writes the run folder; every rank stops if it holds a run
-            self.world.check_on_main(lambda: check_fresh_run_dir(self.run_dir))
+            launcher = distributed.launcher(self.world.size, self.world.local_size)
+            self.world.check_on_main(lambda: check_fresh_run_dir(self.run_dir, launcher))
         if config.run.wandb and self.world.is_main:
             check_installed()
         self.device = canonical_device(device)  # as its tensors report it: `cpu:0` is `cpu`
@@ -409,9 +410,10 @@ def _to_device(data, device: torch.device):
     return data.to(device)
 
 
-def check_fresh_run_dir(run_dir: Path) -> None:
+def check_fresh_run_dir(run_dir: Path, launcher: str = "marl") -> None:
     """A fresh run must not append to another run's metrics.csv (whose header may lack this run's
-    columns) nor overwrite its checkpoint."""
+    columns) nor overwrite its checkpoint. `launcher` starts this job (`distributed.launcher`): the
+    resume hint's, as a job restarted with the same command most likely wrote the checkpoint."""
     # Checked before the env and the algorithm are built: the logger makes the folder only when training starts.
     check_output_folder(run_dir, f"cannot write the run folder {run_dir}")
     held = [name for name in ("metrics.csv", seeds.AGGREGATE, "checkpoint.pt") if (run_dir / name).exists()]
@@ -419,7 +421,7 @@ def check_fresh_run_dir(run_dir: Path) -> None:
         return
     checkpoint = run_dir / "checkpoint.pt"
     advice = (
-        f"continue it with marl train --resume {checkpoint}"
+        f"continue it with {launcher} train --resume {checkpoint}"
         if checkpoint.exists()
         else "delete the folder to start it again (it has no checkpoint to resume from)"
     )

@@ -200,6 +200,17 @@ def test_a_used_run_folder_stops_every_rank_with_one_error_line(tmp_path):
     assert (tmp_path / "run" / "metrics.csv").read_text() == "iteration\n1\n"
 
 
+def test_a_used_run_folder_with_a_checkpoint_hints_resuming_with_torchrun(tmp_path):
+    """Rerunning a torchrun job whose run folder holds its checkpoint: the hint said `marl train --resume`,
+    which in one process is refused for a checkpoint of 2 ranks."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "checkpoint.pt").write_bytes(b"")  # only its existence is checked
+    code, output, _ = torchrun("-m", "marl", "train", *CLI_ARGS, "--log-dir", str(tmp_path))
+    assert code != 0
+    hint = f"continue it with torchrun --nproc-per-node 2 -m marl train --resume {tmp_path / 'run' / 'checkpoint.pt'}"
+    assert output.count(hint) == RANKS, output[-3000:]
+
+
 def test_an_off_policy_algorithm_trains_on_two_ranks_with_a_buffer_each(tmp_path):
     """MASAC under torchrun: every rank fills its own replay buffer, gradients are averaged, and the
     targets move alike on every rank (the run completes, its rows are finite, resume works)."""
