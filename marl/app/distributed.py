@@ -209,6 +209,11 @@ class DistributedWorld(World):
 
     def own_checkpoint(self, state: dict) -> dict:
         saved = state.get("world_size", 1)
+        if saved == 1:
+            raise ValueError(
+                f"this checkpoint was written by one process, but this job has {self.size} ranks: resume it in one "
+                "process: marl train --resume ... (without torchrun)"
+            )
         if saved != self.size:
             raise ValueError(
                 f"this checkpoint was written by {saved} rank(s), but this job has {self.size}; resume it on "

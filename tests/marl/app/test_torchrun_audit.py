@@ -115,3 +115,11 @@ def test_several_runs_under_torchrun_are_refused_naming_the_option_given(options
         seeds.check_population(config, world)
     others = {"--sweep", "--num-seeds", "--seeds"} - {named}
     assert not [flag for flag in others if flag in str(refused.value)]  # "--seeds" is not in "--num-seeds"
+
+
+def test_a_one_process_checkpoint_under_torchrun_hints_the_command_in_one_process():
+    """`torchrun --nproc-per-node 2 -m marl train --resume` of a run of one process was told to "resume it
+    on 1 rank(s) (e.g. marl) so every rank's envs continue": now the command itself."""
+    world = distributed.DistributedWorld(rank=0, size=2, device=torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"written by one process.* resume it in one process: marl train --resume"):
+        world.own_checkpoint({"world_size": 1, "iteration": 3, "frames": 96})
