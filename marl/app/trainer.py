@@ -331,7 +331,7 @@ class Trainer:
                 self.collector.load_hidden_state(state["hidden"])
             if "algorithm_envs" in state:
                 self.algorithm.load_env_state_dict(state["algorithm_envs"])
-        else:
+        elif self.world.is_main:
             print("this env cannot save its state: resumed training starts new episodes")
         if state.get("pending") is not None:
             self._pending = self.collector.buffer

@@ -11,7 +11,9 @@ import envs.compile
 from envs.specs import Box, GroupSpec
 from marl.app import distributed, seeds
 from marl.app.cli import build_parser, config_from_args
+from marl.app.trainer import Trainer
 from marl.core.rollout import EpisodeStats
+from tests.marl.app.test_training import small_config
 
 
 def test_resumed_episode_stats_live_on_the_collectors_device():
@@ -123,3 +125,16 @@ def test_a_one_process_checkpoint_under_torchrun_hints_the_command_in_one_proces
     world = distributed.DistributedWorld(rank=0, size=2, device=torch.device("cpu"))
     with pytest.raises(ValueError, match=r"written by one process.* resume it in one process: marl train --resume"):
         world.own_checkpoint({"world_size": 1, "iteration": 3, "frames": 96})
+
+
+def test_only_rank_0_says_that_the_env_cannot_save_its_state(tmp_path, capsys):
+    """Resuming a run of an env without state (VMAS, PettingZoo) under torchrun printed "this env cannot
+    save its state" once per rank. A rank other than 0 is stood in for by its `is_main`."""
+    trainer = Trainer(small_config(tmp_path), run_dir=tmp_path / "run")
+    state = {**trainer.state_dict(), "env": None}  # what an env without state_dict() saves
+    trainer.world.is_main = False
+    trainer.load_state_dict(state)
+    assert capsys.readouterr().out == ""
+    trainer.world.is_main = True
+    trainer.load_state_dict(state)
+    assert "this env cannot save its state" in capsys.readouterr().out
