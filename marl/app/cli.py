@@ -289,6 +289,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from marl.app import seeds
     from marl.app.summary import print_summary
     from marl.app.trainer import NothingToTrain
+    from marl.app.wandb_logging import WandbStartError
 
     try:
         with usage_errors():
@@ -315,7 +316,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"logging to {trainer.run_dir}"
         )
     with sigterm_as_interrupt():
-        rows = trainer.train()
+        try:
+            rows = trainer.train()
+        except WandbStartError as error:  # raised before the first iteration: bad setup, said in one line
+            raise UsageError(str(error)) from error
     rows = trainer.logged_rows + rows if rows else rows  # resumed: the summary is of the whole run
     if world.is_main and len(trainer.members) > 1:
         seeds.print_summary(trainer, rows)

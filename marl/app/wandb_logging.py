@@ -26,6 +26,11 @@ class WandbRun:
     config: dict[str, Any]
 
 
+class WandbStartError(RuntimeError):
+    """W&B could not open a run (no API key, a bad entity or project, no network): `marl train` says so in
+    one line, before any iteration, with what to do."""
+
+
 def check_installed() -> None:
     """A clear error, before anything trains, when --wandb is asked for without the package."""
     if importlib.util.find_spec("wandb") is None:
@@ -50,21 +55,28 @@ class WandbLog:
 
         id_file = Path(run_dir) / RUN_ID_FILE
         run_id = id_file.read_text().strip() if id_file.exists() else None  # None: W&B draws a new one
-        self.run = wandb.init(
-            project=spec.project,
-            entity=spec.entity or None,
-            mode=spec.mode or None,  # None: WANDB_MODE, else online
-            name=spec.name,
-            group=spec.group,
-            config=spec.config,
-            id=run_id,
-            resume="allow",
-            dir=os.environ.get("WANDB_DIR") or str(run_dir),
-            # Several members log at once, each to its own run (W&B's `create_new`: no global run); the
-            # console stays the trainer's, not captured once per member.
-            reinit="create_new",
-            settings=wandb.Settings(silent=True, console="off"),
-        )
+        try:
+            self.run = wandb.init(
+                project=spec.project,
+                entity=spec.entity or None,
+                mode=spec.mode or None,  # None: WANDB_MODE, else online
+                name=spec.name,
+                group=spec.group,
+                config=spec.config,
+                id=run_id,
+                resume="allow",
+                dir=os.environ.get("WANDB_DIR") or str(run_dir),
+                # Several members log at once, each to its own run (W&B's `create_new`: no global run); the
+                # console stays the trainer's, not captured once per member.
+                reinit="create_new",
+                settings=wandb.Settings(silent=True, console="off"),
+            )
+        except (wandb.errors.UsageError, wandb.errors.CommError) as error:  # else a traceback through wandb's code
+            raise WandbStartError(
+                f"--wandb: W&B could not start the run ({str(error).strip()}): log in with `wandb login` (or set "
+                "WANDB_API_KEY), or pass --wandb-mode offline to log without an account and upload later with "
+                "`wandb sync`"
+            ) from error
         if run_id is None and self.run.settings.mode != "disabled":
             id_file.write_text(self.run.id + "\n")
         if self.run.settings.mode == "offline":

@@ -166,3 +166,16 @@ def test_wandb_without_the_package_is_one_line_naming_the_extra(tmp_path, monkey
 def test_a_bad_wandb_mode_is_refused(tmp_path, capsys):
     assert main(["train", *tiny_argv(tmp_path), "--wandb", "--wandb-mode", "ofline"]) == 2
     assert "wandb_mode must be one of ['online', 'offline', 'disabled']" in capsys.readouterr().err
+
+
+def test_wandb_online_without_an_api_key_is_one_line_saying_what_to_do(tmp_path, monkeypatch, capsys):
+    # A first `--wandb` before `wandb login`: W&B's own UsageError came out as a traceback through its code.
+    pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no W&B settings: no key anywhere
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb_config"))
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    assert main(["train", *tiny_argv(tmp_path), "--wandb", "--wandb-mode", "online"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("marl train: error: --wandb: W&B could not start the run (No API key configured")
+    assert "--wandb-mode offline" in line
