@@ -146,7 +146,8 @@ class RunConfig:
     """Frames the schedules anneal over (Q-learning's epsilon, DDPG's sigma, prioritized replay's beta, PPO's
     --lr-schedule linear), held at their end values after; 0: total_frames. A resumed run keeps the length its
     schedules had, whatever its new --total-frames, so that annealed values stay annealed; pass this with
-    --resume to stretch them over another length."""
+    --resume to stretch them over another length (PPO's linear lr, which would stay at 0, needs it to train on
+    past its schedule)."""
     rollout_length: int = 64
     """Steps collected per env per iteration (T); an iteration is num_envs * rollout_length frames."""
     seed: int = 0

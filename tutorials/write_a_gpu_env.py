@@ -317,8 +317,9 @@ fig.savefig(OUT / "rendezvous_learning_curve.png")
 #
 # Throughput is env-steps per second: one step of one env, all of its agents. It grows with `num_envs`
 # until the device is busy, because the cost of a step is mostly the fixed cost of launching each op.
-# `compile=True` runs `_step` and `_observe` through `torch.compile`, which fuses their dozen small ops
-# into a few kernels (its first steps spend a while compiling, once per batch size). Whether it pays off
+# `compile=True` runs the whole step through `torch.compile` as one graph (your `_step`, then the base
+# class's step counting, auto-reset and `_observe`), which fuses its dozens of small ops into a few
+# kernels (its first steps spend a while compiling, once per batch size). Whether it pays off
 # depends on the device and the batch size: for a small batch the compiled call's own overhead can cost
 # more than the fusion saves. So measure.
 #

@@ -73,7 +73,8 @@ class DDPGConfig(OffPolicyConfig):
     exploration_sigma_end: float = 0.01
     """Exploration noise after the annealing."""
     exploration_anneal: float = 1 / 3
-    """The fraction of total_frames over which sigma is annealed linearly (0: sigma_end from the start)."""
+    """The fraction of the schedules' frames (--schedule-frames, else total_frames) over which the exploration
+    (DDPG's sigma, Q-learning's epsilon) is annealed linearly (0: its end value from the start)."""
 
     def check(self) -> None:
         super().check()

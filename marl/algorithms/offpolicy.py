@@ -78,7 +78,8 @@ class OffPolicyConfig(AlgorithmConfig):
     priority_alpha: float = 0.6
     """With --prioritized: how strongly priorities shape the draws (0: uniform)."""
     priority_beta: float = 0.4
-    """With --prioritized: the importance weights' exponent at the start, annealed to 1 over total_frames."""
+    """With --prioritized: the importance weights' exponent at the start, annealed to 1 over the schedules'
+    frames (--schedule-frames, else total_frames)."""
     priority_reduce: Literal["max", "mean"] = "max"
     """With --prioritized: how the agents' TD errors become one priority per env step."""
 

@@ -73,7 +73,8 @@ class PPOConfig(AlgorithmConfig):
     lr: float = 1e-3
     """Adam learning rate of the policy and the critic."""
     lr_schedule: Literal["constant", "linear"] = "constant"
-    """constant, or linear: annealed from lr to 0 over total_frames (set at each iteration)."""
+    """constant, or linear: annealed from lr to 0 over the schedules' frames (--schedule-frames, else total_frames;
+    set at each iteration)."""
     adam_eps: float = 1e-5
     """Adam's epsilon (added to the root of the second moment): with small, unnormalised advantages it damps updates."""
     gamma: float = 0.99

@@ -106,7 +106,8 @@ class QConfig(OffPolicyConfig):
     exploration_eps_end: float = 0.01
     """Probability of a random action after the annealing."""
     exploration_anneal: float = 1 / 3
-    """The fraction of total_frames over which epsilon is annealed linearly (0: eps_end from the start)."""
+    """The fraction of the schedules' frames (--schedule-frames, else total_frames) over which epsilon is annealed
+    linearly (0: eps_end from the start)."""
     double_q: bool = True
     """Double Q-learning: the online network picks the best next action, the target network values it."""
     target_update: Literal["polyak", "hard"] = "polyak"
@@ -134,12 +135,13 @@ class QConfig(OffPolicyConfig):
     not_shared = ("critic_scope", "shared_value", "mixing_embed_dim")
 
     def check(self) -> None:
-        super().check()
+        # Before the base's checks, whose shared_value error would send an IQL user to critic_scope.
         if self.critic_scope != "auto" or self.shared_value:
             raise ValueError(
                 f"critic_scope and shared_value are options of the actor-critic algorithms; {self.algo} has no "
                 "critic: leave them at their defaults (auto, False)"
             )
+        super().check()
         if self.algo != "qmix" and self.mixing_embed_dim != QConfig.mixing_embed_dim:
             raise ValueError(
                 f"mixing_embed_dim is an option of qmix (its mixing network's width); {self.algo} has no mixing "

@@ -114,7 +114,8 @@ def _train_parser(subparsers) -> argparse.ArgumentParser:
     )
     added = {"algo": None}  # each option's (default, help) where --help lists it
     for config, names in _algorithm_configs().items():
-        shared = sorted(field_names(config) & added.keys() - {"algo"})
+        # Not the other algorithms' options it refuses other values of (its `not_shared`: IQL's critic_scope).
+        shared = sorted(field_names(config) & added.keys() - {"algo", *config.not_shared})
         also = f" It also takes {', '.join(_flag(f) for f in shared)} (above)." if shared else ""
         section = parser.add_argument_group(
             f"algorithm {' / '.join(names)} ({config.__name__})",
@@ -141,8 +142,8 @@ def _train_parser(subparsers) -> argparse.ArgumentParser:
         help="continue the run saved in this checkpoint, with its options; only "
         + ", ".join(_flag(name) for name in sorted(RESUMABLE))
         + " may be given. With a larger --total-frames it trains on from where it stopped; the schedules "
-        "(epsilon, sigma, beta, a linear lr) keep the run's length, so that annealed values stay annealed, "
-        "unless --schedule-frames stretches them",
+        "(epsilon, sigma, beta) keep the run's length, so that annealed values stay annealed, unless "
+        "--schedule-frames stretches them (PPO's --lr-schedule linear is refused without it: lr would stay 0)",
     )
     return parser
 

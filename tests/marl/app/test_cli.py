@@ -415,3 +415,19 @@ def test_the_startup_line_names_each_groups_algorithm_of_one_module():
     ddpg = TrainConfig(algo=DDPGConfig(algo="iddpg"), group_overrides={"listener": {"algo": "maddpg"}})
     assert algorithms_text(ddpg, groups) == "IDDPG (speaker), MADDPG (listener)"
     assert algorithms_text(TrainConfig(algo=SACConfig(algo="isac")), groups) == "ISAC"
+
+
+@pytest.mark.parametrize(("algo", "title"), [("iql", "iql / vdn (QConfig)"), ("qmix", "qmix (QMIXConfig)")])
+def test_train_help_does_not_say_q_learning_takes_critic_options(algo, title, capsys):
+    # The IQL/VDN and QMIX sections said "It also takes --critic-scope, ... --shared-value", options they refuse.
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = capsys.readouterr().out
+    section = " ".join(text[text.index(f"algorithm {title}:") :].split("\n\n")[0].split())
+    assert "It also takes --adam-eps" in section and "--gamma" in section
+    for flag, value in (("--critic-scope", "agent"), ("--shared-value", None)):
+        assert flag not in section, section
+        # What the help no longer claims: the run refuses it, before building anything.
+        assert main(["train", "--algo", algo, "--env", "spread", flag, *([value] if value else [])]) == 2
+        assert "leave them at their defaults" in capsys.readouterr().err
+    assert ("--mixing-embed-dim" in section) == (algo == "qmix")

@@ -160,6 +160,8 @@ def test_help_says_what_resume_does_with_the_schedules(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "the schedules (epsilon, sigma, beta, a linear lr) keep the run's length" in text
+    assert "the schedules (epsilon, sigma, beta) keep the run's length" in text
+    # A linear lr does not keep the run's length: resuming past it is refused (lr would stay 0).
+    assert "linear is refused without it: lr would stay 0" in text
     assert "A resumed run keeps the length its schedules had" in text
     assert "makes them linear maps of their inputs" in text  # --hidden: none is a legitimate choice
