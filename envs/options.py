@@ -152,6 +152,20 @@ def _literal_hint(name: str, value: Any, tp: Any) -> str:
     return f" (values are read as Python literals: write {name}={literal}, not {name}={value})"
 
 
+def _in_field_form(value: Any, tp: Any) -> Any:
+    """`value`, which matches `tp`, in the form the field declares: an int given for a float as a float, a
+    list (JSON, Python) given for a tuple as a tuple of its item types, as a frozen config hashes them."""
+    if tp is float:
+        return float(value)
+    if typing.get_origin(tp) is tuple and isinstance(value, (list, tuple)):
+        args = typing.get_args(tp)
+        if not args:
+            return tuple(value)
+        items = args[:1] * len(value) if args[1:] == (Ellipsis,) else args
+        return tuple(_in_field_form(v, t) for v, t in zip(value, items, strict=True))
+    return value
+
+
 def build(cls: type, options: dict[str, Any], what: str) -> Any:
     """`cls(**options)`, with errors that name `what` and the bad option; an unknown or mistyped option
     also lists every valid one."""
@@ -167,7 +181,7 @@ def build(cls: type, options: dict[str, Any], what: str) -> Any:
                 f"expected {type_name(types[name])}{_literal_hint(name, value, types[name])}; "
                 f"valid options are:\n{describe(cls)}"
             )
-    values = {k: (float(v) if types[k] is float else v) for k, v in options.items()}
+    values = {k: _in_field_form(v, types[k]) for k, v in options.items()}
     try:
         return cls(**values)
     except (ValueError, TypeError) as error:

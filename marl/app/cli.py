@@ -375,7 +375,7 @@ def schedules_text(trainer) -> str | None:
     if span == before:
         stretched = trainer.algorithm.schedules(frames, run.total_frames)
         return (
-            f"schedules: they keep annealing over the run's {span:,} frames, not --total-frames "
+            f"schedules: they keep the run's length, {span:,} frames, not --total-frames "
             f"{run.total_frames:,} ({values(now)}); --schedule-frames {run.total_frames:,} would fit them to it ("
             + ", ".join(f"{name} {v:.3g} now" for name, v in stretched.items())
             + ")"

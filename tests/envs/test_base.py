@@ -338,6 +338,9 @@ def test_fixed_length_tuple_option():
     try:
         envs.register("goal_toy")(type("GoalToy", (Counter,), {"Config": GoalConfig}))
         assert envs.make("goal_toy", num_envs=2, goal=(1, 2)).config.goal == (1, 2)
+        # In the field's form: floats, and a tuple where a list was given (a config from JSON or Python).
+        goal = envs.make("goal_toy", num_envs=2, goal=[1, 2.5]).config.goal
+        assert goal == (1.0, 2.5) and type(goal) is tuple and all(type(g) is float for g in goal)
         with pytest.raises(TypeError, match=r"option goal=\(1, 2, 3\) .* expected tuple\[float, float\]"):
             envs.make("goal_toy", num_envs=2, goal=(1, 2, 3))
         with pytest.raises(TypeError, match=r"option goal=\(1, 'a'\) .* expected tuple\[float, float\]"):

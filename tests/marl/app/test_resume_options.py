@@ -39,7 +39,7 @@ def test_a_longer_resumed_run_keeps_its_schedules_annealed_and_says_so(tmp_path,
     checkpoint = trained(tmp_path, capsys, 5120)
     assert main(["train", "--resume", str(checkpoint), "--total-frames", "5632", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "schedules: they keep annealing over the run's 5,120 frames, not --total-frames 5,632" in out
+    assert "schedules: they keep the run's length, 5,120 frames, not --total-frames 5,632" in out
     assert "agent epsilon 0.01)" in out and f"agent epsilon {epsilon(5120, 5632):.3g} now" in out
     resumed = Trainer.resume(checkpoint, total_frames=6144)
     assert resumed.config.run.schedule_span() == 5120 and resumed.frames == 5632
