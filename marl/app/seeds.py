@@ -168,11 +168,31 @@ def check_memory(config: TrainConfig, env, device: torch.device, algorithm, free
     )
     if free is not None and each * count > free:
         fit = int(free // max(each, 1))
+        smaller = "fewer --num-envs or a shorter --rollout-length"
+        if "replay buffer" in parts:  # off-policy: the buffer is most of a member, sized by --buffer-size
+            smaller = f"a smaller --buffer-size, {smaller}"
         raise MemoryError(
-            f"{count} seeds need {format_bytes(each * count)} ({format_bytes(each)} each) but "
-            f"{format_bytes(free)} is free on {device}: at most {fit} seed(s) fit; pass --num-seeds {max(fit, 1)} "
-            f"(run the others in another process), or fewer --num-envs or a shorter --rollout-length"
+            f"{count} runs need {format_bytes(each * count)} ({format_bytes(each)} each) but "
+            f"{format_bytes(free)} is free on {device}: {fit_text(config.run.members(), fit)}"
+            + (f"; or pass {smaller}" if fit else f": pass {smaller}")
         )
+
+
+def fit_text(members: Sequence[Member], fit: int) -> str:
+    """How to train `members` when only `fit` of them fit in memory: whole seeds (each with every swept
+    setting) in this process, the others in another."""
+    seeds = list(dict.fromkeys(m.seed for m in members))
+    settings = len(members) // len(seeds)  # each seed trains every combination of the swept values
+    if fit == 0:
+        return "not one run fits"
+    if fit < settings:
+        return f"at most {fit} run(s) fit, fewer than one seed's {settings} swept settings: sweep fewer values"
+    keep = seeds[: fit // settings]
+    per_seed = f" ({settings} swept settings each)" if settings > 1 else ""
+    return (
+        f"at most {len(keep)} seed(s){per_seed} fit: pass --seeds {' '.join(map(str, keep))} and train the others "
+        f"({seeds_text(seeds[len(keep) :])}) in another process"
+    )
 
 
 # ---- members as single runs ----------------------------------------------------------------------

@@ -401,10 +401,52 @@ def test_the_memory_estimate_counts_what_recurrent_nets_add(tmp_path):
 def test_too_many_seeds_are_refused_saying_how_many_fit(tmp_path):
     trainer = Trainer(with_run(tiny_config(tmp_path), seeds=SEEDS))
     each = sum(population.member_nbytes(trainer.config, trainer.env, trainer.algorithm).values())
-    with pytest.raises(
-        MemoryError, match=r"2 seeds need .* is free on cpu: at most 1 seed\(s\) fit; pass --num-seeds 1"
-    ):
+    with pytest.raises(MemoryError, match=r"2 runs need .* is free on cpu: at most 1 seed\(s\) fit: pass --seeds 3 "):
         population.check_memory(trainer.config, trainer.env, trainer.device, trainer.algorithm, free=int(1.5 * each))
+
+
+@pytest.mark.parametrize(
+    ("argv", "fit", "said"),
+    [
+        # 3 seeds x 2 lrs, room for 5 runs: 2 whole seeds, not "--num-seeds 5" (5 seeds x 2 lrs = 10 runs)
+        (
+            ["--seeds", "4", "7", "9", "--sweep", "lr=1e-4,1e-3"],
+            5.5,
+            "at most 2 seed(s) (2 swept settings each) fit: "
+            "pass --seeds 4 7 and train the others (9) in another process; or pass fewer --num-envs",
+        ),
+        (
+            ["--num-seeds", "2", "--sweep", "lr=1e-4,1e-3", "gamma=0.9,0.99"],
+            3.5,
+            "at most 3 run(s) fit, fewer than one seed's 4 swept settings: sweep fewer values",
+        ),
+        (
+            ["--num-seeds", "2"],
+            0.5,
+            "not one run fits: pass fewer --num-envs",
+        ),  # not "at most 0 fit; pass --num-seeds 1"
+        (
+            ["--algo", "vdn", "--env", "spread", "--batch-size", "32", "--num-seeds", "2"],
+            1.5,
+            "pass --seeds 0 and train the others (1) in another process; or pass a smaller --buffer-size, fewer --num-envs",
+        ),  # the replay buffer is most of a member
+    ],
+)
+def test_the_memory_refusal_says_what_fits(tmp_path, capsys, monkeypatch, argv, fit, said):
+    """What the refusal advises, when `fit` members' worth of memory is free, trains the runs asked for."""
+    member, parts = {}, population.member_nbytes
+
+    def measured(config, env, algorithm):
+        member["each"] = sum(parts(config, env, algorithm).values())
+        return parts(config, env, algorithm)
+
+    monkeypatch.setattr(population, "member_nbytes", measured)
+    monkeypatch.setattr(population, "free_bytes", lambda device: int(fit * member["each"]))
+    tiny = tiny_argv(tmp_path)
+    if "vdn" in argv:  # no minibatches off-policy
+        del tiny[tiny.index("--minibatch-size") : tiny.index("--minibatch-size") + 2]
+    assert main(["train", *tiny, *argv]) == 2
+    assert said in capsys.readouterr().err
 
 
 def test_bootstrap_interval_brackets_the_mean_and_skips_nan():
