@@ -35,6 +35,31 @@ def _hint(path: Path) -> str:
     return "pass the folder of a run made by marl train"
 
 
+def sweep_rows(run_dir: str | Path) -> dict[str, list[dict[str, float]]]:
+    """A swept population's curves (`marl train --sweep`), whose aggregate.csv averages over every setting:
+    per setting (`lr_0.001-gamma_0.9`) and iteration, each group's return averaged over that setting's seeds
+    with its 95% CI (as aggregate.csv's columns), from the members' `seed_<s>-<setting>/metrics.csv`; empty
+    for a single run or a population of seeds alone."""
+    members: dict[str, list[list[dict[str, float]]]] = {}
+    for log in sorted(Path(run_dir).glob("seed_*-*/metrics.csv")):
+        members.setdefault(log.parent.name.split("-", 1)[1], []).append(read_rows(log))
+    if not (Path(run_dir) / AGGREGATE).is_file() or not members:
+        return {}
+    from marl.app.seeds import STATS, bootstrap_ci
+
+    curves = {}
+    for setting, logs in members.items():
+        rows = []
+        for iteration in zip(*logs):  # a member trained on alone past the others: their iterations only
+            row = dict(iteration[0])
+            for key in [k for k in row if k.endswith("/episode_return")]:
+                mean, *stats = bootstrap_ci([r[key] for r in iteration])
+                row.update({key: mean, **{f"{key}_{stat}": v for stat, v in zip(STATS, stats)}})
+            rows.append(row)
+        curves[setting] = rows
+    return curves
+
+
 X_AXES = {"frames": "frames", "time": "time_s"}  # --x choice -> metrics.csv column
 AGGREGATE = "aggregate.csv"  # a population's (`marl.app.seeds`): each metric's mean, std and CI over the seeds
 
@@ -85,11 +110,12 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path | None = None, x: str 
     short = [d.name for d in runs]
     names = {d: d.name if short.count(d.name) == 1 else str(d) for d in runs}
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    for run_dir, rows in runs.items():
+    curves = [(d, setting, r) for d, rows in runs.items() for setting, r in (sweep_rows(d) or {"": rows}).items()]
+    for run_dir, setting, rows in curves:
         for key in [k for k in rows[0] if k.endswith("/episode_return")]:
             # Iterations in which no episode ended have no return (NaN): draw through them.
             points = [(r[X_AXES[x]], r[key]) for r in rows if math.isfinite(r[key])]
-            group = key.split("/")[0]
+            group = key.split("/")[0] + (f" {setting}" if setting else "")
             label = group if len(runs) == 1 else f"{names[run_dir]}: {group}"
             band = f"{key}_ci_low" in rows[0]  # a population: the mean over its seeds and its 95% CI
             if band:

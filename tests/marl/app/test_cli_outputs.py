@@ -231,3 +231,23 @@ def test_plot_tells_apart_runs_whose_folders_share_a_name(tmp_path, monkeypatch)
     other = write_run(tmp_path / "ippo", ["3.0"])
     assert main(["plot", str(seed0), str(seed1), str(other), "--out", str(tmp_path / "all.png")]) == 0
     assert labels == [f"{seed0}: agent", f"{seed1}: agent", "ippo: agent"]
+
+
+def test_plot_of_a_sweep_draws_each_setting_over_its_seeds(tmp_path, monkeypatch):
+    """aggregate.csv averages over every member, whatever its setting: a sweep's plot is a curve per setting,
+    the mean over that setting's seeds."""
+    import matplotlib.axes
+
+    curves = {}
+    plot = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(
+        matplotlib.axes.Axes, "plot", lambda self, x, y, **k: curves.update({k["label"]: y}) or plot(self, x, y, **k)
+    )
+    run = tmp_path / "sweep"
+    returns = {"seed_0-lr_0.001": ["1.0", "2.0"], "seed_1-lr_0.001": ["3.0", "nan"], "seed_0-lr_0.01": ["5.0", "6.0"]}
+    for name, values in returns.items():
+        write_run(run / name, values)
+    write_run(tmp_path / "mean", ["3.0", "4.0"]).joinpath("metrics.csv").rename(run / "aggregate.csv")  # all three
+    assert main(["plot", str(run)]) == 0
+    over_seeds = " (mean, 95% CI over seeds)"
+    assert curves == {f"agent lr_0.001{over_seeds}": [2.0, 2.0], f"agent lr_0.01{over_seeds}": [5.0, 6.0]}
