@@ -49,6 +49,11 @@ def evaluate(
     trained = config.run.members()
     if len(trained) > 1 or member is not None:
         chosen = [m for m in trained if str(member) in (m.name, str(m.seed))]
+        if len(chosen) > 1:  # a seed of a sweep: one member per setting
+            raise ValueError(
+                f"seed {member} of {checkpoint} trained {len(chosen)} swept settings: pass --member with one's "
+                f"name ({', '.join(m.name for m in chosen)}), or --member all for every member"
+            )
         if len(chosen) != 1:
             own = f" (or its own checkpoint, {seeds.member_dir(Path(checkpoint).parent, trained[0])}/checkpoint.pt)"
             names = ", ".join(m.name for m in trained)

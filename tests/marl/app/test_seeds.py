@@ -496,6 +496,10 @@ def test_a_sweep_summary_ranks_the_values_and_bad_sweeps_are_refused(tmp_path, c
     assert (tmp_path / "run" / "seed_1-lr_0.03" / "checkpoint.pt").exists()
     checkpoint = str(tmp_path / "run" / "checkpoint.pt")
     assert main(["eval", "--checkpoint", checkpoint, "--member", "seed_1-lr_0.03", "--episodes", "2"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", checkpoint, "--member", "1", "--episodes", "2"]) == 2  # two members
+    said = "seed 1 of {} trained 2 swept settings: pass --member with one's name (seed_1-lr_0.0001, seed_1-lr_0.03)"
+    assert said.format(checkpoint) in capsys.readouterr().err
     assert main(["train", *tiny_argv(tmp_path / "b"), "--sweep", "max_grad_norm=0.5,1"]) == 2
     message = "--sweep takes PPO's options lr, entropy_coef, clip_eps, value_coef, gamma, lmbda, not max_grad_norm"
     assert message in capsys.readouterr().err
