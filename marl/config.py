@@ -258,6 +258,12 @@ class RunConfig:
                 raise ValueError(
                     f"--sweep takes OPTION=V1,V2,... once per option, distinct numbers (lr=1e-4,3e-4), got {item!r}"
                 )
+            shown = [f"{v:g}" for v in parsed]  # as in the members' folder names (`Member.name`)
+            if len(set(shown)) < len(shown):
+                raise ValueError(
+                    f"--sweep {item}: values that agree to 6 significant digits ({', '.join(shown)}) would share a "
+                    "member folder: sweep values that differ within 6 digits"
+                )
             grid[name] = parsed
         return grid
 

@@ -505,6 +505,10 @@ def test_a_sweep_summary_ranks_the_values_and_bad_sweeps_are_refused(tmp_path, c
     assert message in capsys.readouterr().err
     assert main(["train", *tiny_argv(tmp_path / "b"), "--sweep", "lr=1e-3,x"]) == 2
     assert "--sweep takes OPTION=V1,V2,..." in capsys.readouterr().err
+    # distinct values whose folder names (6 significant digits) agree would write one member's logs over the other's
+    assert main(["train", *tiny_argv(tmp_path / "c"), "--sweep", "lr=1e-3,1.0000001e-3"]) == 2
+    assert "(0.001, 0.001) would share a member folder" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
 
 
 def test_an_adapter_env_trains_its_members_on_the_first_seeds_stream(tmp_path, capsys):
