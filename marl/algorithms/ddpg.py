@@ -171,12 +171,6 @@ class DDPG(OffPolicy):
         }
         self._build_step()
 
-    def begin_iteration(self, frames: int, total_frames: int) -> None:
-        super().begin_iteration(frames, total_frames)
-        values = self.schedules(frames, total_frames)
-        for g, lr in self.learners.items():
-            lr.policy.sigma.fill_(values[f"{g} sigma"])
-
     def schedules(self, frames: int, total_frames: int) -> dict[str, float]:
         values = super().schedules(frames, total_frames)
         for g, lr in self.learners.items():

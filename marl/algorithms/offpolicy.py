@@ -273,15 +273,24 @@ class OffPolicy(Algorithm):
         return algo.buffer_size, Prioritized(algo.priority_alpha, algo.priority_beta, reduce=algo.priority_reduce)
 
     def begin_iteration(self, frames: int, total_frames: int) -> None:
+        """Warm-up, beta and each group's `scheduled` policy buffers, from `schedules`."""
         algo = self.config.algo
         self.warm.fill_(frames < algo.warmup_frames)
-        self.beta = linear(algo.priority_beta, 1.0, frames / total_frames)
+        self.beta = self._beta(frames, total_frames)
         self.beta_now.fill_(self.beta)
+        if self.scheduled:
+            values = self.schedules(frames, total_frames)
+            for g, lr in self.learners.items():
+                for name in self.scheduled:
+                    getattr(lr.policy, name).fill_(values[f"{g} {name}"])
 
     def schedules(self, frames: int, total_frames: int) -> dict[str, float]:
-        """Prioritized replay's beta (as `begin_iteration`; unused with uniform draws)."""
-        algo = self.config.algo
-        return {"beta": linear(algo.priority_beta, 1.0, frames / total_frames)} if algo.prioritized else {}
+        """Prioritized replay's beta (as `begin_iteration`; unused with uniform draws); subclasses add each
+        group's `scheduled` values as `GROUP NAME`."""
+        return {"beta": self._beta(frames, total_frames)} if self.config.algo.prioritized else {}
+
+    def _beta(self, frames: int, total_frames: int) -> float:
+        return linear(self.config.algo.priority_beta, 1.0, frames / total_frames)
 
     def draw_noise(
         self, steps: int, batch_size: int, generator: torch.Generator | None = None

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -308,6 +309,13 @@ class Learner:
         return [*self.policy.parameters(), *self.critic.parameters()]
 
 
+def linear_lr_factors(learners: Mapping[str, Learner], frames: int, total_frames: int) -> dict[str, float]:
+    """`1 - progress` (frames over the schedules' frames, at most 1) for each group with `lr_schedule` linear:
+    the factor of its lr now."""
+    progress = min(frames / total_frames, 1.0)
+    return {g: 1.0 - progress for g, learner in learners.items() if learner.algo.lr_schedule == "linear"}
+
+
 def build_policies(config: TrainConfig, env, device: torch.device) -> dict[str, Policy]:
     """Every group's policy, built before any critic (the order the networks draw their initial weights)."""
     policies = {}
@@ -393,18 +401,14 @@ class PPO(Algorithm):
 
     def schedules(self, frames: int, total_frames: int) -> dict[str, float]:
         """With `lr_schedule` linear: lr * (1 - progress), progress by frames so far."""
-        progress = min(frames / total_frames, 1.0)
-        return {
-            f"{g} lr": learner.algo.lr * (1.0 - progress)
-            for g, learner in self.learners.items()
-            if learner.algo.lr_schedule == "linear"
-        }
+        factors = linear_lr_factors(self.learners, frames, total_frames)
+        return {f"{g} lr": self.learners[g].algo.lr * factor for g, factor in factors.items()}
 
     def begin_iteration(self, frames: int, total_frames: int) -> None:
-        lrs = self.schedules(frames, total_frames)
-        for g, learner in self.learners.items():
-            for group in learner.optimizer.param_groups if f"{g} lr" in lrs else ():
-                group["lr"] = lrs[f"{g} lr"]
+        for g, factor in linear_lr_factors(self.learners, frames, total_frames).items():
+            learner = self.learners[g]
+            for group in learner.optimizer.param_groups:
+                group["lr"] = learner.algo.lr * factor
 
     def update(self, batch: TensorDict, timer) -> dict[str, dict[str, torch.Tensor]]:
         explained = self.advantages(batch)

@@ -42,7 +42,15 @@ from torch.func import vmap
 
 import kernels
 from marl.algorithms.base import register_seeded
-from marl.algorithms.ppo import LOSS_TERMS, NETS, PPO, UPDATE_KEYS, chunk_windows, explained_variance
+from marl.algorithms.ppo import (
+    LOSS_TERMS,
+    NETS,
+    PPO,
+    UPDATE_KEYS,
+    chunk_windows,
+    explained_variance,
+    linear_lr_factors,
+)
 from marl.algorithms.seeded import Seeded, swept_options
 from marl.config import TrainConfig
 from marl.core.members import (
@@ -135,20 +143,14 @@ class SeededPPO(Seeded):
     def schedules(self, frames: int, total_frames: int) -> dict[str, float]:
         """With `lr_schedule` linear: lr * (1 - progress), as `PPO.schedules`; with lr swept, the factor of
         each member's lr (`base_lr` is then 1)."""
-        progress = min(frames / total_frames, 1.0)
         name = "lr" if self.member_lr is None else "lr factor"
-        return {
-            f"{g} {name}": self.base_lr[g] * (1.0 - progress)
-            for g, learner in self.template.learners.items()
-            if learner.algo.lr_schedule == "linear"
-        }
+        factors = linear_lr_factors(self.template.learners, frames, total_frames)
+        return {f"{g} {name}": self.base_lr[g] * factor for g, factor in factors.items()}
 
     def begin_iteration(self, frames: int, total_frames: int) -> None:
-        lrs = list(self.schedules(frames, total_frames).values())
-        linear = [g for g, learner in self.template.learners.items() if learner.algo.lr_schedule == "linear"]
-        for g, lr in zip(linear, lrs, strict=True):
+        for g, factor in linear_lr_factors(self.template.learners, frames, total_frames).items():
             for group in self.optimizers[g].param_groups:
-                group["lr"] = lr
+                group["lr"] = self.base_lr[g] * factor
 
     def update(self, batch: TensorDict, timer) -> dict[str, dict[str, torch.Tensor]]:
         """`PPO.update` for every member; each term is `[S]`, one per member."""

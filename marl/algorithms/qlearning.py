@@ -531,12 +531,6 @@ class QLearning(OffPolicy):
                 for target, source in zip(targets, online):
                     target.lerp_(source, copy)
 
-    def begin_iteration(self, frames: int, total_frames: int) -> None:
-        super().begin_iteration(frames, total_frames)
-        values = self.schedules(frames, total_frames)
-        for g, lr in self.learners.items():
-            lr.policy.epsilon.fill_(values[f"{g} epsilon"])
-
     def schedules(self, frames: int, total_frames: int) -> dict[str, float]:
         values = super().schedules(frames, total_frames)
         for g, lr in self.learners.items():
