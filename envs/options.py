@@ -68,7 +68,8 @@ def type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp)).replace("NoneType", "None")
 
 
-def _default(field: dataclasses.Field) -> Any:
+def field_default(field: dataclasses.Field) -> Any:
+    """The field's default (its factory's value), or `dataclasses.MISSING`."""
     if field.default is not dataclasses.MISSING:
         return field.default
     if field.default_factory is not dataclasses.MISSING:
@@ -83,7 +84,7 @@ def describe(cls: type, indent: str = "  ") -> str:
     for f in dataclasses.fields(cls):
         if not f.init or is_internal(f):
             continue
-        default = _default(f)
+        default = field_default(f)
         default = "" if default is dataclasses.MISSING else f" = {default!r}"
         doc = docs.get(f.name, "")
         lines.append(f"{indent}{f.name}: {type_name(types[f.name])}{default}" + (f"  -- {doc}" if doc else ""))

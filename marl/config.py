@@ -82,11 +82,12 @@ class AlgorithmConfig:
         than an iteration's frames)."""
 
     @classmethod
-    def saved(cls, values: dict[str, Any], algo: str) -> dict[str, Any]:
+    def saved(cls, values: dict[str, Any], algo: str, gru: bool) -> dict[str, Any]:
         """`values` of this config for the algorithm `algo` as a checkpoint holds them (its `algo` section, or
         a group's overrides), as this version takes them: options an earlier version accepted where they had no
-        effect, and which `check` now refuses, back at their defaults (the run trained without them)."""
-        return values
+        effect, and which `check` now refuses, back at their defaults (the run trained without them). Here the
+        `recurrent_options` of a run in which no group is recurrent (`gru`: whether one is)."""
+        return values if gru else {k: v for k, v in values.items() if k not in cls.recurrent_options}
 
 
 @dataclass(frozen=True)
@@ -413,12 +414,10 @@ class TrainConfig:
         import_modules(env_settings.imports)  # the algorithm may be registered by one of them
         name = data["algo"]["algo"]
         algo_class, overrides = algorithms.config_class(name), data.get("group_overrides", {})
-        algo = algo_class.saved(dict(data["algo"]), name)
-        # An earlier version accepted the options of recurrent training without --model gru, unused.
-        if "gru" not in (data["model"]["model"], *(o.get("model") for o in overrides.values())):
-            algo = {k: v for k, v in algo.items() if k not in algo_class.recurrent_options}
+        gru = "gru" in (data["model"]["model"], *(o.get("model") for o in overrides.values()))
+        algo = algo_class.saved(dict(data["algo"]), name, gru)
         overrides = {
-            group: algorithms.config_class(o.get("algo", name)).saved(dict(o), o.get("algo", name))
+            group: algorithms.config_class(o.get("algo", name)).saved(dict(o), o.get("algo", name), gru)
             if o.get("algo", name) in algorithms.names()
             else o  # an unknown algorithm: the config's check names it
             for group, o in overrides.items()
@@ -478,8 +477,7 @@ def field_names(cls) -> set[str]:
 
 def _field_default(cls, name: str) -> Any:
     """The default of the dataclass `cls`'s field `name`."""
-    field = next(f for f in dataclasses.fields(cls) if f.name == name)
-    return field.default if field.default is not dataclasses.MISSING else field.default_factory()
+    return _options.field_default(next(f for f in dataclasses.fields(cls) if f.name == name))
 
 
 def _as_dict(config) -> dict[str, Any]:

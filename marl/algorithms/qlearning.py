@@ -163,8 +163,9 @@ class QConfig(OffPolicyConfig):
             self._check_chunks(config)
 
     @classmethod
-    def saved(cls, values: dict, algo: str) -> dict:
-        # An earlier version accepted mixing_embed_dim for IQL and VDN, which have no mixer.
+    def saved(cls, values: dict, algo: str, gru: bool) -> dict:
+        # An earlier version also accepted mixing_embed_dim for IQL and VDN, which have no mixer.
+        values = super().saved(values, algo, gru)
         return values if algo == "qmix" else {k: v for k, v in values.items() if k != "mixing_embed_dim"}
 
     def _check_chunks(self, config: TrainConfig) -> None:
