@@ -435,7 +435,7 @@ def import_modules(modules: tuple[str, ...]) -> None:
     """Import the `--imports` modules (which register envs or algorithms). A bare "No module named
     'my_envs'" would not say why it is wanted, nor what to do when `marl train --resume` or `marl eval`
     runs from another folder than the run was started in. Both errors, and a `RegistrationError`, name
-    the module; any other error in it is the module's own, and keeps its traceback."""
+    the module; any other error in it is the module's own, and keeps its traceback (`ModuleFailed`)."""
     import importlib
 
     for module in modules:
@@ -450,6 +450,14 @@ def import_modules(modules: tuple[str, ...]) -> None:
             raise ImportError(f"--imports {module}: importing {module!r} failed: {error}") from error
         except RegistrationError as error:  # its message says what to change; name the module that has it
             raise RegistrationError(f"--imports {module}: {error}") from error
+        except Exception as error:  # a bug in the module: not a usage error, which would print one line only
+            raise ModuleFailed(f"--imports {module}: importing {module!r} raised the error above") from error
+
+
+class ModuleFailed(RuntimeError):
+    """An `--imports` module (given, or saved in a run's config) raised while being imported. Its own
+    error is the cause, with its traceback: a RuntimeError, so that the command line's usage-error handler,
+    which turns a ValueError into one line, leaves it whole."""
 
 
 def group_fields(cls: type[AlgorithmConfig]) -> set[str]:

@@ -14,7 +14,7 @@ from marl.algorithms.ppo import PPOConfig
 from marl.algorithms.qlearning import QConfig, QMIXConfig
 from marl.algorithms.sac import SACConfig
 from marl.app.cli import algorithms_text, build_parser, config_from_args, main
-from marl.config import SECTIONS, ModelConfig, TrainConfig
+from marl.config import SECTIONS, ModelConfig, ModuleFailed, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -301,10 +301,37 @@ def test_any_other_error_in_an_imports_module_keeps_its_traceback(tmp_path, monk
     # The user's own bug: where it is matters more than one tidy line.
     (tmp_path / "buggy_envs.py").write_text("SIZES = {'small': 1}\nSIZE = int('large')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ValueError, match="invalid literal for int") as raised:
+    with pytest.raises(ModuleFailed, match="--imports buggy_envs: importing 'buggy_envs' raised") as raised:
         main(["envs", "--imports", "buggy_envs"])
-    assert not isinstance(raised.value, envs.RegistrationError)
-    assert raised.traceback[-1].path == tmp_path / "buggy_envs.py"
+    cause = raised.value.__cause__
+    assert isinstance(cause, ValueError) and "invalid literal for int" in str(cause)
+    assert cause.__traceback__ is not None and _last_file(cause.__traceback__) == str(tmp_path / "buggy_envs.py")
+
+
+def _last_file(traceback) -> str:
+    while traceback.tb_next is not None:
+        traceback = traceback.tb_next
+    return traceback.tb_frame.f_code.co_filename
+
+
+def test_a_bug_in_a_runs_imports_module_keeps_its_traceback_in_eval(tmp_path, monkeypatch, capsys):
+    # `marl eval` imports a checkpoint's modules while its options are read, where a ValueError is a usage
+    # error told in one line: the user's own bug lost where it was.
+    module = tmp_path / "later_buggy.py"
+    module.write_text(
+        "import envs\nfrom tests.envs.broken_envs import Counter\n\n"
+        "@envs.register('later_buggy')\nclass LaterBuggy(Counter):\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(envs.registry, "_ENVS", dict(envs.registry._ENVS))  # registered for this test only
+    argv = ["train", "--imports", "later_buggy", "--env", "later_buggy", "--num-envs", "8", "--rollout-length", "8"]
+    argv += ["--minibatch-size", "32", "--total-frames", "64", "--log-dir", str(tmp_path), "--run-name", "run"]
+    assert main([*argv, "--no-progress", "--no-tensorboard"]) == 0
+    module.write_text("SIZE = int('large')\n")
+    monkeypatch.delitem(sys.modules, "later_buggy")
+    with pytest.raises(ModuleFailed, match="--imports later_buggy") as raised:
+        main(["eval", "--checkpoint", str(tmp_path / "run" / "checkpoint.pt"), "--episodes", "1"])
+    assert _last_file(raised.value.__cause__.__traceback__) == str(module)
 
 
 def test_plot_overlays_runs_against_time(tmp_path, capsys):
