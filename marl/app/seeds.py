@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -75,21 +76,36 @@ def logged_rows(run_dir: Path, members: Sequence[Member]) -> list[dict]:
     return [{**rows[0], "members": list(rows)} for rows in zip(*logged)]
 
 
-def check_none_trained_alone(run_dir: Path, members: Sequence[Member]) -> None:
-    """Before a population resumes: refuse when one of its members was resumed alone (`marl train --resume
-    RUN/seed_s/checkpoint.pt`, which trains on in that member's folder) and logged more iterations than the
-    population, whose resume would overwrite that member's checkpoint and drop its later rows."""
+def keep_trained_alone(run_dir: Path, members: Sequence[Member]) -> list[str]:
+    """Before a population resumes: a member resumed alone (`marl train --resume RUN/seed_s/checkpoint.pt`,
+    which trains on in that member's folder) logged more iterations than the population, whose resume
+    drops those rows and overwrites that member's checkpoint. Its folder is copied beside the run folder
+    first, as `RUN-seed_s-alone` (an ordinary run: `marl eval`, `marl plot` or `--resume` it), so nothing it
+    trained is lost. Returns a line per copy, to print."""
     if len(members) == 1:
-        return
-    population = len(read_rows(Path(run_dir) / AGGREGATE))
-    ahead = [m.name for m in members if len(read_rows(member_dir(run_dir, m) / "metrics.csv")) > population]
-    if ahead:
-        folders = ", ".join(str(Path(run_dir) / name) for name in ahead)
-        raise ValueError(
-            f"{', '.join(ahead)} trained on alone past the population's {population} iterations; resuming the "
-            f"population would overwrite that training: move {folders} out of the run folder first (each stays "
-            "an ordinary run: marl eval or --resume its checkpoint.pt)"
-        )
+        return []
+    run_dir = Path(run_dir)
+    population = len(read_rows(run_dir / AGGREGATE))
+    lines = []
+    for member in members:
+        folder = member_dir(run_dir, member)
+        if len(read_rows(folder / "metrics.csv")) > population:
+            copy = _free_name(run_dir.parent / f"{run_dir.name}-{member.name}-alone")
+            shutil.copytree(folder, copy)
+            lines.append(
+                f"{member.name} trained on alone past the population's {population} iterations: that run is kept "
+                f"in {copy}; the population trains {member.name} on from its own checkpoint"
+            )
+    return lines
+
+
+def _free_name(path: Path) -> Path:
+    """`path`, or `path-2`, `path-3`, ...: the first that does not exist."""
+    number, free = 1, path
+    while free.exists():
+        number += 1
+        free = path.with_name(f"{path.name}-{number}")
+    return free
 
 
 def check_population(config: TrainConfig, world) -> None:

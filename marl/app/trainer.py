@@ -361,11 +361,12 @@ class Trainer:
                 f"{state['iteration']}), --total-frames is {run.total_frames:,}; pass a larger --total-frames to "
                 "train on"
             )
-        seeds.check_none_trained_alone(Path(path).parent, config.run.members())
         trainer = cls(config, run_dir=Path(path).parent, resuming=True)
         trainer.load_state_dict(state)
         trainer.saved_run = saved
         if trainer.world.is_main:
+            for line in seeds.keep_trained_alone(trainer.run_dir, trainer.members):
+                print(line)
             # Iterations logged after the checkpoint (before a Ctrl-C or a crash) are trained again.
             for log in seeds.logs(trainer.run_dir, trainer.members):
                 drop_rows_after(log, trainer.iteration)

@@ -310,16 +310,28 @@ def test_train_writes_member_logs_aggregate_and_summary(tmp_path, capsys):
     assert (run / "learning_curve.png").stat().st_size > 1000
 
 
-def test_a_population_whose_member_trained_on_alone_refuses_to_resume_over_it(tmp_path, capsys):
+def test_a_population_keeps_a_member_trained_on_alone_as_its_own_run(tmp_path, capsys):
+    # Resuming the population drops the rows its members logged past its checkpoint and overwrites their
+    # checkpoints: a member resumed alone past it is first copied out, and both runs train on.
     run = tmp_path / "run"
     assert main(["train", *tiny_argv(tmp_path), "--num-seeds", "2"]) == 0
     assert main(["train", "--resume", str(run / "seed_1" / "checkpoint.pt"), "--total-frames", "256"]) == 0
     trained_alone = (run / "seed_1" / "metrics.csv").read_bytes()
+    assert len(trained_alone.decode().splitlines()) == 5  # a header, the population's 2 rows, its own 2
     capsys.readouterr()
-    assert main(["train", "--resume", str(run / "checkpoint.pt"), "--total-frames", "256"]) == 2
-    err = capsys.readouterr().err
-    assert "seed_1 trained on alone past the population's 2 iterations" in err and str(run / "seed_1") in err
-    assert (run / "seed_1" / "metrics.csv").read_bytes() == trained_alone  # nothing overwritten
+    assert main(["train", "--resume", str(run / "checkpoint.pt"), "--total-frames", "192"]) == 0
+    copy = tmp_path / "run-seed_1-alone"
+    says = f"seed_1 trained on alone past the population's 2 iterations: that run is kept in {copy}"
+    assert says in capsys.readouterr().out
+    assert (copy / "metrics.csv").read_bytes() == trained_alone
+    rows = (run / "seed_1" / "metrics.csv").read_text().splitlines()
+    assert rows[:3] == trained_alone.decode().splitlines()[:3] and len(rows) == 4  # the population's 3 rows
+    assert len((run / population.AGGREGATE).read_text().splitlines()) == 4
+    assert main(["train", "--resume", str(copy / "checkpoint.pt"), "--total-frames", "320"]) == 0
+    assert len((copy / "metrics.csv").read_text().splitlines()) == 6
+    assert main(["train", "--resume", str(run / "seed_1" / "checkpoint.pt"), "--total-frames", "256"]) == 0
+    assert main(["train", "--resume", str(run / "checkpoint.pt"), "--total-frames", "256"]) == 0
+    assert f"that run is kept in {tmp_path / 'run-seed_1-alone-2'}" in capsys.readouterr().out
 
 
 def tiny_argv(tmp_path) -> list[str]:
