@@ -75,9 +75,10 @@ class World:
     def check_same(self, value: Any, what: str) -> None:
         """Raise on every rank when `value` (JSON-able) differs between ranks."""
 
-    def check_on_main(self, check: Callable[[], None]) -> None:
-        """Run `check` on rank 0 only (e.g. of its run folder); if it raises ValueError, every rank raises
-        the same one, instead of the others failing later in a collective that rank 0 never joins."""
+    def check_on_main(self, check: Callable[[], None], errors: tuple[type[Exception], ...] = (ValueError,)) -> None:
+        """Run `check` on rank 0 only (e.g. of its run folder); if it raises one of `errors`, every rank
+        raises that error, with its message, instead of the others failing later in a collective that rank 0
+        never joins."""
         check()
 
     def broadcast_parameters(self, parameters: Iterable[torch.Tensor]) -> None:
@@ -145,17 +146,18 @@ class DistributedWorld(World):
             f"the ranks disagree on the {what}: {'; '.join(lines)}. Launch every rank with the same options"
         )
 
-    def check_on_main(self, check: Callable[[], None]) -> None:
-        message: list[str | None] = [None]
+    def check_on_main(self, check: Callable[[], None], errors: tuple[type[Exception], ...] = (ValueError,)) -> None:
+        failed: list[tuple[int, str] | None] = [None]  # which of `errors`, and its message
         if self.is_main:
             try:
                 check()
-            except ValueError as error:
-                message[0] = str(error)
+            except errors as error:
+                failed[0] = (next(i for i, kind in enumerate(errors) if isinstance(error, kind)), str(error))
         with self._collective("rank 0's check"):
-            torch.distributed.broadcast_object_list(message, src=0)
-        if message[0] is not None:
-            raise ValueError(message[0])
+            torch.distributed.broadcast_object_list(failed, src=0)
+        if failed[0] is not None:
+            kind, message = failed[0]
+            raise errors[kind](message)
 
     def broadcast_parameters(self, parameters: Iterable[torch.Tensor]) -> None:
         tensors = [p.data for p in parameters]

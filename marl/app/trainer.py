@@ -38,7 +38,7 @@ from marl.app.build import build_algorithm, check_group_overrides, make_env, res
 from marl.app.checkpoint import load_checkpoint, save_checkpoint
 from marl.app.logger import NoLogger, RunLogger, drop_rows_after
 from marl.app.paths import check_output_folder
-from marl.app.wandb_logging import check_installed, wandb_run
+from marl.app.wandb_logging import WandbStartError, check_installed, wandb_run
 from marl.config import RunConfig, TrainConfig
 from marl.core.member_replay import MemberReplayBuffer
 from marl.core.replay import ReplayBuffer, format_bytes, replay_nbytes
@@ -220,16 +220,21 @@ class Trainer:
         """Train until `total_frames`, logging every iteration and checkpointing every
         `checkpoint_every` iterations and at the end; returns the logged rows."""
         run = self.config.run
-        if self.world.is_main and len(self.members) > 1:
-            logger = seeds.PopulationLogger(self.run_dir, self.members, self.frames_to_run, self.config, self.frames)
-        elif self.world.is_main:
-            name = run.wandb_name or self.run_dir.name
-            wandb = wandb_run(run, name, None, self.config.to_dict())
-            logger = RunLogger(
+        loggers = [NoLogger()]
+
+        def open_logger() -> None:  # on rank 0: a W&B run that cannot start stops every rank with its message
+            if len(self.members) > 1:
+                loggers[0] = seeds.PopulationLogger(
+                    self.run_dir, self.members, self.frames_to_run, self.config, self.frames
+                )
+                return
+            wandb = wandb_run(run, run.wandb_name or self.run_dir.name, None, self.config.to_dict())
+            loggers[0] = RunLogger(
                 self.run_dir, self.frames_to_run, self.frames, run.progress, run.tensorboard, wandb=wandb
             )
-        else:
-            logger = NoLogger()
+
+        self.world.check_on_main(open_logger, errors=(WandbStartError,))
+        logger = loggers[0]
         rows = []
         saving = False  # a failure in save() comes after the iteration was counted
         try:

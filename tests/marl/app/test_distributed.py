@@ -200,6 +200,21 @@ def test_a_used_run_folder_stops_every_rank_with_one_error_line(tmp_path):
     assert (tmp_path / "run" / "metrics.csv").read_text() == "iteration\n1\n"
 
 
+def test_wandb_that_cannot_start_stops_every_rank_with_one_error_line(tmp_path, monkeypatch):
+    """Rank 0 opens the W&B run; without a login it said so in one line, and rank 1, left waiting in the
+    first collective, died with a "connection closed" traceback."""
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no W&B settings: no key anywhere
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb_config"))
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    args = ("-m", "marl", "train", *CLI_ARGS, "--log-dir", str(tmp_path), "--wandb", "--wandb-mode", "online")
+    code, output, _ = torchrun(*args)
+    assert code != 0
+    assert output.count("marl train: error: --wandb: W&B could not start the run") == RANKS, output[-3000:]
+    frames = [line for line in output.splitlines() if line.strip().startswith('File "')]
+    assert not [line for line in frames if "/marl/" in line or "/envs/" in line], output[-3000:]
+
+
 def test_a_used_run_folder_with_a_checkpoint_hints_resuming_with_torchrun(tmp_path):
     """Rerunning a torchrun job whose run folder holds its checkpoint: the hint said `marl train --resume`,
     which in one process is refused for a checkpoint of 2 ranks."""
