@@ -141,9 +141,9 @@ class SeededPPO(Seeded):
         return self.template.sequences
 
     def schedules(self, frames: int, total_frames: int) -> dict[str, float]:
-        """With `lr_schedule` linear: lr * (1 - progress), as `PPO.schedules`; with lr swept, the factor of
+        """With `lr_schedule` linear: lr * (1 - progress), as `PPO.schedules`; with lr swept, the scale of
         each member's lr (`base_lr` is then 1)."""
-        name = "lr" if self.member_lr is None else "lr factor"
+        name = "lr" if self.member_lr is None else "lr scale"  # of each run's own lr
         factors = linear_lr_factors(self.template.learners, frames, total_frames)
         return {f"{g} {name}": self.base_lr[g] * factor for g, factor in factors.items()}
 

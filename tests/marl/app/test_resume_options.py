@@ -165,3 +165,15 @@ def test_help_says_what_resume_does_with_the_schedules(capsys):
     assert "linear is refused without it: lr would stay 0" in text
     assert "A resumed run keeps the length its schedules had" in text
     assert "makes them linear maps of their inputs" in text  # --hidden: none is a legitimate choice
+
+
+def test_a_swept_lr_schedule_is_said_as_a_scale_of_each_runs_lr(tmp_path, capsys):
+    # Each run of `--sweep lr=...` has its own lr: the schedule line gives the scale all of them share.
+    argv = ["--num-envs", "8", "--rollout-length", "8", "--minibatch-size", "32", "--hidden", "8"]
+    argv += ["--lr-schedule", "linear", "--seeds", "0", "--sweep", "lr=1e-3,2e-3", "--no-progress", "--no-tensorboard"]
+    assert main(["train", *argv, "--total-frames", "128", "--log-dir", str(tmp_path), "--run-name", "run"]) == 0
+    capsys.readouterr()
+    resume = ["train", "--resume", str(tmp_path / "run" / "checkpoint.pt"), "--total-frames", "192"]
+    assert main([*resume, "--schedule-frames", "256", "--no-progress"]) == 0
+    says = "schedules: stretched from 128 to --schedule-frames 256 frames (agent lr scale 0 -> 0.5, annealing to 0)"
+    assert says in capsys.readouterr().out
