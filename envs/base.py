@@ -277,14 +277,29 @@ class MultiAgentEnv:
     def reset_data(self, seed: int | None = None, *, mask: torch.Tensor | None = None) -> dict:
         """`reset` returning nested dicts of tensors instead of a TensorDict (same keys and shapes)."""
         if seed is not None:
-            self.seed = _seed(seed)
-            self.rng.seed(self.seed)
+            seed = self._reseed_value(seed)
+            self.rng.seed(seed)
+            self.seed = seed
         if mask is None:
             mask = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
         else:
             self._check_tensor("mask", mask, (self.num_envs,), torch.bool)
         # Traced into a caller's graph (the compiled rollout), the body is traced inline: no nested compile.
         return (self._reset_body if torch.compiler.is_compiling() else self._reset_call)(mask)
+
+    def _reseed_value(self, seed) -> int | tuple[int, ...]:
+        """`seed` checked for `reset(seed=...)` before anything is re-seeded: an int for an env built with one
+        seed, a sequence of as many seeds for one built with a member's seed each (a refused seed must leave
+        `self.seed` and the stream as they were)."""
+        seed = _seed(seed)
+        members = len(self.seed) if isinstance(self.seed, tuple) else None
+        given = len(seed) if isinstance(seed, tuple) else None
+        if given != members:
+            expected = f"a sequence of {members} seeds, one per member" if members else "one int"
+            raise ValueError(
+                f"{self.name}: reset(seed={seed!r}) does not fit the env's seed {self.seed!r}: expected {expected}"
+            )
+        return seed
 
     def step_data(self, action: Mapping[str, torch.Tensor] | TensorDictBase) -> tuple[dict, dict]:
         """`step` returning nested dicts of tensors instead of TensorDicts (same keys and shapes): the

@@ -117,6 +117,11 @@ class VmasEnv(MultiAgentEnv):
                 f"unknown VMAS scenario {self.config.scenario!r}; the valid names are those in "
                 f"vmas.scenarios, vmas.mpe_scenarios and vmas.debug_scenarios: {', '.join(known)}"
             )
+        if isinstance(self.seed, tuple):  # `seed % 2**32` would fail naming neither the env nor the seed
+            raise ValueError(
+                f"{self.name}: seed must be one int, got {self.seed!r}: VMAS draws every env's numbers from one "
+                "random stream, so one batch cannot hold several members' seeds"
+            )
         self._random = PrivateRandomState(vmas.simulator.environment.Environment.vmas_random_state, self.device)
         self.vmas_env = self._build(vmas, self.num_envs, seed=self.seed % 2**32, check_kwargs=True)
         self._scratch = self._build(vmas, self.num_envs)
@@ -188,7 +193,8 @@ class VmasEnv(MultiAgentEnv):
 
     def reset_data(self, seed: int | None = None, *, mask: torch.Tensor | None = None) -> dict:
         if seed is not None:
-            self._seed_vmas(int(seed))
+            seed = self._reseed_value(seed)  # checked before VMAS is re-seeded: a refused seed changes nothing
+            self._seed_vmas(seed)
         return super().reset_data(seed, mask=mask)
 
     def step_data(self, action: Mapping[str, torch.Tensor] | TensorDictBase) -> tuple[dict, dict]:

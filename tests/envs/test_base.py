@@ -371,3 +371,20 @@ def test_make_groups_must_give_group_specs():
         Tuples(num_envs=2, seed=0)
     with pytest.raises(EnvOutputError, match=r"must return a non-empty dict \{group name: GroupSpec\}, got \{\}"):
         type("NoGroups", (Counter,), {"_make_groups": lambda self: {}})(num_envs=2, seed=0)
+
+
+@pytest.mark.parametrize(
+    "built_with, given, expected",
+    [((1, 2), 5, "a sequence of 2 seeds"), ((1, 2), (1, 2, 3), "a sequence of 2 seeds"), (1, (1, 2), "one int")],
+)
+def test_reset_seed_that_does_not_fit_the_env_changes_nothing(built_with, given, expected):
+    """A population env (one seed per member) re-seeded with one int, or a single env with several, is refused
+    naming what fits, and the env keeps its seed and stream: the next reset is the one it would have made."""
+    env = envs.make("spread", num_envs=4, seed=built_with)
+    twin = envs.make("spread", num_envs=4, seed=built_with)
+    with pytest.raises(
+        ValueError, match=f"spread: reset\\(seed=.*\\) does not fit the env's seed .*expected {expected}"
+    ):
+        env.reset(seed=given)
+    assert env.seed == built_with
+    assert (env.reset() == twin.reset()).all()

@@ -335,3 +335,18 @@ def test_actions_vmas_refuses_are_a_clear_error_without_value_checks():
     checked = envs.make("vmas/balance", num_envs=2, seed=0, check_values=True)
     with pytest.raises(ValueError, match=r"action for group 'agent' contains NaN"):
         checked.step(action)
+
+
+def test_seeds_vmas_cannot_take_are_refused_before_vmas_is_seeded():
+    """VMAS holds one random stream per batch: several members' seeds are refused naming the env, and a bad
+    `reset(seed=...)` leaves VMAS's stream as it was (it used to be re-seeded with `int(1.5)` first)."""
+    with pytest.raises(ValueError, match=r"vmas/navigation: seed must be one int, got \(1, 2\)"):
+        envs.make("vmas/navigation", num_envs=4, seed=(1, 2))
+    env = envs.make("vmas/navigation", num_envs=2, seed=0)
+    twin = envs.make("vmas/navigation", num_envs=2, seed=0)
+    with pytest.raises(TypeError, match="seed must be an int"):
+        env.reset(seed=1.5)
+    with pytest.raises(ValueError, match=r"reset\(seed=\(1, 2\)\) does not fit the env's seed 0: expected one int"):
+        env.reset(seed=(1, 2))
+    assert env.seed == 0
+    assert torch.equal(env.reset()["agent", "observation"], twin.reset()["agent", "observation"])
