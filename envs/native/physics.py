@@ -45,6 +45,9 @@ def spawn_uniform(num_envs: int, n_entities: int, half_width: float, rng: Counte
     return (rng.rand(num_envs, n_entities, 2) * 2 - 1) * half_width
 
 
+MAX_CELLS_PER_SIDE = 64
+
+
 def spawn_separated(
     num_envs: int,
     n_entities: int,
@@ -64,9 +67,11 @@ def spawn_separated(
     Returns `[num_envs, n_entities, 2]`.
     """
     width = 2 * half_width
-    cells_per_side = max(int(width // (2 * min_distance)), 1)
+    # Every reset sorts a random key per cell for the whole batch: a large arena gets a grid of at most
+    # MAX_CELLS_PER_SIDE squared cells (wider cells keep entities further apart), not one that outgrows memory.
+    cells_per_side = max(int(min(width // (2 * min_distance), MAX_CELLS_PER_SIDE)), 1)
     if cells_per_side**2 < n_entities:
-        cells_per_side = int(width // min_distance)
+        cells_per_side = int(min(width // min_distance, MAX_CELLS_PER_SIDE))
     if cells_per_side**2 < n_entities:
         raise ValueError(
             f"cannot place {n_entities} entities {min_distance} apart in a square of half-width {half_width}: "

@@ -176,3 +176,15 @@ def test_discrete_moves_step_as_their_unit_forces():
         _, expected = forces.step({"agent": moves[action]})
         assert torch.equal(obs["agent", "observation"], expected["agent", "observation"])
     envs.check_env(envs.make("navigation", num_envs=5, seed=0, discrete_actions=True))  # the env contract
+
+
+@pytest.mark.parametrize("spawn_half_width", [40.0, 1e12])
+def test_a_large_arena_spawns_apart_on_a_bounded_grid(spawn_half_width):
+    """The spawn grid's cells grow with the arena past 64 a side: a large arena still spawns every entity
+    in bounds and apart (it used to allocate one random key per cell, 25,600 per env at 40 and an
+    OverflowError at 1e12)."""
+    env = envs.make("navigation", num_envs=4, seed=0, n_agents=3, spawn_half_width=spawn_half_width)
+    points = torch.cat([env.pos, env.goal], 1).double()
+    gap = (points.unsqueeze(1) - points.unsqueeze(2)).norm(dim=-1) + torch.eye(6) * 1e30
+    assert gap.min() >= 2 * env.config.agent_radius + 0.05 - 1e-5
+    assert points.abs().max() <= spawn_half_width
