@@ -86,8 +86,8 @@ def save_gif(frames: list[np.ndarray], path: str, fps: int = 10) -> None:
 def demo_parser(description: str) -> argparse.ArgumentParser:
     """The command line of an env's `__main__` demo: `--num-envs`, `--steps`, `--gif`; add the env's own."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--num-envs", type=int, default=256, help="envs stepped as one batch")
-    parser.add_argument("--steps", type=int, default=100, help="steps to run")
+    parser.add_argument("--num-envs", type=_positive_int, default=256, help="envs stepped as one batch")
+    parser.add_argument("--steps", type=_positive_int, default=100, help="steps to run")
     parser.add_argument("--gif", default=None, help="write env 0 as an animated GIF to this path")
     parser.add_argument(
         "--policy",
@@ -96,6 +96,17 @@ def demo_parser(description: str) -> argparse.ArgumentParser:
         help="the env's scripted controller, or uniformly random actions (the two yardsticks of training)",
     )
     return parser
+
+
+def _positive_int(text: str) -> int:
+    """An argparse type: `--steps 0` would write an empty GIF (a bare IndexError) and `--steps -3` run nothing."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {value}")
+    return value
 
 
 def demo_policy(env, policy: str, scripted: Callable[[object], Mapping[str, torch.Tensor]]):

@@ -43,3 +43,15 @@ def test_running_a_demo_as_a_module_prints_no_runpy_warning():
     )
     assert "mean episode return" in result.stdout
     assert "Warning" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("option, value", [("--steps", "0"), ("--steps", "-3"), ("--num-envs", "0")])
+def test_a_demo_refuses_counts_below_one(monkeypatch, capsys, option, value):
+    """`--steps 0 --gif x.gif` used to fail saving an empty GIF (IndexError), `--steps -3` to run nothing."""
+    from envs.native import spread
+
+    monkeypatch.setattr("sys.argv", ["spread", option, value, "--gif", "unused.gif"])
+    with pytest.raises(SystemExit) as exit_info:
+        spread._main()
+    assert exit_info.value.code == 2
+    assert f"argument {option}: expected a positive int, got" in capsys.readouterr().err
