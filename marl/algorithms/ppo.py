@@ -100,7 +100,7 @@ class PPOConfig(AlgorithmConfig):
     """Clip the gradient norm of each group's policy, and of its critic, to this (0 disables clipping;
     the group's logged gradient norms then read nan: they are measured by the clipping)."""
     normalize_advantage: bool = True
-    """Normalise each group's advantages per minibatch."""
+    """Normalise each group's advantages per minibatch (one of a single value is left as it is)."""
     normalize_value: bool = True
     """Train the critic on value targets normalised by their running mean and std (MAPPO's value
     normalisation), so that rewards of any scale learn alike."""
@@ -240,7 +240,8 @@ def policy_terms(
 ) -> dict[str, torch.Tensor]:
     """The policy's part of `ppo_loss`: its terms with `value_loss` 0 and `loss` the policy's share
     (`policy_loss + entropy_loss`), for an update that steps the policy apart from the critic."""
-    if normalize_advantage:
+    # One value (a minibatch of one frame of a one-agent group) has no spread to divide by: its std is NaN.
+    if normalize_advantage and advantage.numel() > 1:
         advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
     log_ratio = log_prob - old_log_prob
     ratio = log_ratio.exp()

@@ -364,9 +364,10 @@ class SeededPPO(Seeded):
         out = {}
         burn_in = self.config.algo.burn_in if self.sequences else 0
         for g, data in flat.items():
-            if self.template.learners[g].algo.normalize_advantage:
-                advantage = data["advantage"]  # [S, M, n], or chunks [S, M, W, n]: over their last L steps
-                loss_steps = advantage[:, :, burn_in:] if self.sequences else advantage
+            advantage = data["advantage"]  # [S, M, n], or chunks [S, M, W, n]: over their last L steps
+            loss_steps = advantage[:, :, burn_in:] if self.sequences else advantage
+            # As `policy_terms`: one value per member has no spread to divide by.
+            if self.template.learners[g].algo.normalize_advantage and loss_steps[0].numel() > 1:
                 dims = tuple(range(1, advantage.dim()))
                 mean, std = loss_steps.mean(dims, keepdim=True), loss_steps.std(dims, keepdim=True)
                 data = {**data, "advantage": (advantage - mean) / (std + 1e-8)}

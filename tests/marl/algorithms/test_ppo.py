@@ -90,3 +90,13 @@ def test_explained_variance():
     target = torch.tensor([1.0, 2.0, 3.0, 4.0])
     assert explained_variance(target, target).item() == pytest.approx(1.0)
     assert explained_variance(torch.full((4,), 2.5), target).item() == pytest.approx(0.0)
+
+
+def test_a_minibatch_of_one_advantage_is_left_unnormalised():
+    # One frame of a one-agent group: its std is NaN, which made every loss NaN.
+    tensors = [torch.tensor([[v]]) for v in (-0.5, -0.7, 2.0, 0.1, 0.3, 1.0, 0.8)]
+    kwargs = dict(clip_eps=0.2, clip_value=True, entropy_coef=0.01, value_coef=0.5)
+    terms = ppo_loss(*tensors, **kwargs, normalize_advantage=True)
+    expected = reference_ppo(*tensors, 0.2, True, 0.01, 0.5, False)
+    for name, value in expected.items():
+        assert terms[name].item() == pytest.approx(value, rel=1e-5, abs=1e-6), name

@@ -1,6 +1,7 @@
 """Training end to end on small budgets: learning, exact resume, NaN guard, no host sync."""
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -81,6 +82,23 @@ def test_nan_loss_stops_the_run_naming_group_and_term(tmp_path, monkeypatch):
     with pytest.raises(NonFiniteLossError, match="of group 'mover' became nan at iteration 1"):
         trainer.train()
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+@pytest.mark.parametrize("seeds", [(), (0, 1)], ids=["single", "seeds"])
+def test_a_minibatch_of_one_frame_of_one_agent_trains(tmp_path, seeds):
+    """Its advantage, one value, has no std to normalise by: it is left as it is, not made NaN."""
+    config = small_config(tmp_path, seeds=seeds)
+    config = dataclasses.replace(
+        config,
+        run=dataclasses.replace(config.run, rollout_length=2, total_frames=4),
+        env=EnvSettings(env="navigation", num_envs=2, env_options={"n_agents": 1}),
+        algo=PPOConfig(algo="ippo", minibatch_size=1, epochs=1),
+    )
+    row = Trainer(config).train_iteration()
+    members = row.get("members", [row])
+    assert len(members) == max(len(seeds), 1)
+    for member in members:
+        assert all(math.isfinite(member[f"agent/{name}"]) for name in ("loss", "policy_loss", "value_loss"))
 
 
 def test_collect_advantages_and_loss_never_sync_with_the_host(tmp_path):
