@@ -58,7 +58,8 @@ __all__ = [
 
 
 class NonFiniteLossError(FloatingPointError):
-    """A loss term became NaN or inf; the run stops instead of training on garbage."""
+    """A loss term, or a tensor of the algorithm's state about to be checkpointed, became NaN or inf; the run
+    stops instead of training on garbage (and keeps its last checkpoint)."""
 
 
 class NothingToTrain(Exception):
@@ -302,8 +303,11 @@ class Trainer:
         }
 
     def save(self) -> Path | None:
-        """Write the checkpoint (under torchrun: a collective call, rank 0 writes and returns the path)."""
-        state = self.world.gather_checkpoint(self.state_dict())
+        """Write the checkpoint (under torchrun: a collective call, rank 0 writes and returns the path).
+        An algorithm state holding NaN or inf is refused, so that the last checkpoint stays a good one."""
+        state = self.state_dict()
+        check_finite_state(state["algorithm"], self.iteration)
+        state = self.world.gather_checkpoint(state)
         if state is None:
             return None
         if len(self.members) > 1:  # each member also as an ordinary checkpoint, in its own run folder
@@ -403,6 +407,35 @@ def check_terms(algorithm, terms, groups, shape: tuple[int, ...], device: torch.
                     f"{where}; {term!r} has shape {tuple(value.shape)} on {value.device}, expected a "
                     f"{_tensor_text(shape)} on {device}"
                 )
+
+
+def check_finite_state(state: dict, iteration: int) -> None:
+    """Raise NonFiniteLossError naming the tensors of the algorithm's `state` (its `state_dict()`, keyed by
+    group) that hold NaN or inf: a loss can stay finite while a tensor it does not reach turns non-finite (PPO's
+    value normaliser after a reward of 1e30), and a checkpoint of it would resume into NaN. Run per checkpoint
+    only, which copies every tensor of the state to the host anyway (the state's tensors may lie on the device
+    and on the CPU: one flag read per tensor)."""
+    bad = [name for name, tensor in _floating_tensors(state) if not bool(torch.isfinite(tensor).all())]
+    if bad:
+        shown = ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
+        raise NonFiniteLossError(
+            f"the algorithm's state holds NaN or inf after iteration {iteration} ({shown}); not writing its "
+            "checkpoint (check the env's rewards and observations for NaN, inf or huge values, lower the learning "
+            "rate)"
+        )
+
+
+def _floating_tensors(data, path: str = ""):
+    """`(path, tensor)` for every floating-point tensor in nested dicts and lists, paths joined by '/'."""
+    if isinstance(data, torch.Tensor):
+        if data.is_floating_point() and data.numel():
+            yield path, data
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            yield from _floating_tensors(value, f"{path}/{key}" if path else str(key))
+    elif isinstance(data, (list, tuple)):
+        for i, value in enumerate(data):
+            yield from _floating_tensors(value, f"{path}[{i}]")
 
 
 def _tensor_text(shape: tuple[int, ...]) -> str:

@@ -84,6 +84,28 @@ def test_nan_loss_stops_the_run_naming_group_and_term(tmp_path, monkeypatch):
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
 
 
+class HugeReward(Counter):
+    """Rewards of 1e30: finite, but their squares overflow PPO's float32 value normaliser."""
+
+    def _step(self, action):
+        reward, terminated = super()._step(action)
+        reward["mover"] = reward["mover"] + 1e30
+        return reward, terminated
+
+
+def test_a_checkpoint_of_a_non_finite_state_is_refused(tmp_path, monkeypatch):
+    """The losses stay finite while the critic's running variance overflows to inf: the run stops at the
+    checkpoint instead of writing one that resumes into NaN."""
+    monkeypatch.setitem(envs.registry._ENVS, "huge_counter", HugeReward)
+    config = dataclasses.replace(small_config(tmp_path), env=EnvSettings(env="huge_counter", num_envs=32))
+    trainer = Trainer(config)
+    row = trainer.train_iteration()
+    assert all(math.isfinite(value) for key, value in row.items() if key.endswith("loss"))
+    with pytest.raises(NonFiniteLossError, match=r"after iteration 1 \(mover/critic/target_var\)"):
+        trainer.save()
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
 @pytest.mark.parametrize("seeds", [(), (0, 1)], ids=["single", "seeds"])
 def test_a_minibatch_of_one_frame_of_one_agent_trains(tmp_path, seeds):
     """Its advantage, one value, has no std to normalise by: it is left as it is, not made NaN."""
