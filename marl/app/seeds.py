@@ -85,11 +85,14 @@ def keep_trained_alone(run_dir: Path, members: Sequence[Member]) -> list[str]:
     if len(members) == 1:
         return []
     run_dir = Path(run_dir)
-    population = len(read_rows(run_dir / AGGREGATE))
+    logged = {m.name: len(read_rows(member_dir(run_dir, m) / "metrics.csv")) for m in members}
+    # Without its aggregate.csv (deleted), the population logged as many rows as its least advanced member.
+    aggregate = run_dir / AGGREGATE
+    population = len(read_rows(aggregate)) if aggregate.exists() else min(logged.values())
     lines = []
     for member in members:
         folder = member_dir(run_dir, member)
-        if len(read_rows(folder / "metrics.csv")) > population:
+        if logged[member.name] > population:
             copy = _free_name(run_dir.parent / f"{run_dir.name}-{member.name}-alone")
             shutil.copytree(folder, copy)
             lines.append(

@@ -553,3 +553,15 @@ def test_eval_of_every_member_of_a_sweep_gives_each_settings_mean_over_its_seeds
         head, mean = line.split(" (95% CI ")[0].rsplit(" ", 1)
         assert head == f"agent lr={lr}: mean over 2 runs", line
         assert float(mean) == pytest.approx((each[f"seed_0-lr_{lr}"] + each[f"seed_1-lr_{lr}"]) / 2, abs=1e-4)
+
+
+def test_a_population_without_its_aggregate_log_resumes_without_copying_members(tmp_path, capsys):
+    # A deleted aggregate.csv counted as 0 rows: every member looked trained on alone past it.
+    run = tmp_path / "run"
+    assert main(["train", *tiny_argv(tmp_path), "--num-seeds", "2"]) == 0
+    (run / population.AGGREGATE).unlink()
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run / "checkpoint.pt"), "--total-frames", "192"]) == 0
+    assert "trained on alone" not in capsys.readouterr().out
+    assert not list(tmp_path.glob("run-seed_*"))
+    assert len((run / "seed_1" / "metrics.csv").read_text().splitlines()) == 4
