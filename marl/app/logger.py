@@ -98,38 +98,56 @@ class NoLogger:
 
 def drop_rows_after(csv_path: str | os.PathLike, iteration: int) -> None:
     """Drop the rows of `csv_path` logged after `iteration` (a resumed run logs them again), rewriting
-    the file atomically (temp file, then rename): a crash mid-way leaves the old file whole."""
+    the file atomically (temp file, then rename): a crash mid-way leaves the old file whole. A damaged
+    row is refused (`read_rows`), before anything is written."""
     csv_path = Path(csv_path)
     if not csv_path.exists():
         return
-    with open(csv_path, newline="") as f:
-        reader = csv.DictReader(f)
-        columns, rows = reader.fieldnames, list(reader)
-    kept = [row for row in rows if int(float(row["iteration"])) <= iteration]
-    if columns is None or len(kept) == len(rows):
+    columns, rows = _read_csv(csv_path)
+    if columns is None:
+        return
+    if "iteration" not in columns:
+        raise ValueError(f"{csv_path}: its header has no iteration column: it is not a marl train log")
+    kept = [text for text, numbers in rows if numbers["iteration"] <= iteration]
+    if len(kept) == len(rows):
         return
     tmp = csv_path.with_name(csv_path.name + ".tmp")
     with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
+        writer = csv.writer(f)
+        writer.writerow(columns)
         writer.writerows(kept)
     os.replace(tmp, csv_path)
 
 
 def read_rows(csv_path: str | os.PathLike) -> list[dict[str, float]]:
-    """The rows of `csv_path` as numbers (an empty cell as NaN); none when there is no such file."""
+    """The rows of `csv_path` as numbers (an empty cell as NaN); none when there is no such file. A row
+    that is not one number per column of the header is refused, naming the file and line."""
     csv_path = Path(csv_path)
     if not csv_path.exists():
         return []
+    return [numbers for _, numbers in _read_csv(csv_path)[1]]
+
+
+def _read_csv(csv_path: Path) -> tuple[list[str] | None, list[tuple[list[str], dict[str, float]]]]:
+    """The header of `csv_path` (None for an empty file) and each row, as its cells and as numbers."""
     with open(csv_path, newline="") as f:
-        reader = csv.DictReader(f)
+        reader = csv.reader(f)
+        columns = next(reader, None)
         rows = []
-        for row in reader:
+        for cells in reader:
+            if not cells:
+                continue
+            where = f"{csv_path}, line {reader.line_num}"
+            if len(cells) != len(columns):  # cut short by a crash mid-write, or two rows run together
+                raise ValueError(
+                    f"{where}: {len(cells)} values, expected {len(columns)} (one per column of the header): "
+                    "the row is damaged; fix or delete that line"
+                )
             numbers = {}
-            for key, value in row.items():
+            for key, value in zip(columns, cells):
                 try:
-                    numbers[key] = float(value) if value not in ("", None) else math.nan
+                    numbers[key] = float(value) if value != "" else math.nan
                 except ValueError:  # float() names neither the file nor the cell
-                    raise ValueError(f"{csv_path}, line {reader.line_num}: {key} is {value!r}, not a number") from None
-            rows.append(numbers)
-        return rows
+                    raise ValueError(f"{where}: {key} is {value!r}, not a number; fix or delete that line") from None
+            rows.append((cells, numbers))
+        return columns, rows

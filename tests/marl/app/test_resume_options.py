@@ -177,3 +177,26 @@ def test_a_swept_lr_schedule_is_said_as_a_scale_of_each_runs_lr(tmp_path, capsys
     assert main([*resume, "--schedule-frames", "256", "--no-progress"]) == 0
     says = "schedules: stretched from 128 to --schedule-frames 256 frames (agent lr scale 0 -> 0.5, annealing to 0)"
     assert says in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "line, damage, message",
+    [
+        # A cell that is not a number: in the iteration column, which the resume reads to drop rows, or another.
+        (2, lambda text: "abc" + text[1:], "line 3: iteration is 'abc', not a number"),
+        (1, lambda text: text.replace(",512,", ",5x2,", 1), "line 2: frames is '5x2', not a number"),
+        # A row cut short, as a crash mid-write leaves it.
+        (2, lambda text: text[:10], "line 3: 3 values, expected"),
+    ],
+    ids=["iteration", "frames", "cut-short"],
+)
+def test_a_damaged_metrics_csv_is_named_with_its_line_in_one_line(tmp_path, capsys, line, damage, message):
+    checkpoint = trained(tmp_path, capsys, 1536)
+    log = checkpoint.parent / "metrics.csv"
+    lines = log.read_text().splitlines()
+    lines[line] = damage(lines[line])
+    log.write_text("\n".join(lines) + "\n")
+    assert main(["train", "--resume", str(checkpoint), "--total-frames", "2048", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{log}, {message}" in err and len(err.splitlines()) == 1
+    assert log.read_text() == "\n".join(lines) + "\n", "the damaged log is left as it was"
