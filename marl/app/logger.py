@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -151,3 +152,13 @@ def _read_csv(csv_path: Path) -> tuple[list[str] | None, list[tuple[list[str], d
                     raise ValueError(f"{where}: {key} is {value!r}, not a number; fix or delete that line") from None
             rows.append((cells, numbers))
         return columns, rows
+
+
+def rows_by_iteration(logs: Sequence[list[dict[str, float]]]) -> list[tuple[dict[str, float], ...]]:
+    """Several runs' rows (`read_rows`: a population's members) paired by their iteration column, not by
+    position: for each iteration that every log holds, in order, each log's row of it (its last, should an
+    iteration repeat). An iteration some log lacks (rows lost, a member trained on alone past the others)
+    is left out, so that every pair averages over the same runs."""
+    by_iteration = [{row["iteration"]: row for row in rows} for rows in logs]
+    common = set.intersection(*(set(rows) for rows in by_iteration)) if by_iteration else set()
+    return [tuple(rows[i] for rows in by_iteration) for i in sorted(common)]

@@ -7,7 +7,7 @@ import math
 import os
 from pathlib import Path
 
-from marl.app.logger import read_rows
+from marl.app.logger import read_rows, rows_by_iteration
 from marl.app.paths import check_output_file
 
 
@@ -38,8 +38,9 @@ def _hint(path: Path) -> str:
 def sweep_rows(run_dir: str | Path) -> dict[str, list[dict[str, float]]]:
     """A swept population's curves (`marl train --sweep`), whose aggregate.csv averages over every setting:
     per setting (`lr_0.001-gamma_0.9`) and iteration, each group's return averaged over that setting's seeds
-    with its 95% CI (as aggregate.csv's columns), from the members' `seed_<s>-<setting>/metrics.csv`; empty
-    for a single run or a population of seeds alone."""
+    with its 95% CI (as aggregate.csv's columns), from the members' `seed_<s>-<setting>/metrics.csv`, their
+    rows paired by iteration: only the iterations every seed of the setting logged (`rows_by_iteration`);
+    empty for a single run or a population of seeds alone."""
     members: dict[str, list[list[dict[str, float]]]] = {}
     for log in sorted(Path(run_dir).glob("seed_*-*/metrics.csv")):
         members.setdefault(log.parent.name.split("-", 1)[1], []).append(read_rows(log))
@@ -50,7 +51,7 @@ def sweep_rows(run_dir: str | Path) -> dict[str, list[dict[str, float]]]:
     curves = {}
     for setting, logs in members.items():
         rows = []
-        for iteration in zip(*logs):  # a member trained on alone past the others: their iterations only
+        for iteration in rows_by_iteration(logs):
             row = dict(iteration[0])
             for key in [k for k in row if k.endswith("/episode_return")]:
                 mean, *stats = bootstrap_ci([r[key] for r in iteration])

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from marl.app.logger import RunLogger, read_rows
+from marl.app.logger import RunLogger, read_rows, rows_by_iteration
 from marl.app.wandb_logging import wandb_run
 from marl.config import Member, TrainConfig
 from marl.core.member_replay import MemberReplayBuffer
@@ -69,11 +69,12 @@ def logs(run_dir: Path, members: Sequence[Member]) -> list[Path]:
 
 def logged_rows(run_dir: Path, members: Sequence[Member]) -> list[dict]:
     """The rows a run of `members` logged, as `Trainer.train` returns them (with several seeds, each
-    member's row under `members`): a resumed run's summary is of the whole run, not only the rows it trains."""
+    member's row under `members`, paired by iteration: those every member logged): a resumed run's summary
+    is of the whole run, not only the rows it trains."""
     if len(members) == 1:
         return read_rows(Path(run_dir) / "metrics.csv")
     logged = [read_rows(member_dir(run_dir, m) / "metrics.csv") for m in members]
-    return [{**rows[0], "members": list(rows)} for rows in zip(*logged)]
+    return [{**rows[0], "members": list(rows)} for rows in rows_by_iteration(logged)]
 
 
 def keep_trained_alone(run_dir: Path, members: Sequence[Member]) -> list[str]:

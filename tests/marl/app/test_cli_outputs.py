@@ -251,3 +251,31 @@ def test_plot_of_a_sweep_draws_each_setting_over_its_seeds(tmp_path, monkeypatch
     assert main(["plot", str(run)]) == 0
     over_seeds = " (mean, 95% CI over seeds)"
     assert curves == {f"agent lr_0.001{over_seeds}": [2.0, 2.0], f"agent lr_0.01{over_seeds}": [5.0, 6.0]}
+
+
+def test_plot_of_a_sweep_averages_its_seeds_by_iteration_not_by_row(tmp_path, monkeypatch):
+    """A member whose log lost rows (iterations 2 and 3 here) is paired with the others by its iteration
+    column: the curve is drawn at the iterations every seed logged, each the mean of that iteration's returns."""
+    import matplotlib.axes
+
+    curves = {}
+    plot = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(
+        matplotlib.axes.Axes,
+        "plot",
+        lambda self, x, y, **k: curves.update({k["label"]: (list(x), list(y))}) or plot(self, x, y, **k),
+    )
+    run = tmp_path / "sweep"
+    write_run(run / "seed_0-lr_0.001", ["1.0", "2.0", "3.0", "4.0", "5.0"])
+    write_run(run / "seed_1-lr_0.001", ["10.0", "20.0", "30.0", "40.0", "50.0"])
+    lost = write_run(run / "seed_2-lr_0.001", ["100.0", "200.0", "300.0", "400.0", "500.0"]) / "metrics.csv"
+    lines = lost.read_text().splitlines()
+    lost.write_text("\n".join(lines[:2] + lines[4:]) + "\n")  # iterations 1, 4, 5
+    write_run(run / "seed_0-lr_0.01", ["7.0", "8.0", "9.0", "10.0", "11.0"])
+    write_run(tmp_path / "mean", ["0.0"] * 5).joinpath("metrics.csv").rename(run / "aggregate.csv")
+    assert main(["plot", str(run)]) == 0
+    frames, returns = curves["agent lr_0.001 (mean, 95% CI over seeds)"]
+    by_iteration = {1: (1.0, 10.0, 100.0), 4: (4.0, 40.0, 400.0), 5: (5.0, 50.0, 500.0)}  # written out by hand
+    assert frames == [100 * i for i in by_iteration]
+    assert returns == pytest.approx([sum(r) / 3 for r in by_iteration.values()])
+    assert curves["agent lr_0.01 (mean, 95% CI over seeds)"] == ([100, 200, 300, 400, 500], [7.0, 8.0, 9.0, 10.0, 11.0])

@@ -565,3 +565,19 @@ def test_a_population_without_its_aggregate_log_resumes_without_copying_members(
     assert "trained on alone" not in capsys.readouterr().out
     assert not list(tmp_path.glob("run-seed_*"))
     assert len((run / "seed_1" / "metrics.csv").read_text().splitlines()) == 4
+
+
+def test_a_resumed_populations_logged_rows_pair_members_by_iteration(tmp_path):
+    """The rows a resumed population's summary is of: a member whose log lost iteration 2 is paired with the
+    others by iteration, at the iterations every member logged."""
+    from marl.config import Member
+
+    members = [Member(0), Member(1)]
+    for member, iterations in zip(members, ([1, 2, 3], [1, 3])):
+        folder = tmp_path / member.name
+        folder.mkdir()
+        rows = [f"{i},{i * 100},{member.seed * 10 + i}" for i in iterations]
+        (folder / "metrics.csv").write_text("\n".join(["iteration,frames,agent/episode_return", *rows]) + "\n")
+    logged = population.logged_rows(tmp_path, members)
+    assert [row["iteration"] for row in logged] == [1.0, 3.0]
+    assert [[m["agent/episode_return"] for m in row["members"]] for row in logged] == [[1.0, 11.0], [3.0, 13.0]]
