@@ -10,14 +10,43 @@ from typing import Any
 import torch
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, a folder this user cannot write, ...); the
+    message names the checkpoint, says whether the previous one is kept, and gives the OS's reason."""
+
+
 def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:
-    """Write `state` to `path` through a temporary file and an atomic rename."""
+    """Write `state` to `path` through a temporary file and an atomic rename. A write that fails removes
+    its temporary file and leaves the previous checkpoint as it was; an OS error (a full disk) raises a
+    CheckpointWriteError saying so."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Through a Python file, not the path: torch's own writer reports a full disk only as
+        # "file write failed" or "unexpected pos", whereas the file's write raises the OSError itself.
+        with tmp.open("wb") as file:
+            torch.save(state, file)
+            file.flush()
+            os.fsync(file.fileno())  # some filesystems report a full disk only here; before the rename
+        os.replace(tmp, path)
+    except BaseException as error:  # also Ctrl-C: no temporary file is left behind
+        tmp.unlink(missing_ok=True)
+        cause = _os_error(error)
+        if cause is None:
+            raise
+        kept = "the previous checkpoint there is kept" if path.is_file() else "no checkpoint was written"
+        reason = cause.strerror or str(cause)
+        raise CheckpointWriteError(f"could not write the checkpoint {path}: {reason}; {kept}") from error
     return path
+
+
+def _os_error(error: BaseException) -> OSError | None:
+    """The OSError that `error` is or was raised while handling: torch.save turns a failed write of the
+    file into a RuntimeError raised in handling the file's OSError."""
+    while error is not None and not isinstance(error, OSError):
+        error = error.__cause__ or error.__context__
+    return error
 
 
 _ZIP_MAGIC = b"PK\x03\x04"  # how every file torch.save writes (a zip archive) starts

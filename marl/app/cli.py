@@ -289,6 +289,7 @@ def _frames_text(total_frames: int, trainer) -> str:
 def cmd_train(args: argparse.Namespace) -> int:
     from envs.base import EnvOutputError
     from marl.app import seeds
+    from marl.app.checkpoint import CheckpointWriteError
     from marl.app.summary import print_summary
     from marl.app.trainer import NonFiniteLossError, NothingToTrain
     from marl.app.wandb_logging import WandbStartError
@@ -322,9 +323,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             rows = trainer.train()
         except WandbStartError as error:  # raised before the first iteration: bad setup, said in one line
             raise UsageError(str(error)) from error
-        except (NonFiniteLossError, EnvOutputError) as error:
-            # Their message says what broke and where (group, loss term or env method): a traceback would
-            # only show vecmarl's own checks. The trainer has said where the last checkpoint is.
+        except (NonFiniteLossError, EnvOutputError, CheckpointWriteError) as error:
+            # Their message says what broke and where (group, loss term, env method, or the disk): a traceback
+            # would only show vecmarl's own checks. The trainer has said where the last checkpoint is.
             if world.is_main:
                 print(f"marl train: error: {error}", file=sys.stderr)
             return 1

@@ -1,10 +1,16 @@
-"""Loading a file that is not a vecmarl checkpoint says so in one clear error, not torch's."""
+"""Loading a file that is not a vecmarl checkpoint says so in one clear error, not torch's; so does a
+checkpoint that cannot be written (a full disk), which leaves the previous one as it was."""
+
+import contextlib
+import errno
+import os
+from pathlib import Path
 
 import pytest
 import torch
 
 from marl.algorithms.ppo import PPOConfig
-from marl.app.checkpoint import load_checkpoint
+from marl.app.checkpoint import CheckpointWriteError, load_checkpoint, save_checkpoint
 from marl.app.cli import main
 from marl.app.trainer import Trainer
 from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
@@ -100,3 +106,96 @@ def test_the_cli_reports_a_bad_checkpoint_in_one_line(tmp_path, capsys, command,
         err.strip()
         == f"marl {command.split()[0]}: error: {path} {NOT_A_CHECKPOINT}it is not a file written by torch.save"
     )
+
+
+# --- a checkpoint that cannot be written ---------------------------------------------------------
+
+FULL = "No space left on device"
+
+
+def _save_then_fill_the_disk(monkeypatch):
+    """torch.save writes part of the checkpoint, then the disk is full."""
+
+    def save_part(state, file):
+        with contextlib.nullcontext(file) if hasattr(file, "write") else open(file, "wb") as out:
+            out.write(b"PK\x03\x04 the first part of a checkpoint")
+        raise OSError(errno.ENOSPC, FULL)
+
+    monkeypatch.setattr(torch, "save", save_part)
+
+
+class _FullDisk:
+    """A file whose disk fills up after `room` bytes, each write failing as the OS's would."""
+
+    def __init__(self, file, room: int):
+        self.file, self.room = file, room
+
+    def write(self, data) -> int:
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, FULL)
+        self.room -= len(data)
+        return self.file.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()
+
+
+def _fill_the_disk_under_torch(monkeypatch):
+    """The file's own writes fail mid-checkpoint: torch.save turns that into a RuntimeError of its own
+    ("unexpected pos"), as on a real full disk."""
+    open_path = Path.open
+    monkeypatch.setattr(Path, "open", lambda path, *args, **kwargs: _FullDisk(open_path(path, *args, **kwargs), 5000))
+
+
+@pytest.mark.parametrize("fill", [_save_then_fill_the_disk, _fill_the_disk_under_torch])
+def test_a_full_disk_keeps_the_previous_checkpoint_and_says_so(tmp_path, real_checkpoint, monkeypatch, fill):
+    path = tmp_path / "checkpoint.pt"
+    path.write_bytes(real_checkpoint)
+    state = load_checkpoint(path)
+    fill(monkeypatch)
+    with pytest.raises(CheckpointWriteError) as error:
+        save_checkpoint(path, state)
+    assert str(error.value) == f"could not write the checkpoint {path}: {FULL}; the previous checkpoint there is kept"
+    assert error.value.__cause__ is not None  # the OS's error and torch's stay in the traceback
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"], "no checkpoint.pt.tmp is left"
+    assert path.read_bytes() == real_checkpoint and load_checkpoint(path)["iteration"] == state["iteration"]
+    # Without a previous checkpoint, none is left, whole or in part.
+    fill(monkeypatch)
+    with pytest.raises(CheckpointWriteError, match=f"{FULL}; no checkpoint was written$"):
+        save_checkpoint(tmp_path / "new" / "checkpoint.pt", state)
+    assert not list((tmp_path / "new").iterdir())
+
+
+class _Unpicklable:
+    def __reduce__(self):
+        raise TypeError("cannot pickle this")
+
+
+def test_an_error_that_is_not_the_oss_leaves_no_temporary_file_and_stays_itself(tmp_path):
+    with pytest.raises(TypeError, match="cannot pickle this"):
+        save_checkpoint(tmp_path / "checkpoint.pt", {"config": _Unpicklable()})
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_cli_reports_a_full_disk_in_one_line(tmp_path, capsys, monkeypatch):
+    tiny = ["--num-envs", "4", "--rollout-length", "8", "--minibatch-size", "32", "--hidden", "8", "--no-progress"]
+    run = ["train", *tiny, "--no-tensorboard", "--log-dir", str(tmp_path), "--run-name", "run"]
+    assert main([*run, "--total-frames", "32"]) == 0
+    path = tmp_path / "run" / "checkpoint.pt"
+    saved = path.read_bytes()
+    capsys.readouterr()
+    _save_then_fill_the_disk(monkeypatch)
+    assert main(["train", "--resume", str(path), "--total-frames", "64"]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == (
+        f"marl train: error: could not write the checkpoint {path}: {FULL}; the previous checkpoint there is kept\n"
+    )
+    assert f"the run failed at saving iteration 2's checkpoint; the last checkpoint is {path}" in captured.out
+    assert path.read_bytes() == saved and not os.path.exists(f"{path}.tmp")
