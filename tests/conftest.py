@@ -1,5 +1,6 @@
 import argparse
 import os
+import stat
 
 import pytest
 import torch  # importing torch (and asking it for CUDA) imports no triton: TRITON_INTERPRET below still applies
@@ -97,3 +98,25 @@ def parse_only(monkeypatch):
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_and_stop)
     return Parsed
+
+
+@pytest.fixture
+def read_only(monkeypatch):
+    """`read_only(path)` takes the write bits off `path` (given back after the test), and makes os.access
+    honour them for root too: root may write whatever the bits say, so a test of a read-only run folder would
+    otherwise pass or fail by who runs it (root in CI containers)."""
+    access, made = os.access, []
+
+    def access_as_a_user(path, mode, **kwargs):
+        if mode & os.W_OK and not os.stat(path).st_mode & stat.S_IWUSR:
+            return False
+        return access(path, mode, **kwargs)
+
+    def make_read_only(path):
+        made.append((path, path.stat().st_mode))
+        path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+
+    monkeypatch.setattr(os, "access", access_as_a_user)
+    yield make_read_only
+    for path, mode in made:
+        path.chmod(mode)

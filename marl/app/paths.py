@@ -8,7 +8,8 @@ from pathlib import Path
 
 def check_output_file(path: str | Path, what: str, example: str | None = None) -> None:
     """Raise a ValueError, its message starting with `what`, when `path` cannot be written as a file:
-    its folder does not exist or is a file, or (when `example` names a file to suggest inside it) it is a folder."""
+    its folder does not exist, is a file or is not writable, it is a file that is not writable, or (when
+    `example` names a file to suggest inside it) it is a folder."""
     path = Path(path)
     if example is not None and path.is_dir():
         raise ValueError(f"{what}: it is a folder; give a file name such as {path / example}")
@@ -16,6 +17,10 @@ def check_output_file(path: str | Path, what: str, example: str | None = None) -
         raise ValueError(f"{what}: {path.parent} is a file, not a folder")
     if not path.parent.is_dir():
         raise ValueError(f"{what}: the folder {path.parent} does not exist")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{what}: the folder {path.parent} is not writable")
+    if path.is_file() and not os.access(path, os.W_OK):
+        raise ValueError(f"{what}: {path} is not writable")
 
 
 def check_output_folder(path: str | Path, what: str) -> None:

@@ -68,9 +68,15 @@ AGGREGATE = "aggregate.csv"  # a population's (`marl.app.seeds`): each metric's 
 def output_path(out: str | Path | None, first_run: str | Path) -> Path:
     """Where the figure goes: `out`, or `learning_curve.png` inside it when it is a folder, or the first
     run's `learning_curve.png`. A name without an extension gets `.png`, which matplotlib would add
-    itself (the path reported must be the file written); a missing folder is refused before plotting."""
+    itself (the path reported must be the file written); a missing or read-only folder is refused before
+    plotting."""
     if out is None:
-        return Path(first_run) / "learning_curve.png"
+        out = Path(first_run) / "learning_curve.png"
+        try:
+            check_output_file(out, f"cannot write {out}")
+        except ValueError as error:  # e.g. a read-only run folder: the figure can still go elsewhere
+            raise ValueError(f"{error}; pass --out to write the figure elsewhere") from None
+        return out
     if Path(out).is_dir() or str(out).endswith(("/", os.sep)):
         out = Path(out) / "learning_curve.png"
     out = Path(out)
@@ -94,7 +100,6 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path | None = None, x: str 
         import matplotlib.pyplot as plt
     except ImportError as error:
         raise ImportError('plotting needs matplotlib: pip install "vecmarl[plot]"') from error
-    out = output_path(out, run_dirs[0])
     runs = {Path(d): read_metrics(d) for d in run_dirs}
     for run_dir, rows in runs.items():
         if not rows:
@@ -107,6 +112,8 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path | None = None, x: str 
                 f"{run_dir}: no episode has ended yet in its {len(rows)} iteration(s), so there is no return to "
                 "plot; train longer (an episode must end within the frames trained)"
             )
+    # After the runs are read: a folder given that is not a run is said as that, not as a place to write.
+    out = output_path(out, run_dirs[0])
     # Runs are named by their folder, or by the path given where two folders share a name (seed0/nav, seed1/nav).
     short = [d.name for d in runs]
     names = {d: d.name if short.count(d.name) == 1 else str(d) for d in runs}

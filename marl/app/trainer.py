@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -37,9 +38,9 @@ from marl.app import distributed, seeds
 from marl.app.build import build_algorithm, check_group_overrides, make_env, resolve_device
 from marl.app.checkpoint import load_checkpoint, save_checkpoint
 from marl.app.logger import NoLogger, RunLogger, drop_rows_after
-from marl.app.paths import check_output_folder
+from marl.app.paths import check_output_file, check_output_folder
 from marl.app.wandb_logging import WandbStartError, check_installed, wandb_run
-from marl.config import RunConfig, TrainConfig
+from marl.config import Member, RunConfig, TrainConfig
 from marl.core.member_replay import MemberReplayBuffer
 from marl.core.replay import ReplayBuffer, format_bytes, replay_nbytes
 from marl.core.rollout import Collector
@@ -371,6 +372,8 @@ class Trainer:
                 "train on"
             )
         trainer = cls(config, run_dir=Path(path).parent, resuming=True)
+        if state["frames"] < run.total_frames:  # it will write there (a run resumed to be inspected will not)
+            trainer.world.check_on_main(lambda: check_resumed_run_dir(trainer.run_dir, trainer.members))
         trainer.load_state_dict(state)
         trainer.saved_run = saved
         if trainer.world.is_main:
@@ -467,6 +470,19 @@ def check_fresh_run_dir(run_dir: Path, launcher: str = "marl") -> None:
     raise ValueError(
         f"run folder {run_dir} already holds a run ({', '.join(held)}); pick another --run-name, or {advice}"
     )
+
+
+def check_resumed_run_dir(run_dir: Path, members: Sequence[Member]) -> None:
+    """A resumed run rewrites its checkpoints and appends to its logs: a folder or log this user cannot
+    write (e.g. made read-only to keep it) is refused before training, not with a PermissionError at the
+    first iteration's log or checkpoint."""
+    what = f"cannot resume the run in {run_dir}"
+    folders = [run_dir] if len(members) == 1 else [run_dir, *(seeds.member_dir(run_dir, m) for m in members)]
+    for folder in folders:
+        check_output_folder(folder, what)
+    for log in seeds.logs(run_dir, members):
+        if log.exists():  # else it is made in a folder checked above
+            check_output_file(log, what)
 
 
 def default_run_dir(config: TrainConfig) -> Path:

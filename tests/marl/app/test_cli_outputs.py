@@ -75,6 +75,25 @@ def test_plot_refuses_what_it_cannot_draw_or_write_in_one_line(args, message, tm
     assert not list(tmp_path.rglob("*.png")), "nothing is drawn when the input is refused"
 
 
+def test_plot_refuses_a_read_only_run_folder_in_one_line_naming_out(tmp_path, capsys, read_only):
+    # Was a PermissionError traceback from matplotlib, after the figure was drawn.
+    run = write_run(tmp_path / "run", ["1.0", "2.0"])
+    read_only(run)
+    assert main(["plot", str(run)]) == 2
+    assert capsys.readouterr().err == (
+        f"marl plot: error: cannot write {run / 'learning_curve.png'}: the folder {run} is not writable; "
+        "pass --out to write the figure elsewhere\n"
+    )
+    assert main(["plot", str(run), "--out", str(tmp_path / "curves.png")]) == 0
+    assert (tmp_path / "curves.png").is_file() and not (run / "learning_curve.png").exists()
+    read_only(tmp_path / "curves.png")  # a figure that is there already, kept read-only
+    assert main(["plot", str(run), "--out", str(tmp_path / "curves.png")]) == 2
+    assert (
+        f"cannot write {tmp_path / 'curves.png'}: {tmp_path / 'curves.png'} is not writable\n"
+        in capsys.readouterr().err
+    )
+
+
 # --- marl eval -----------------------------------------------------------------------------------
 
 

@@ -105,6 +105,22 @@ def test_a_total_already_reached_is_one_line(tmp_path, capsys):
     assert Trainer.resume(checkpoint).train() == []  # in Python, a finished run resumes to be looked at
 
 
+@pytest.mark.parametrize("locked", ["the folder", "metrics.csv"])
+def test_a_read_only_run_is_refused_in_one_line_before_training(tmp_path, capsys, read_only, locked):
+    # Was a PermissionError traceback at the first iteration's log, or after training, at its checkpoint.
+    checkpoint = trained(tmp_path, capsys, 1024)
+    run, log = checkpoint.parent, checkpoint.parent / "metrics.csv"
+    logged = log.read_bytes()
+    read_only(run if locked == "the folder" else log)
+    assert main(["train", "--resume", str(checkpoint), "--total-frames", "2048"]) == 2
+    captured = capsys.readouterr()
+    said = f"the folder {run}" if locked == "the folder" else str(log)
+    assert captured.err == f"marl train: error: cannot resume the run in {run}: {said} is not writable\n"
+    assert log.read_bytes() == logged
+    # A finished run, resumed in Python to be looked at, writes nothing: it is not refused.
+    assert Trainer.resume(checkpoint).train() == []
+
+
 def test_a_linear_lr_is_not_trained_past_its_end(tmp_path):
     run = RunConfig(total_frames=4096, schedule_frames=1024)
     with pytest.raises(ValueError, match=r"--lr-schedule linear anneals lr to 0 over --schedule-frames 1,024"):
