@@ -253,7 +253,8 @@ def register_seeded(*names: str):
     holds every member's envs in one `[S * B]` batch (`marl.core.members`), `generators[k]` is member `k`'s
     random stream, `sweep` (`--sweep`) maps options to each member's value; `update` returns each term per
     member (`[S]`), and `member_state_dict(k)` is member
-    `k`'s state as the single-seed algorithm's `state_dict()`."""
+    `k`'s state as the single-seed algorithm's `state_dict()`. A worked example, a user's REINFORCE:
+    `tests/marl/algorithms/reinforce_seeds.py` (the README's "Your algorithm as a population")."""
 
     def decorate(cls: type[Algorithm]) -> type[Algorithm]:
         for name in names:

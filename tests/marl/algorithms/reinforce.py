@@ -5,7 +5,7 @@
 Each group's policy is trained on its Monte-Carlo returns-to-go within the iteration's batch (an episode
 cut by the batch's end counts what it has so far), minus a running mean baseline, with one gradient step
 per iteration. Used by the tests: it trains, checkpoints, resumes and evaluates through `marl train` and
-`marl eval` without any of them knowing it.
+`marl eval` without any of them knowing it. `reinforce_seeds.py` trains it as a population (`--seeds`).
 """
 
 from __future__ import annotations

@@ -290,6 +290,57 @@ def assert_resumes_exactly(config: TrainConfig, tmp_path) -> Trainer:
     return member
 
 
+REINFORCE_SEEDS = "tests.marl.algorithms.reinforce_seeds"  # the README's population of a user's algorithm
+
+
+def reinforce_config(tmp_path, env: str) -> TrainConfig:
+    """`tiny_config` with the user's REINFORCE (`tests/marl/algorithms/reinforce.py`) and its population."""
+    from tests.marl.algorithms import reinforce_seeds  # noqa: F401  (registers the population)
+    from tests.marl.algorithms.reinforce import ReinforceConfig
+
+    config = tiny_config(tmp_path)
+    settings = EnvSettings(env=env, num_envs=16, env_options={"max_steps": 6}, imports=(REINFORCE_SEEDS,))
+    return dataclasses.replace(config, env=settings, algo=ReinforceConfig(lr=1e-2))
+
+
+@pytest.mark.parametrize("env", ["navigation", "speaker_listener"])  # one group; two, one of them discrete
+def test_each_member_of_a_users_algorithm_trains_as_its_single_run(tmp_path, env):
+    """A user's population (`register_seeded`) is the independent runs: member k's metrics, parameters,
+    Adam moments and baseline are those of the single run with its seed, and the members differ."""
+    config = reinforce_config(tmp_path, env)
+    batched = Trainer(with_run(config, seeds=SEEDS), run_dir=tmp_path / "seeds")
+    singles = [Trainer(with_run(config, seed=s), run_dir=tmp_path / f"seed{s}") for s in SEEDS]
+    for _ in range(2):
+        row = batched.train_iteration()
+        for member, single in zip(row["members"], singles):
+            assert_rows_match(member, single.train_iteration())
+    for k, single in enumerate(singles):
+        member, alone = tensors(batched.algorithm.member_state_dict(k)), tensors(single.algorithm.state_dict())
+        assert member.keys() == alone.keys()
+        for name, tensor in alone.items():
+            torch.testing.assert_close(member[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
+    first, second = (tensors(batched.algorithm.member_state_dict(k)) for k in range(2))
+    assert any(not torch.equal(first[name], second[name]) for name in first if ".policy." in name)
+
+
+def test_a_users_population_trains_resumes_and_evaluates_from_the_command_line(tmp_path, capsys):
+    argv = ["train", "--imports", REINFORCE_SEEDS, "--algo", "reinforce", "--seeds", "3", "5"]
+    argv += ["--num-envs", "8", "--rollout-length", "8", "--hidden", "8", "--total-frames", "128"]
+    argv += ["--env-option", "max_steps=4", "--log-dir", str(tmp_path), "--run-name", "run", "--no-progress"]
+    assert main([*argv, "--no-tensorboard"]) == 0
+    assert "with REINFORCE on cpu, 2 runs x 8 envs (seeds 3, 5)" in capsys.readouterr().out
+    run = tmp_path / "run"
+    assert len((run / population.AGGREGATE).read_text().splitlines()) == 3
+    assert main(["eval", "--checkpoint", str(run / "seed_5" / "checkpoint.pt"), "--episodes", "2"]) == 0
+    assert main(["train", "--resume", str(run / "checkpoint.pt"), "--total-frames", "192"]) == 0
+    assert len((run / "seed_3" / "metrics.csv").read_text().splitlines()) == 4
+
+
+def test_a_users_population_resumes_exactly_and_each_member_resumes_alone(tmp_path):
+    config = with_run(reinforce_config(tmp_path, "navigation"), seeds=SEEDS, total_frames=16 * 8 * 3)
+    assert assert_resumes_exactly(config, tmp_path).config.run.seed == SEEDS[1]
+
+
 def test_train_writes_member_logs_aggregate_and_summary(tmp_path, capsys):
     assert main(["train", *tiny_argv(tmp_path), "--num-seeds", "3"]) == 0
     out = capsys.readouterr().out
@@ -360,9 +411,9 @@ def test_total_frames_round_up_to_whole_iterations_and_say_so(tmp_path, capsys, 
         (["--seeds", "1", "2", "1"], "seeds [1, 2, 1] repeat [1]: each seed trains one run, list it once"),
         (["--seeds", "1", "2", "--num-seeds", "3"], "num_seeds=3 but 2 seeds were listed"),
         (["--num-seeds", "0"], "num_seeds must be >= 1"),
-        (
-            ["--imports", "tests.marl.algorithms.reinforce", "--algo", "reinforce", "--num-seeds", "2"],
-            "train iddpg, ippo, iql, isac, maddpg, mappo, masac, qmix, vdn so far, not --algo reinforce",
+        (  # an algorithm registered without a population (register_seeded)
+            ["--imports", "tests.marl.algorithms.reward_model", "--algo", "reward_model", "--num-seeds", "2"],
+            "so far, not --algo reward_model: run its seeds one after another (marl train --algo reward_model",
         ),
     ],
 )
