@@ -49,6 +49,11 @@ class Seeded(Algorithm):
         self.seeds, self.generators = tuple(seeds), list(generators)
         self.sweep = dict(sweep or {})
         unknown = sorted(set(self.sweep) - set(self.SWEEPABLE))
+        if unknown and not self.SWEEPABLE:
+            raise ValueError(
+                f"--algo {config.algo.algo} takes no --sweep (its population, {type(self).__qualname__}, lists no "
+                f"SWEEPABLE options): leave out --sweep {' '.join(unknown)}, or run one population per value"
+            )
         if unknown:
             raise ValueError(
                 f"--sweep takes {self.sweep_owner} options {', '.join(self.SWEEPABLE)}, not {', '.join(unknown)}"

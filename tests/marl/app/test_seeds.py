@@ -3,6 +3,7 @@
 import collections
 import dataclasses
 import math
+import re
 
 import pytest
 import torch
@@ -334,6 +335,13 @@ def test_a_users_population_trains_resumes_and_evaluates_from_the_command_line(t
     assert main(["eval", "--checkpoint", str(run / "seed_5" / "checkpoint.pt"), "--episodes", "2"]) == 0
     assert main(["train", "--resume", str(run / "checkpoint.pt"), "--total-frames", "192"]) == 0
     assert len((run / "seed_3" / "metrics.csv").read_text().splitlines()) == 4
+
+
+def test_a_sweep_of_a_population_without_sweepable_options_is_refused_saying_so(tmp_path):
+    config = with_run(reinforce_config(tmp_path, "navigation"), seeds=SEEDS, sweep=("lr=0.1,0.01",))
+    says = "--algo reinforce takes no --sweep (its population, SeededReinforce, lists no SWEEPABLE options)"
+    with pytest.raises(ValueError, match=re.escape(says)):
+        Trainer(config, run_dir=tmp_path / "sweep")
 
 
 def test_a_users_population_resumes_exactly_and_each_member_resumes_alone(tmp_path):
