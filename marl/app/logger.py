@@ -100,24 +100,28 @@ class NoLogger:
 def drop_rows_after(csv_path: str | os.PathLike, iteration: int) -> None:
     """Drop the rows of `csv_path` logged after `iteration` (a resumed run logs them again), rewriting
     the file atomically (temp file, then rename): a crash mid-way leaves the old file whole. A damaged
-    row is refused (`read_rows`), before anything is written."""
+    row is refused (`read_rows`), before anything is written; a last row cut short by a crash is dropped."""
     csv_path = Path(csv_path)
     if not csv_path.exists():
         return
-    columns, rows = _read_csv(csv_path)
+    columns, rows, cut = _read_csv(csv_path)
     if columns is None:
         return
     if "iteration" not in columns:
         raise ValueError(f"{csv_path}: its header has no iteration column: it is not a marl train log")
     kept = [text for text, numbers in rows if numbers["iteration"] <= iteration]
-    if len(kept) == len(rows):
+    if len(kept) == len(rows) and not cut:  # a cut row is rewritten away: the next row must start a line
         return
     tmp = csv_path.with_name(csv_path.name + ".tmp")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(columns)
-        writer.writerows(kept)
-    os.replace(tmp, csv_path)
+    try:
+        with open(tmp, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(columns)
+            writer.writerows(kept)
+        os.replace(tmp, csv_path)
+    except BaseException:  # a full disk, Ctrl-C: the old file stays, and no temporary file is left beside it
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_rows(csv_path: str | os.PathLike) -> list[dict[str, float]]:
@@ -129,29 +133,44 @@ def read_rows(csv_path: str | os.PathLike) -> list[dict[str, float]]:
     return [numbers for _, numbers in _read_csv(csv_path)[1]]
 
 
-def _read_csv(csv_path: Path) -> tuple[list[str] | None, list[tuple[list[str], dict[str, float]]]]:
-    """The header of `csv_path` (None for an empty file) and each row, as its cells and as numbers."""
-    with open(csv_path, newline="") as f:
-        reader = csv.reader(f)
-        columns = next(reader, None)
-        rows = []
-        for cells in reader:
-            if not cells:
-                continue
-            where = f"{csv_path}, line {reader.line_num}"
-            if len(cells) != len(columns):  # cut short by a crash mid-write, or two rows run together
-                raise ValueError(
-                    f"{where}: {len(cells)} values, expected {len(columns)} (one per column of the header): "
-                    "the row is damaged; fix or delete that line"
-                )
-            numbers = {}
-            for key, value in zip(columns, cells):
-                try:
-                    numbers[key] = float(value) if value != "" else math.nan
-                except ValueError:  # float() names neither the file nor the cell
-                    raise ValueError(f"{where}: {key} is {value!r}, not a number; fix or delete that line") from None
-            rows.append((cells, numbers))
-        return columns, rows
+def _read_csv(csv_path: Path) -> tuple[list[str] | None, list[tuple[list[str], dict[str, float]]], bool]:
+    """The header of `csv_path` (None for an empty file), each row as its cells and as numbers, and whether
+    a cut row was left out: a damaged last line without its newline is a row whose write was cut short (a
+    crash, a full disk), of an iteration after the last checkpoint (a row is logged before its checkpoint)."""
+    text = csv_path.read_text()
+    lines = text.splitlines()
+    cut = not text.endswith("\n")
+    reader = csv.reader(lines)
+    columns = next(reader, None)
+    rows = []
+    for cells in reader:
+        if not cells:
+            continue
+        where = f"{csv_path}, line {reader.line_num}"
+        damaged = len(cells) != len(columns) or not all(_is_number(value) for value in cells)
+        if damaged and cut and reader.line_num == len(lines):
+            return columns, rows, True
+        if len(cells) != len(columns):  # two rows run together, or a line cut short by hand
+            raise ValueError(
+                f"{where}: {len(cells)} values, expected {len(columns)} (one per column of the header): "
+                "the row is damaged; fix or delete that line"
+            )
+        numbers = {}
+        for key, value in zip(columns, cells):
+            if not _is_number(value):  # float() would name neither the file nor the cell
+                raise ValueError(f"{where}: {key} is {value!r}, not a number; fix or delete that line")
+            numbers[key] = float(value) if value != "" else math.nan
+        rows.append((cells, numbers))
+    return columns, rows, False
+
+
+def _is_number(cell: str) -> bool:
+    """A cell of a marl train log: a number, or empty (NaN)."""
+    try:
+        float(cell or "nan")
+    except ValueError:
+        return False
+    return True
 
 
 def rows_by_iteration(logs: Sequence[list[dict[str, float]]]) -> list[tuple[dict[str, float], ...]]:

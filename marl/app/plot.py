@@ -57,6 +57,11 @@ def sweep_rows(run_dir: str | Path) -> dict[str, list[dict[str, float]]]:
                 mean, *stats = bootstrap_ci([r[key] for r in iteration])
                 row.update({key: mean, **{f"{key}_{stat}": v for stat, v in zip(STATS, stats)}})
             rows.append(row)
+        if not rows:
+            raise ValueError(
+                f"{run_dir}: the seeds of setting {setting} logged no iteration in common (their "
+                "seed_*/metrics.csv are empty, or lost rows), so there is no mean to plot"
+            )
         curves[setting] = rows
     return curves
 

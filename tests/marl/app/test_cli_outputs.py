@@ -65,8 +65,9 @@ def test_plot_refuses_what_it_cannot_draw_or_write_in_one_line(args, message, tm
     (tmp_path / "pops" / "p" / "aggregate.csv").write_text("frames,time_s,agent/episode_return\n100,1,1.0\n")
     (tmp_path / "bad" / "none").mkdir(parents=True)  # iterations shorter than an episode: no return logged
     (tmp_path / "bad" / "none" / "metrics.csv").write_text("frames,time_s,agent/episode_return\n100,1,\n200,2,nan\n")
-    (tmp_path / "bad" / "torn").mkdir()  # a row cut short, e.g. by a full disk
-    (tmp_path / "bad" / "torn" / "metrics.csv").write_text("frames,time_s,agent/episode_return\n100,1,1.0\n200,2,1.2e")
+    (tmp_path / "bad" / "torn").mkdir()  # a row cut short with rows after it (a cut last row is left out)
+    torn = "frames,time_s,agent/episode_return\n100,1,1.0\n200,2,1.2e\n300,3,1.0\n"
+    (tmp_path / "bad" / "torn" / "metrics.csv").write_text(torn)
     (tmp_path / "bad" / "other").mkdir()  # some other CSV
     (tmp_path / "bad" / "other" / "metrics.csv").write_text("frames,time_s,loss\n100,1,0.5\n")
     assert main(["plot", *args]) == 2
@@ -298,3 +299,15 @@ def test_plot_of_a_sweep_averages_its_seeds_by_iteration_not_by_row(tmp_path, mo
     assert frames == [100 * i for i in by_iteration]
     assert returns == pytest.approx([sum(r) / 3 for r in by_iteration.values()])
     assert curves["agent lr_0.01 (mean, 95% CI over seeds)"] == ([100, 200, 300, 400, 500], [7.0, 8.0, 9.0, 10.0, 11.0])
+
+
+def test_plot_of_a_sweep_whose_seeds_share_no_iteration_is_one_line(tmp_path, capsys):
+    # It was an IndexError on the setting's empty curve.
+    run = tmp_path / "sweep"
+    write_run(run / "seed_0-lr_0.001", ["1.0", "2.0"])
+    lost = write_run(run / "seed_1-lr_0.001", ["10.0", "20.0"]) / "metrics.csv"
+    lost.write_text(lost.read_text().splitlines()[0] + "\n")  # the header only: every row lost
+    write_run(tmp_path / "mean", ["0.0"] * 2).joinpath("metrics.csv").rename(run / "aggregate.csv")
+    assert main(["plot", str(run)]) == 2
+    says = f"marl plot: error: {run}: the seeds of setting lr_0.001 logged no iteration in common (their "
+    assert capsys.readouterr().err.startswith(says)

@@ -9,6 +9,7 @@ from marl.algorithms.ppo import PPOConfig
 from marl.algorithms.qlearning import QConfig, QMIXConfig
 from marl.app.checkpoint import load_checkpoint, save_checkpoint
 from marl.app.cli import main
+from marl.app.logger import read_rows
 from marl.app.trainer import NothingToTrain, Trainer
 from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
 
@@ -201,7 +202,7 @@ def test_a_swept_lr_schedule_is_said_as_a_scale_of_each_runs_lr(tmp_path, capsys
         # A cell that is not a number: in the iteration column, which the resume reads to drop rows, or another.
         (2, lambda text: "abc" + text[1:], "line 3: iteration is 'abc', not a number"),
         (1, lambda text: text.replace(",512,", ",5x2,", 1), "line 2: frames is '5x2', not a number"),
-        # A row cut short, as a crash mid-write leaves it.
+        # A row cut short before other rows (a crash cuts only the last line, without its newline: below).
         (2, lambda text: text[:10], "line 3: 3 values, expected"),
     ],
     ids=["iteration", "frames", "cut-short"],
@@ -216,3 +217,18 @@ def test_a_damaged_metrics_csv_is_named_with_its_line_in_one_line(tmp_path, caps
     err = capsys.readouterr().err
     assert f"{log}, {message}" in err and len(err.splitlines()) == 1
     assert log.read_text() == "\n".join(lines) + "\n", "the damaged log is left as it was"
+
+
+def test_a_last_row_cut_short_by_a_crash_is_dropped_on_resume(tmp_path, capsys):
+    """A row whose write was cut (a kill or a full disk mid-write) ends the log without its newline; it is of
+    an iteration after the checkpoint. The resume refused it as damaged, and had it been kept, the next row
+    would have been appended onto it."""
+    checkpoint = trained(tmp_path, capsys, 1536)
+    log = checkpoint.parent / "metrics.csv"
+    whole = log.read_text()
+    log.write_text(whole + whole.splitlines()[-1][:10])
+    assert [row["iteration"] for row in read_rows(log)] == [1.0, 2.0, 3.0]
+    assert main(["train", "--resume", str(checkpoint), "--total-frames", "2048", "--no-progress"]) == 0
+    lines = log.read_text().splitlines()
+    assert "\n".join(lines[:4]) + "\n" == whole and len(lines) == 5
+    assert [row["iteration"] for row in read_rows(log)] == [1.0, 2.0, 3.0, 4.0]
