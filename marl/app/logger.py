@@ -146,31 +146,29 @@ def _read_csv(csv_path: Path) -> tuple[list[str] | None, list[tuple[list[str], d
     for cells in reader:
         if not cells:
             continue
-        where = f"{csv_path}, line {reader.line_num}"
-        damaged = len(cells) != len(columns) or not all(_is_number(value) for value in cells)
-        if damaged and cut and reader.line_num == len(lines):
-            return columns, rows, True
-        if len(cells) != len(columns):  # two rows run together, or a line cut short by hand
-            raise ValueError(
-                f"{where}: {len(cells)} values, expected {len(columns)} (one per column of the header): "
-                "the row is damaged; fix or delete that line"
-            )
-        numbers = {}
-        for key, value in zip(columns, cells):
-            if not _is_number(value):  # float() would name neither the file nor the cell
-                raise ValueError(f"{where}: {key} is {value!r}, not a number; fix or delete that line")
-            numbers[key] = float(value) if value != "" else math.nan
-        rows.append((cells, numbers))
+        try:
+            rows.append((cells, _numbers(columns, cells, f"{csv_path}, line {reader.line_num}")))
+        except ValueError:
+            if cut and reader.line_num == len(lines):
+                return columns, rows, True
+            raise
     return columns, rows, False
 
 
-def _is_number(cell: str) -> bool:
-    """A cell of a marl train log: a number, or empty (NaN)."""
-    try:
-        float(cell or "nan")
-    except ValueError:
-        return False
-    return True
+def _numbers(columns: list[str], cells: list[str], where: str) -> dict[str, float]:
+    """A row's cells as numbers by column (an empty cell as NaN); a damaged row is refused, saying `where`."""
+    if len(cells) != len(columns):  # two rows run together, or a line cut short
+        raise ValueError(
+            f"{where}: {len(cells)} values, expected {len(columns)} (one per column of the header): "
+            "the row is damaged; fix or delete that line"
+        )
+    numbers = {}
+    for key, value in zip(columns, cells):
+        try:
+            numbers[key] = float(value) if value != "" else math.nan
+        except ValueError:  # float() names neither the file nor the cell
+            raise ValueError(f"{where}: {key} is {value!r}, not a number; fix or delete that line") from None
+    return numbers
 
 
 def rows_by_iteration(logs: Sequence[list[dict[str, float]]]) -> list[tuple[dict[str, float], ...]]:
