@@ -19,10 +19,28 @@ from marl.core.members import Members
 
 class Seeded(Algorithm):
     """A population of `len(seeds)` members of one algorithm; `generators[k]` is member `k`'s random
-    stream, as a single run's. A subclass sets `single` (the algorithm each member trains as: its class, or a
-    function of the same arguments that builds it, as `marl.algorithms.build` builds a mixed run) and
-    `SWEEPABLE` (the options `--sweep` may give each member), and writes `build`: from the members built as
-    single runs, it stacks their nets in `self.members` and sets `self.optimizers`."""
+    stream, as a single run's. Member `k`'s envs are columns `k * B .. (k + 1) * B` of one `[T, S * B]`
+    batch, its parameters slot `k` of tensors stacked on a leading member dim `[S, ...]`. A subclass
+    (registered with `marl.algorithms.register_seeded(NAME)`; a worked example:
+    `tests/marl/algorithms/reinforce_seeds.py`) provides:
+
+    - `single`: the algorithm each member trains as (its class, or a function of the same arguments that
+      builds it, as `marl.algorithms.build` builds a mixed run). Each member is first built as that single
+      run with its seed (the global RNG seeded with it), so its initial parameters are that run's;
+    - `SWEEPABLE`: the options `--sweep` may give each member, each member's value an `[S]` tensor in
+      `self.sweep` (a swept `lr`: `member_lr_step`, as `marl/algorithms/ppo_seeds.py` does);
+    - `build(singles)`: set `self.template = singles[0]` (its nets run every member's tensors), stack the
+      singles' nets into `self.members = Members([...])` and set `self.optimizers`, one Adam per group over
+      `self.stacked(net.parameters())` (Adam is elementwise, so one Adam is `S` runs' Adams);
+    - `acting`: `Acting({g: MemberPolicy(self.members, policy)})`, each member acting on its own envs;
+    - `update(batch, timer)`: `split(x, S, 1)` turns `[T, S * B, ...]` into `[S, T, B, ...]`, and
+      `self.members(fn, *args)` runs `fn`, a function of the template's nets (the single run's loss), for
+      every member under `torch.func.vmap` with its own parameters and rows. Backward through the summed
+      losses gives each member its own gradient; `clip_members_` clips each by its own norm. Each returned
+      term is `[S]`; anything else a single run keeps (a running baseline, a normaliser) is `[S]` too;
+    - `member_state_dict(k)`: member `k`'s state as the single run's `state_dict()` (`members.member(k,
+      prefix)`, `member_optimizer_state(optimizer, k)`), so `seed_K/checkpoint.pt` works with `marl eval`
+      and `--resume`; `state_dict()` holds all members (add your `[S]` state to this class's)."""
 
     single: ClassVar[Callable[..., Algorithm]]
     SWEEPABLE: ClassVar[tuple[str, ...]] = ()
