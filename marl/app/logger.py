@@ -107,8 +107,7 @@ def drop_rows_after(csv_path: str | os.PathLike, iteration: int) -> None:
     columns, rows, cut = _read_csv(csv_path)
     if columns is None:
         return
-    if "iteration" not in columns:
-        raise ValueError(f"{csv_path}: its header has no iteration column: it is not a marl train log")
+    _check_iteration_column(csv_path, columns)
     kept = [text for text, numbers in rows if numbers["iteration"] <= iteration]
     if len(kept) == len(rows) and not cut:  # a cut row is rewritten away: the next row must start a line
         return
@@ -122,6 +121,24 @@ def drop_rows_after(csv_path: str | os.PathLike, iteration: int) -> None:
     except BaseException:  # a full disk, Ctrl-C: the old file stays, and no temporary file is left beside it
         tmp.unlink(missing_ok=True)
         raise
+
+
+def last_iteration(csv_path: str | os.PathLike) -> int | None:
+    """The last iteration `csv_path` logged (the largest in its iteration column, as `drop_rows_after` and
+    `rows_by_iteration` go by), None when it logged none or there is no such file."""
+    csv_path = Path(csv_path)
+    if not csv_path.exists():
+        return None
+    columns, rows, _ = _read_csv(csv_path)
+    if columns is None:
+        return None
+    _check_iteration_column(csv_path, columns)
+    return int(max(numbers["iteration"] for _, numbers in rows)) if rows else None
+
+
+def _check_iteration_column(csv_path: Path, columns: list[str]) -> None:
+    if "iteration" not in columns:
+        raise ValueError(f"{csv_path}: its header has no iteration column: it is not a marl train log")
 
 
 def read_rows(csv_path: str | os.PathLike) -> list[dict[str, float]]:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from marl.app.logger import RunLogger, read_rows, rows_by_iteration
+from marl.app.logger import RunLogger, last_iteration, read_rows, rows_by_iteration
 from marl.app.wandb_logging import wandb_run
 from marl.config import Member, TrainConfig
 from marl.core.member_replay import MemberReplayBuffer
@@ -79,26 +79,30 @@ def logged_rows(run_dir: Path, members: Sequence[Member]) -> list[dict]:
 
 def keep_trained_alone(run_dir: Path, members: Sequence[Member]) -> list[str]:
     """Before a population resumes: a member resumed alone (`marl train --resume RUN/seed_s/checkpoint.pt`,
-    which trains on in that member's folder) logged more iterations than the population, whose resume
-    drops those rows and overwrites that member's checkpoint. Its folder is copied beside the run folder
-    first, as `RUN-seed_s-alone` (an ordinary run: `marl eval`, `marl plot` or `--resume` it), so nothing it
-    trained is lost. Returns a line per copy, to print."""
+    which trains on in that member's folder) logged iterations past the population's last, which the
+    population's resume drops (`drop_rows_after` its checkpoint's iteration) before it overwrites that
+    member's checkpoint. Its folder is copied beside the run folder first, as `RUN-seed_s-alone` (an ordinary
+    run: `marl eval`, `marl plot` or `--resume` it), so nothing it trained is lost. Logs are compared by their
+    iteration column, not their row counts: a log that lost a row still ends at the iteration it trained to.
+    Returns a line per copy, to print."""
     if len(members) == 1:
         return []
     run_dir = Path(run_dir)
-    logged = {m.name: len(read_rows(member_dir(run_dir, m) / "metrics.csv")) for m in members}
-    # Without its aggregate.csv (deleted), the population logged as many rows as its least advanced member.
-    aggregate = run_dir / AGGREGATE
-    population = len(read_rows(aggregate)) if aggregate.exists() else min(logged.values())
+    logged = {m.name: last_iteration(member_dir(run_dir, m) / "metrics.csv") for m in members}
+    # Without rows in its aggregate.csv (deleted), the population logged as far as its least advanced member
+    # that logged any (a member without a log says nothing of where the population stopped).
+    population = last_iteration(run_dir / AGGREGATE)
+    if population is None:
+        population = min((last for last in logged.values() if last is not None), default=None)
     lines = []
     for member in members:
-        folder = member_dir(run_dir, member)
-        if logged[member.name] > population:
+        folder, last = member_dir(run_dir, member), logged[member.name]
+        if last is not None and population is not None and last > population:
             copy = _free_name(run_dir.parent / f"{run_dir.name}-{member.name}-alone")
             shutil.copytree(folder, copy)
             lines.append(
-                f"{member.name} trained on alone past the population's {population} iterations: that run is kept "
-                f"in {copy}; the population trains {member.name} on from its own checkpoint"
+                f"{member.name} trained on alone to iteration {last}, past the population's iteration {population}: "
+                f"that run is kept in {copy}; the population trains {member.name} on from its own checkpoint"
             )
     return lines
 

@@ -380,7 +380,7 @@ def test_a_population_keeps_a_member_trained_on_alone_as_its_own_run(tmp_path, c
     capsys.readouterr()
     assert main(["train", "--resume", str(run / "checkpoint.pt"), "--total-frames", "192"]) == 0
     copy = tmp_path / "run-seed_1-alone"
-    says = f"seed_1 trained on alone past the population's 2 iterations: that run is kept in {copy}"
+    says = f"seed_1 trained on alone to iteration 4, past the population's iteration 2: that run is kept in {copy}"
     assert says in capsys.readouterr().out
     assert (copy / "metrics.csv").read_bytes() == trained_alone
     rows = (run / "seed_1" / "metrics.csv").read_text().splitlines()
@@ -624,6 +624,33 @@ def test_a_population_without_its_aggregate_log_resumes_without_copying_members(
     assert "trained on alone" not in capsys.readouterr().out
     assert not list(tmp_path.glob("run-seed_*"))
     assert len((run / "seed_1" / "metrics.csv").read_text().splitlines()) == 4
+
+
+def write_log(path, iterations) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(["iteration,frames", *(f"{i},{i * 100}" for i in iterations)]) + "\n")
+
+
+@pytest.mark.parametrize("aggregate", [[1, 2, 3], [1, 3], None], ids=["aggregate", "aggregate-lost-a-row", "deleted"])
+def test_a_member_trained_on_alone_is_told_by_its_last_iteration_not_its_rows(tmp_path, aggregate):
+    # Logs that lost rows: only seed_2, trained alone to iteration 4 (its iteration 3 lost), is copied out.
+    from marl.config import Member
+
+    members = [Member(0), Member(1), Member(2)]
+    for member, iterations in zip(members, ([1, 2, 3], [1, 3], [1, 2, 4])):
+        write_log(tmp_path / "run" / member.name / "metrics.csv", iterations)
+    if aggregate is not None:
+        write_log(tmp_path / "run" / population.AGGREGATE, aggregate)
+    copy = tmp_path / "run-seed_2-alone"
+    assert population.keep_trained_alone(tmp_path / "run", members) == [
+        f"seed_2 trained on alone to iteration 4, past the population's iteration 3: that run is kept in {copy}; "
+        "the population trains seed_2 on from its own checkpoint"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "run-seed_2-alone"]
+    assert (copy / "metrics.csv").read_text() == (tmp_path / "run" / "seed_2" / "metrics.csv").read_text()
+    (tmp_path / "run" / "seed_1" / "metrics.csv").write_text("frames\n100\n")
+    with pytest.raises(ValueError, match="seed_1/metrics.csv: its header has no iteration column"):
+        population.keep_trained_alone(tmp_path / "run", members)
 
 
 def test_a_resumed_populations_logged_rows_pair_members_by_iteration(tmp_path):
