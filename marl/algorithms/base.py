@@ -175,15 +175,20 @@ def _check_algorithm_class(names: tuple[str, ...], cls) -> None:
         raise RegistrationError(
             f"register{names}: {cls.__qualname__}.collects must be 'rollout' or 'transitions', got {cls.collects!r}"
         )
-    # The base's versions raise NotImplementedError: without state_dict a run would fail at its first
-    # checkpoint, after training up to it.
-    required = ("acting", "update", "parameters", "state_dict", "load_state_dict")
+    _check_methods(f"register{names}", cls, (), "marl.algorithms.Algorithm")
+
+
+def _check_methods(where: str, cls: type[Algorithm], extra: tuple[str, ...], see: str) -> None:
+    """Refuse a class that leaves to `Algorithm` (or lacks) a method the run loop calls, or one of `extra`.
+    The base's versions raise NotImplementedError: without state_dict a run would fail at its first
+    checkpoint, after training up to it."""
+    required = ("acting", "update", "parameters", "state_dict", "load_state_dict", *extra)
     required += ("replay",) if cls.collects == "transitions" else ()
-    missing = sorted(name for name in required if getattr(cls, name) is getattr(Algorithm, name))
+    missing = sorted(name for name in required if getattr(cls, name, None) is getattr(Algorithm, name, None))
     if missing:
         raise RegistrationError(
-            f"register{names}: {cls.__qualname__} does not define {', '.join(missing)}: the run loop calls "
-            f"{', '.join(required)} (see marl.algorithms.Algorithm)"
+            f"{where}: {cls.__qualname__} does not define {', '.join(missing)}: the run loop calls "
+            f"{', '.join(required)} (see {see})"
         )
 
 
@@ -254,9 +259,36 @@ def register_seeded(*names: str):
     random stream, `sweep` (`--sweep`) maps options to each member's value; `update` returns each term per
     member (`[S]`), and `member_state_dict(k)` is member
     `k`'s state as the single-seed algorithm's `state_dict()`. A worked example, a user's REINFORCE:
-    `tests/marl/algorithms/reinforce_seeds.py` (the README's "Your algorithm as a population")."""
+    `tests/marl/algorithms/reinforce_seeds.py` (the README's "Your algorithm as a population"). Each name
+    must already be registered (`register`) as the single run its members train as: its module is imported
+    before the population's."""
+    if not names or not all(isinstance(name, str) and name for name in names):
+        raise RegistrationError(
+            f"register_seeded takes the algorithm's name(s): write @register_seeded('my_algo'), got {names!r}"
+        )
 
     def decorate(cls: type[Algorithm]) -> type[Algorithm]:
+        where = f"register_seeded{names}"
+        if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+            raise RegistrationError(
+                f"{where}: {getattr(cls, '__qualname__', cls)} must subclass marl.algorithms.Algorithm "
+                "(a population subclasses marl.algorithms.seeded.Seeded)"
+            )
+        unknown = [name for name in names if name not in _ALGORITHMS]
+        if unknown:
+            raise RegistrationError(
+                f"{where}: {cls.__qualname__} is the population of {', '.join(map(repr, unknown))}, which no "
+                "@register(...) has registered: register the single-run algorithm under that name first (import "
+                "its module before this one)"
+            )
+        for name in names:
+            known = _SEEDED.get(name)
+            if known is not None and known is not cls and not _redefined(known, cls):
+                raise RegistrationError(
+                    f"{where}: {cls.__qualname__}: a population of {name!r} is already registered ({known.__qualname__})"
+                )
+        # member_state_dict(k) writes each member's checkpoint, after its first iteration has trained.
+        _check_methods(where, cls, ("member_state_dict",), "marl.algorithms.register_seeded")
         for name in names:
             _SEEDED[name] = cls
         return cls

@@ -232,6 +232,38 @@ def test_register_refuses_an_algorithm_missing_what_the_run_loop_calls():
     assert not {"no_state", "replayed", "misspelt"} & set(algorithms.names())
 
 
+def test_register_seeded_refuses_what_would_fail_later(monkeypatch):
+    """register_seeded took anything: a class without member_state_dict trained, then failed writing the members'
+    checkpoints; a population of a name no algorithm has was never reached (`--algo` refuses the name)."""
+    from marl.algorithms import base
+    from marl.algorithms.seeded import Seeded
+    from tests.marl.algorithms import reward_model  # noqa: F401  (registers reward_model, without a population)
+    from tests.marl.algorithms.reinforce_seeds import SeededReinforce
+
+    monkeypatch.setattr(base, "_SEEDED", dict(base._SEEDED))
+    with pytest.raises(TypeError, match=r"register_seeded takes the algorithm's name\(s\): write @register_seeded"):
+        algorithms.register_seeded(SeededReinforce)  # written without its name
+    with pytest.raises(TypeError, match=r"register_seeded\('reward_model',\): object must subclass marl.algorithms"):
+        algorithms.register_seeded("reward_model")(object)
+
+    class NoMemberState(Seeded):
+        acting, update = SeededReinforce.acting, SeededReinforce.update
+
+    says = r"NoMemberState does not define member_state_dict: the run loop calls acting, .*member_state_dict"
+    with pytest.raises(TypeError, match=says):
+        algorithms.register_seeded("reward_model")(NoMemberState)
+    says = r"SeededReinforce is the population of 'unknown', which no @register\(...\) has registered: register"
+    with pytest.raises(ValueError, match=says):
+        algorithms.register_seeded("reinforce", "unknown")(SeededReinforce)
+    says = r"Other: a population of 'reinforce' is already registered \(SeededReinforce\)"
+    with pytest.raises(ValueError, match=says):
+        algorithms.register_seeded("reinforce")(type("Other", (SeededReinforce,), {}))
+    assert base._SEEDED["reinforce"] is SeededReinforce and "reward_model" not in base._SEEDED
+    # The same class defined again (a notebook cell run again) replaces the old.
+    again = type("SeededReinforce", (SeededReinforce,), {"__module__": SeededReinforce.__module__})
+    assert algorithms.register_seeded("reinforce")(again) is again and base._SEEDED["reinforce"] is again
+
+
 def test_register_refuses_options_the_command_line_cannot_take(monkeypatch):
     """A user's `epochs: str` (PPO's is an int) made `marl train --algo mappo --epochs 3` fail when the user's
     algorithm sorted first (one --epochs, parsed as the first config's type), and `--epochs lots` fail for
