@@ -4,6 +4,7 @@ and a summary."""
 from __future__ import annotations
 
 import csv
+import importlib.util
 import math
 import os
 from collections.abc import Sequence
@@ -12,6 +13,12 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from marl.app.wandb_logging import WandbLog, WandbRun
+
+
+def writes_tensorboard(tensorboard: bool) -> bool:
+    """Whether a RunLogger asked for `tensorboard` writes `run_dir/tensorboard/`: only where TensorBoard is
+    installed."""
+    return tensorboard and importlib.util.find_spec("tensorboard") is not None
 
 
 class RunLogger:

@@ -37,7 +37,7 @@ from marl import algorithms
 from marl.app import distributed, seeds
 from marl.app.build import build_algorithm, check_group_overrides, make_env, resolve_device
 from marl.app.checkpoint import load_checkpoint, save_checkpoint
-from marl.app.logger import NoLogger, RunLogger, drop_rows_after
+from marl.app.logger import NoLogger, RunLogger, drop_rows_after, writes_tensorboard
 from marl.app.paths import check_output_file, check_output_folder
 from marl.app.wandb_logging import WandbStartError, check_installed, wandb_run
 from marl.config import Member, RunConfig, TrainConfig
@@ -373,7 +373,8 @@ class Trainer:
             )
         trainer = cls(config, run_dir=Path(path).parent, resuming=True)
         if state["frames"] < run.total_frames:  # it will write there (a run resumed to be inspected will not)
-            trainer.world.check_on_main(lambda: check_resumed_run_dir(trainer.run_dir, trainer.members))
+            tensorboard = writes_tensorboard(run.tensorboard)
+            trainer.world.check_on_main(lambda: check_resumed_run_dir(trainer.run_dir, trainer.members, tensorboard))
         trainer.load_state_dict(state)
         trainer.saved_run = saved
         if trainer.world.is_main:
@@ -472,12 +473,14 @@ def check_fresh_run_dir(run_dir: Path, launcher: str = "marl") -> None:
     )
 
 
-def check_resumed_run_dir(run_dir: Path, members: Sequence[Member]) -> None:
-    """A resumed run rewrites its checkpoints and appends to its logs: a folder or log this user cannot
-    write (e.g. made read-only to keep it) is refused before training, not with a PermissionError at the
-    first iteration's log or checkpoint."""
+def check_resumed_run_dir(run_dir: Path, members: Sequence[Member], tensorboard: bool = False) -> None:
+    """A resumed run rewrites its checkpoints and appends to its logs (and with `tensorboard` to
+    `run_dir/tensorboard/`): a folder or log this user cannot write (e.g. made read-only to keep it) is refused
+    before training, not with a PermissionError at the first iteration's log or checkpoint."""
     what = f"cannot resume the run in {run_dir}"
     folders = [run_dir] if len(members) == 1 else [run_dir, *(seeds.member_dir(run_dir, m) for m in members)]
+    if tensorboard:  # the TensorBoard writer opens its event file there only once training starts
+        folders.append(run_dir / "tensorboard")
     for folder in folders:
         check_output_folder(folder, what)
     for log in seeds.logs(run_dir, members):

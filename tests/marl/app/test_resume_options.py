@@ -122,6 +122,24 @@ def test_a_read_only_run_is_refused_in_one_line_before_training(tmp_path, capsys
     assert Trainer.resume(checkpoint).train() == []
 
 
+def test_a_read_only_tensorboard_folder_is_refused_in_one_line_unless_tensorboard_is_off(tmp_path, capsys, read_only):
+    # Was a PermissionError traceback from the TensorBoard writer, after the env and the algorithm were built.
+    with_tensorboard = [arg for arg in VDN if arg != "--no-tensorboard"]
+    command = ["train", *with_tensorboard, "--log-dir", str(tmp_path), "--run-name", "run", "--total-frames", "1024"]
+    assert main(command) == 0
+    checkpoint = tmp_path / "run" / "checkpoint.pt"
+    run, events = checkpoint.parent, checkpoint.parent / "tensorboard"
+    read_only(events)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(checkpoint), "--total-frames", "2048"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"marl train: error: cannot resume the run in {run}: the folder {events} is not writable\n"
+    assert [row["iteration"] for row in read_rows(run / "metrics.csv")] == [1, 2]
+    # Without TensorBoard the run writes nothing there: it resumes.
+    assert main(["train", "--resume", str(checkpoint), "--total-frames", "2048", "--no-tensorboard"]) == 0
+    assert [row["iteration"] for row in read_rows(run / "metrics.csv")] == [1, 2, 3, 4]
+
+
 def test_a_linear_lr_is_not_trained_past_its_end(tmp_path):
     run = RunConfig(total_frames=4096, schedule_frames=1024)
     with pytest.raises(ValueError, match=r"--lr-schedule linear anneals lr to 0 over --schedule-frames 1,024"):
