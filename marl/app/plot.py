@@ -75,19 +75,18 @@ def output_path(out: str | Path | None, first_run: str | Path) -> Path:
     run's `learning_curve.png`. A name without an extension gets `.png`, which matplotlib would add
     itself (the path reported must be the file written); a missing or read-only folder is refused before
     plotting."""
-    if out is None:
-        out = Path(first_run) / "learning_curve.png"
-        try:
-            check_output_file(out, f"cannot write {out}")
-        except ValueError as error:  # e.g. a read-only run folder: the figure can still go elsewhere
-            raise ValueError(f"{error}; pass --out to write the figure elsewhere") from None
-        return out
-    if Path(out).is_dir() or str(out).endswith(("/", os.sep)):
+    hint = ""
+    if out is None:  # e.g. a read-only run folder: the figure can still go elsewhere
+        out, hint = Path(first_run) / "learning_curve.png", "; pass --out to write the figure elsewhere"
+    elif Path(out).is_dir() or str(out).endswith(("/", os.sep)):
         out = Path(out) / "learning_curve.png"
     out = Path(out)
     if not out.suffix:
         out = out.with_name(out.name + ".png")
-    check_output_file(out, f"cannot write {out}")
+    try:
+        check_output_file(out, f"cannot write {out}")
+    except ValueError as error:
+        raise ValueError(f"{error}{hint}") from None
     return out
 
 
