@@ -287,7 +287,7 @@ class SeededOffPolicy(Seeded):
         return self.template.state_dict(
             lambda g, lr: {
                 **{name: self.members.member(k, f"{g}.{name}") for name in lr.modules()},
-                "optimizer": member_optimizer_state(self.optimizers[g], k),
+                "optimizer": member_optimizer_state(self.optimizers[g], k, self.sweep.get("lr")),
             }
         )
 

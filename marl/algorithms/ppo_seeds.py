@@ -385,7 +385,7 @@ class SeededPPO(Seeded):
             state[g] = {
                 "policy": self.members.member(k, f"{g}.policy"),
                 "critic": self.members.member(k, f"{g}.critic"),
-                "optimizer": member_optimizer_state(self.optimizers[g], k),
+                "optimizer": member_optimizer_state(self.optimizers[g], k, self.sweep.get("lr")),
             }
         return state
 

@@ -39,8 +39,9 @@ class Seeded(Algorithm):
       losses gives each member its own gradient; `clip_members_` clips each by its own norm. Each returned
       term is `[S]`; anything else a single run keeps (a running baseline, a normaliser) is `[S]` too;
     - `member_state_dict(k)`: member `k`'s state as the single run's `state_dict()` (`members.member(k,
-      prefix)`, `member_optimizer_state(optimizer, k)`), so `seed_K/checkpoint.pt` works with `marl eval`
-      and `--resume`; `state_dict()` holds all members (add your `[S]` state to this class's)."""
+      prefix)`; `member_optimizer_state(optimizer, k, self.sweep.get("lr"))`, which with a swept lr puts the
+      member's own in its param groups), so `seed_K/checkpoint.pt` works with `marl eval` and `--resume`;
+      `state_dict()` holds all members (add your `[S]` state to this class's)."""
 
     single: ClassVar[Callable[..., Algorithm]]
     SWEEPABLE: ClassVar[tuple[str, ...]] = ()

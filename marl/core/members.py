@@ -235,15 +235,20 @@ def clip_members_(params: Sequence[torch.Tensor], max_norm: float) -> torch.Tens
     return norms
 
 
-def member_optimizer_state(optimizer: torch.optim.Optimizer, k: int) -> dict:
+def member_optimizer_state(optimizer: torch.optim.Optimizer, k: int, lr: Sequence[float] | None = None) -> dict:
     """Member `k`'s slot of `optimizer`'s state over stacked parameters `[S, ...]` (Adam's moments; its
-    step count is every member's), as the single run's optimiser's `state_dict()`."""
+    step count is every member's), as the single run's optimiser's `state_dict()`. With each member's learning
+    rate `lr` (a swept lr: `member_lr_step`, the optimiser's own then 1, or a schedule's factor), the member's
+    param groups hold its own times theirs, as its single run's do: a single run loads its lr from them."""
     state = optimizer.state_dict()
     per_param = {
         i: {name: (value[k].clone() if name != "step" else value.clone()) for name, value in held.items()}
         for i, held in state["state"].items()
     }
-    return {"state": per_param, "param_groups": state["param_groups"]}
+    groups = state["param_groups"]
+    if lr is not None:
+        groups = [{**group, "lr": lr[k] * group["lr"]} for group in groups]
+    return {"state": per_param, "param_groups": groups}
 
 
 @torch.no_grad()

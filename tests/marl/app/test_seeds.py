@@ -14,6 +14,7 @@ from marl import algorithms
 from marl.algorithms import ppo_seeds
 from marl.algorithms.ppo import PPOConfig
 from marl.app import seeds as population
+from marl.app.checkpoint import load_checkpoint
 from marl.app.cli import build_parser, config_from_args, main
 from marl.app.trainer import Trainer
 from marl.config import EnvSettings, ModelConfig, TrainConfig
@@ -539,6 +540,44 @@ def test_each_member_of_a_sweep_trains_as_the_single_run_with_its_seed_and_value
         single_trainer = Trainer(single, run_dir=tmp_path / f"single{k}")
         for _ in range(2):
             assert_rows_match(batched_k.train_iteration()["members"][k], single_trainer.train_iteration())
+
+
+def optimizer_param_groups(state, prefix: str = "") -> dict[str, list[dict]]:
+    """Every optimiser's `param_groups` in a (nested) algorithm state dict, by its path."""
+    if not isinstance(state, dict):
+        return {}
+    if "param_groups" in state:
+        return {prefix: state["param_groups"]}
+    return {k: v for key, value in state.items() for k, v in optimizer_param_groups(value, f"{prefix}.{key}").items()}
+
+
+def assert_members_save_their_lr(batched: Trainer, singles: list[Trainer], lrs: list[float]) -> None:
+    """`batched`, a population with a swept lr, and its members' `singles` have trained as many iterations:
+    each member's checkpoint holds in its optimisers' param groups its single run's, lr included (`lrs`)."""
+    batched.save()
+    for member, single, lr in zip(batched.members, singles, lrs, strict=True):
+        checkpoint = population.member_dir(batched.run_dir, member) / "checkpoint.pt"
+        saved = optimizer_param_groups(load_checkpoint(checkpoint)["algorithm"])
+        assert saved and saved == optimizer_param_groups(single.algorithm.state_dict()), member.name
+        assert {group["lr"] for groups in saved.values() for group in groups} == {lr}, member.name
+
+
+@pytest.mark.parametrize("lr_schedule", ["constant", "linear"])
+def test_a_swept_members_checkpoint_holds_its_own_lr_as_its_single_run(tmp_path, lr_schedule):
+    # Held the population's Adam's lr, 1 (each member's step is scaled by its own lr): a member's checkpoint
+    # resumed alone (`marl train --resume RUN/seed_3-lr_0.001/checkpoint.pt`) trained with lr 1.
+    config = tiny_config(tmp_path)
+    config = dataclasses.replace(config, algo=dataclasses.replace(config.algo, lr_schedule=lr_schedule))
+    batched = Trainer(with_run(config, seeds=(3,), sweep=("lr=0.001,0.01",)), run_dir=tmp_path / "sweep")
+    singles = []
+    for k, member in enumerate(batched.members):
+        algo = dataclasses.replace(config.algo, **dict(member.values))
+        singles.append(Trainer(dataclasses.replace(with_run(config, seed=3), algo=algo), run_dir=tmp_path / f"s{k}"))
+    for trainer in (batched, *singles):
+        for _ in range(2):
+            trainer.train_iteration()
+    factor = 0.5 if lr_schedule == "linear" else 1.0  # the second iteration starts half-way through the run
+    assert_members_save_their_lr(batched, singles, [0.001 * factor, 0.01 * factor])
 
 
 def test_members_of_a_gamma_and_lambda_sweep_train_as_single_runs_with_their_discounts(tmp_path):

@@ -23,6 +23,7 @@ from marl.core.replay import Prioritized, ReplayBuffer
 from tests.marl.algorithms.test_offpolicy import small_config
 from tests.marl.app.test_seeds import (
     SEEDS,
+    assert_members_save_their_lr,
     assert_populations_match,
     assert_resumes_exactly,
     assert_rows_match,
@@ -380,6 +381,8 @@ def test_each_member_of_a_sweep_trains_as_the_single_run_with_its_value(tmp_path
         assert torch.equal(
             batched.algorithm.template.owner["speaker"].updates, singles[0].algorithm.owner["speaker"].updates
         )
+    if option == "lr":  # each member's checkpoint holds its own lr, not the population's Adam's 1
+        assert_members_save_their_lr(batched, singles, list(values))
 
 
 def off_argv(tmp_path, algo="iql") -> list[str]:
