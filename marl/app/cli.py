@@ -290,6 +290,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from envs.base import EnvOutputError
     from marl.app import seeds
     from marl.app.checkpoint import CheckpointWriteError
+    from marl.app.logger import LogWriteError
     from marl.app.summary import print_summary
     from marl.app.trainer import NonFiniteLossError, NothingToTrain
     from marl.app.wandb_logging import WandbStartError
@@ -323,7 +324,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             rows = trainer.train()
         except WandbStartError as error:  # raised before the first iteration: bad setup, said in one line
             raise UsageError(str(error)) from error
-        except (NonFiniteLossError, EnvOutputError, CheckpointWriteError) as error:
+        except (NonFiniteLossError, EnvOutputError, CheckpointWriteError, LogWriteError) as error:
             # Their message says what broke and where (group, loss term, env method, or the disk): a traceback
             # would only show vecmarl's own checks. The trainer has said where the last checkpoint is.
             if world.is_main:

@@ -15,6 +15,11 @@ from tqdm.auto import tqdm
 from marl.app.wandb_logging import WandbLog, WandbRun
 
 
+class LogWriteError(OSError):
+    """A run's folder or a row of its CSV log could not be written (a full disk, a folder that cannot be
+    made); the message names the path and gives the OS's reason."""
+
+
 def writes_tensorboard(tensorboard: bool) -> bool:
     """Whether a RunLogger asked for `tensorboard` writes `run_dir/tensorboard/`: only where TensorBoard is
     installed."""
@@ -37,7 +42,10 @@ class RunLogger:
         wandb: WandbRun | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # the up-front checks passed, yet the OS refuses (e.g. a folder under /proc)
+            raise LogWriteError(f"could not make the run folder {self.run_dir}: {error.strerror or error}") from error
         self.csv_path = self.run_dir / csv_name
         self._columns: list[str] | None = None
         if self.csv_path.exists() and self.csv_path.stat().st_size > 0:
@@ -67,11 +75,17 @@ class RunLogger:
     def log(self, row: dict[str, float]) -> None:
         if self._columns is None:
             self._columns = list(row)
-        with open(self.csv_path, "a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=self._columns, extrasaction="ignore")
-            if f.tell() == 0:
-                writer.writeheader()
-            writer.writerow(row)
+        try:
+            with open(self.csv_path, "a", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=self._columns, extrasaction="ignore")
+                if f.tell() == 0:
+                    writer.writeheader()
+                writer.writerow(row)
+        except OSError as error:  # a row cut short is left out on resume (`_read_csv`)
+            raise LogWriteError(
+                f"could not write iteration {row.get('iteration', '?')}'s row of {self.csv_path}: "
+                f"{error.strerror or error}"
+            ) from error
         if self._writer is not None:
             for key, value in row.items():
                 if key != "frames" and isinstance(value, (int, float)) and math.isfinite(value):

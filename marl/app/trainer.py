@@ -37,7 +37,7 @@ from marl import algorithms
 from marl.app import distributed, seeds
 from marl.app.build import build_algorithm, check_group_overrides, make_env, resolve_device
 from marl.app.checkpoint import load_checkpoint, save_checkpoint
-from marl.app.logger import NoLogger, RunLogger, drop_rows_after, writes_tensorboard
+from marl.app.logger import LogWriteError, NoLogger, RunLogger, drop_rows_after, writes_tensorboard
 from marl.app.paths import check_output_file, check_output_folder
 from marl.app.wandb_logging import WandbStartError, check_installed, wandb_run
 from marl.config import Member, RunConfig, TrainConfig
@@ -235,7 +235,7 @@ class Trainer:
                 self.run_dir, self.frames_to_run, self.frames, run.progress, run.tensorboard, wandb=wandb
             )
 
-        self.world.check_on_main(open_logger, errors=(WandbStartError,))
+        self.world.check_on_main(open_logger, errors=(WandbStartError, LogWriteError))
         logger = loggers[0]
         rows = []
         saving = False  # a failure in save() comes after the iteration was counted

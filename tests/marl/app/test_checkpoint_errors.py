@@ -1,5 +1,6 @@
 """Loading a file that is not a vecmarl checkpoint says so in one clear error, not torch's; so does a
-checkpoint that cannot be written (a full disk), which leaves the previous one as it was."""
+checkpoint that cannot be written (a full disk), which leaves the previous one as it was, and a run folder
+or log row that cannot be written."""
 
 import contextlib
 import errno
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import marl.app.logger
 from marl.algorithms.ppo import PPOConfig
 from marl.app.checkpoint import CheckpointWriteError, load_checkpoint, save_checkpoint
 from marl.app.cli import main
@@ -184,13 +186,20 @@ def test_an_error_that_is_not_the_oss_leaves_no_temporary_file_and_stays_itself(
     assert not list(tmp_path.iterdir())
 
 
-def test_the_cli_reports_a_full_disk_in_one_line(tmp_path, capsys, monkeypatch):
-    tiny = ["--num-envs", "4", "--rollout-length", "8", "--minibatch-size", "32", "--hidden", "8", "--no-progress"]
-    run = ["train", *tiny, "--no-tensorboard", "--log-dir", str(tmp_path), "--run-name", "run"]
+TINY = ["--num-envs", "4", "--rollout-length", "8", "--minibatch-size", "32", "--hidden", "8", "--no-progress"]
+
+
+def _one_iteration_run(tmp_path, capsys) -> Path:
+    """The checkpoint of a tiny run of one iteration, in `tmp_path/run`; its output is read away."""
+    run = ["train", *TINY, "--no-tensorboard", "--log-dir", str(tmp_path), "--run-name", "run"]
     assert main([*run, "--total-frames", "32"]) == 0
-    path = tmp_path / "run" / "checkpoint.pt"
-    saved = path.read_bytes()
     capsys.readouterr()
+    return tmp_path / "run" / "checkpoint.pt"
+
+
+def test_the_cli_reports_a_full_disk_in_one_line(tmp_path, capsys, monkeypatch):
+    path = _one_iteration_run(tmp_path, capsys)
+    saved = path.read_bytes()
     _save_then_fill_the_disk(monkeypatch)
     assert main(["train", "--resume", str(path), "--total-frames", "64"]) == 1
     captured = capsys.readouterr()
@@ -199,3 +208,38 @@ def test_the_cli_reports_a_full_disk_in_one_line(tmp_path, capsys, monkeypatch):
     )
     assert f"the run failed at saving iteration 2's checkpoint; the last checkpoint is {path}" in captured.out
     assert path.read_bytes() == saved and not os.path.exists(f"{path}.tmp")
+
+
+def test_a_log_row_that_cannot_be_written_is_one_line_and_keeps_the_checkpoint(tmp_path, capsys, monkeypatch):
+    path = _one_iteration_run(tmp_path, capsys)
+    saved = path.read_bytes()
+
+    def full_disk_on_append(file, mode="r", *args, **kwargs):
+        if mode == "a":
+            raise OSError(errno.ENOSPC, FULL)
+        return open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(marl.app.logger, "open", full_disk_on_append, raising=False)
+    assert main(["train", "--resume", str(path), "--total-frames", "64"]) == 1
+    captured = capsys.readouterr()
+    metrics = tmp_path / "run" / "metrics.csv"
+    assert captured.err == f"marl train: error: could not write iteration 2's row of {metrics}: {FULL}\n"
+    assert f"the last checkpoint is {path}" in captured.out
+    assert path.read_bytes() == saved
+
+
+def test_a_run_folder_the_os_will_not_make_is_one_line(tmp_path, capsys, monkeypatch):
+    # The up-front checks find a writable parent, yet the OS refuses the folder (e.g. one under /proc).
+    run_dir = tmp_path / "run"
+    mkdir = Path.mkdir
+
+    def refuse(path, *args, **kwargs):
+        if path == run_dir:
+            raise OSError(errno.EROFS, "Read-only file system")
+        return mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    assert main(["train", *TINY, "--total-frames", "32", "--log-dir", str(tmp_path), "--run-name", "run"]) == 1
+    assert capsys.readouterr().err == (
+        f"marl train: error: could not make the run folder {run_dir}: Read-only file system\n"
+    )
