@@ -29,15 +29,18 @@ An env author subclasses `MultiAgentEnv` and writes only the physics:
 
 The base class owns step counting, truncation at `max_steps`, masked auto-reset, seeding and the
 argument checks. Shape, dtype and device checks of the actions and of what the env author's methods
-return cost no host sync and always run; NaN/inf and out-of-bounds action values need one, so they run
-only when the env is built with `check_values=True`.
+return cost no host sync and always run. Value checks need one, so they run only when the env is built
+with `check_values=True`: NaN/inf, out-of-bounds and masked-out actions, and NaN/inf in the float rewards,
+observations and state the env returns (which would otherwise surface much later as a NaN loss).
 
 Built with `compile=True`, the env compiles what `step_data` does after checking the actions (the
 physics, step counting, flags, auto-reset and both observations) into one graph, and `reset_data`'s
 reset and observation into another: one compiled call per step, which on CUDA is one CUDA graph replay
 (`envs.cudagraphs` reports them as "<name> step" and "<name> reset"). The output checks run while
-torch.compile traces, so they cost nothing at run time. Traced into a caller's graph (the compiled
-rollout), the env's step is traced inline, not compiled again.
+torch.compile traces, so they cost nothing at run time. The value checks (`check_values=True`) cannot
+be traced: they run eagerly, the action checks before the compiled call and the output checks on what
+it returned. Traced into a caller's graph (the compiled rollout), the env's step is traced inline, not
+compiled again; value checks there split the caller's graph where they read values on the host.
 """
 
 from __future__ import annotations
@@ -113,7 +116,8 @@ _OUTPUTS = {  # key -> (the env author's method that returns it, the layout of e
 
 class EnvOutputError(ValueError):
     """A method the env author writes (`_step`, `_observe`, `_action_mask`, ...) returned data that breaks
-    the env contract: a missing group, a wrong shape, dtype or device. `group` and `key` say where."""
+    the env contract: a missing group, a wrong shape, dtype or device, or (with `check_values=True`) NaN or
+    inf values. `group` and `key` say where."""
 
     def __init__(self, message: str, group: str | None = None, key: str | None = None) -> None:
         super().__init__(message)
@@ -164,8 +168,10 @@ class MultiAgentEnv:
             seed: seeds the env's own random stream (`self.rng`); a random seed when None. A sequence of
                 `S` seeds (`num_envs` divisible by `S`) seeds each block of `num_envs / S` envs as an env
                 of that size built with that seed (several runs' envs in one batch, `marl train --seeds`).
-            check_values: also check action values (NaN/inf, bounds, masks) on every step. This
-                synchronises with the host, so it is meant for tests and debugging.
+            check_values: also check values on every step: the actions' (NaN/inf, bounds, masks), and
+                that the float rewards, observations and state the env returns hold no NaN or inf (an
+                `EnvOutputError` naming the method, group and envs). This synchronises with the host, so
+                it is meant for tests and debugging (`marl train --env-option check_values=True`).
             compile: run each step (after the action checks) and each reset through `torch.compile`
                 as one graph, which fuses its many small ops into a few kernels (the first step then
                 takes seconds to compile). A compiler failure falls back to eager with one warning.
@@ -285,7 +291,10 @@ class MultiAgentEnv:
         else:
             self._check_tensor("mask", mask, (self.num_envs,), torch.bool)
         # Traced into a caller's graph (the compiled rollout), the body is traced inline: no nested compile.
-        return (self._reset_body if torch.compiler.is_compiling() else self._reset_call)(mask)
+        obs = (self._reset_body if torch.compiler.is_compiling() else self._reset_call)(mask)
+        if self.check_values:
+            self._check_output_values((obs, " (after a reset)"))
+        return obs
 
     def _reseed_value(self, seed) -> int | tuple[int, ...]:
         """`seed` checked for `reset(seed=...)` before anything is re-seeded: an int for an env built with one
@@ -306,7 +315,11 @@ class MultiAgentEnv:
         rollout's hot path, which skips building two TensorDicts per step."""
         action = self._check_action(action)
         # Traced into a caller's graph (the compiled rollout), the body is traced inline: no nested compile.
-        return (self._step_body if torch.compiler.is_compiling() else self._step_call)(action)
+        next_data, obs = (self._step_body if torch.compiler.is_compiling() else self._step_call)(action)
+        if self.check_values:
+            # `obs` equals `next`'s observation where no env was reset, so what is only in `obs` came from a reset.
+            self._check_output_values((next_data, ""), (obs, " (after the auto-reset)"))
+        return next_data, obs
 
     def _reset_body(self, mask: torch.Tensor) -> dict:
         """`reset_data` after its checks: reset where the bool `[B]` `mask` is true, observe."""
@@ -571,6 +584,33 @@ class MultiAgentEnv:
                 and value.device == self.device
             ):
                 self._check_output(f"{method}['{group}'] ({layout})", value, shape, dtype, group, key)
+
+    def _check_output_values(self, *parts: tuple[dict, str]) -> None:
+        """`check_values`: the float rewards, observations and state in each `(data, when)` of `parts` (what
+        `step_data` or `reset_data` returns; `when` is said after the method) hold no NaN or inf. One host
+        sync for all; run on what a compiled step returned, as a graph cannot branch on values."""
+        outputs = []  # (what, group, key, tensor [B, ...])
+        for data, when in parts:
+            for group in self.groups:
+                for key in ("reward", "observation"):
+                    if key in data[group]:
+                        outputs.append((f"{_OUTPUTS[key][0]}{when} for group '{group}'", group, key, data[group][key]))
+            if "state" in data:
+                outputs.append((f"_state(){when}", None, "state", data["state"]))
+        outputs = [output for output in outputs if output[-1].is_floating_point()]
+        if not outputs or bool(torch.stack([torch.isfinite(value).all() for *_, value in outputs]).all()):
+            return
+        for what, group, key, value in outputs:  # some are not finite: find the first, on the host
+            bad = (
+                torch.nonzero(~torch.isfinite(value).reshape(self.num_envs, -1).all(1)).flatten().tolist()
+            )  # env indices
+            if bad:
+                shown = ", ".join(map(str, bad[:8])) + (", ..." if len(bad) > 8 else "")
+                raise EnvOutputError(
+                    f"{self.name}: {what} contains NaN or inf in {len(bad)} of {self.num_envs} envs (env {shown})",
+                    group,
+                    key,
+                )
 
     def _check_output(self, what, value, shape, dtype, group: str | None = None, key: str | None = None) -> None:
         """`_check_tensor` for data an env author's method returned: raises `EnvOutputError`."""

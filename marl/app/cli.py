@@ -103,7 +103,9 @@ def _train_parser(subparsers) -> argparse.ArgumentParser:
                 type=_key_value,
                 default=[],
                 metavar="KEY=VALUE",
-                help="an option of the env, e.g. n_agents=5 (repeatable; see `marl envs`)",
+                help="an option of the env, e.g. n_agents=5 (repeatable; see `marl envs`); check_values=True "
+                "also checks every step's actions, rewards and observations for NaN/inf (a host sync per step: "
+                "for debugging)",
             )
     group = parser.add_argument_group("algorithm")
     group.add_argument(

@@ -203,7 +203,8 @@ class Trainer:
                         raise NonFiniteLossError(
                             f"the {name} of group '{g}'{of_seed} became {value} at iteration "
                             f"{self.iteration + 1}; stopping instead of training on it (lower the learning rate, "
-                            "check the env's rewards and observations for NaN/inf)"
+                            "check the env's rewards and observations for NaN/inf: --env-option check_values=True "
+                            "names the env's output that holds one)"
                         )
         self.iteration += 1
         self.frames += self.frames_per_iteration

@@ -88,6 +88,27 @@ class NanReward(Counter):
         return reward, terminated
 
 
+class NanRewardAtStep3(Counter):
+    """Env 2's movers get a NaN reward on the third step of an episode (the base class counts steps after
+    `_step`, so `step_count` is 2 there); every other reward is finite."""
+
+    def _step(self, action):
+        reward, terminated = super()._step(action)
+        env2_at_step3 = (torch.arange(self.num_envs, device=self.device) == 2) & (self.step_count == 2)  # [B]
+        reward["mover"] = torch.where(env2_at_step3[:, None], float("nan"), reward["mover"])
+        return reward, terminated
+
+
+class InfObservation(Counter):
+    """Env 1's mover observation is inf once it has stepped (a division by a distance that reached 0, say)."""
+
+    def _observe(self):
+        obs = super()._observe()
+        env1_stepped = (torch.arange(self.num_envs, device=self.device) == 1) & (self.step_count > 0)  # [B]
+        obs["mover"] = torch.where(env1_stepped[:, None, None], float("inf"), obs["mover"])
+        return obs
+
+
 class HostSync(Counter):
     def _step(self, action):
         reward, terminated = super()._step(action)

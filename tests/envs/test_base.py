@@ -11,7 +11,15 @@ from tensordict import TensorDict
 import envs
 from envs import registry
 from envs.base import EnvOutputError
-from tests.envs.broken_envs import Counter, CounterConfig, PerEnvReward, WrongDtype, WrongShape
+from tests.envs.broken_envs import (
+    Counter,
+    CounterConfig,
+    InfObservation,
+    NanRewardAtStep3,
+    PerEnvReward,
+    WrongDtype,
+    WrongShape,
+)
 
 
 def make(**kwargs):
@@ -271,6 +279,53 @@ def test_what_the_author_methods_return_is_checked_on_every_reset_and_step(compi
         EnvOutputError, match=r"_observe\(\)\['mover'\] .* has dtype torch.float64, expected torch.float32"
     ):
         WrongDtype(num_envs=4, seed=0, compile=compile).reset()
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # compiled, the errors are the env's, not a compile failure
+@pytest.mark.parametrize("compile", [False, True])
+def test_check_values_names_nan_or_inf_in_what_the_env_returns(compile):
+    # A NaN reward or an inf observation went into training unseen, and surfaced iterations later as a NaN
+    # loss that did not point at the env. Compiled, the values are checked on what the compiled step returned.
+    env = NanRewardAtStep3(num_envs=4, seed=0, check_values=True, compile=compile)
+    env.reset()
+    action = good_action(env)  # zero actions never reach the targets: no env ends before step 3
+    env.step(action)
+    env.step(action)
+    message = "counter: _step()'s reward for group 'mover' contains NaN or inf in 1 of 4 envs (env 2)"
+    with pytest.raises(EnvOutputError, match=re.escape(message)) as error:
+        env.step(action)
+    assert (error.value.group, error.value.key) == ("mover", "reward")
+    env = InfObservation(num_envs=4, seed=0, check_values=True, compile=compile)
+    env.reset()
+    message = "counter: _observe() for group 'mover' contains NaN or inf in 1 of 4 envs (env 1)"
+    with pytest.raises(EnvOutputError, match=re.escape(message)) as error:
+        env.step(action)
+    assert (error.value.group, error.value.key) == ("mover", "observation")
+
+
+def test_check_values_names_nan_or_inf_in_the_state_after_a_reset():
+    class InfState(Counter):
+        def _state_spec(self):
+            return envs.Box((2,))
+
+        def _state(self):
+            return torch.where(self.pos == 0, float("inf"), self.pos)  # inf where at 0, as after a reset
+
+    message = "counter: _state() (after a reset) contains NaN or inf in 4 of 4 envs (env 0, 1, 2, 3)"
+    with pytest.raises(EnvOutputError, match=re.escape(message)):
+        InfState(num_envs=4, seed=0, check_values=True).reset()
+
+
+def test_output_values_are_not_checked_without_check_values():
+    # The check costs a host sync per step, so it is off unless asked for: the NaN and inf go through.
+    for env_class, key, env_index in ((NanRewardAtStep3, "reward", 2), (InfObservation, "observation", 1)):
+        env = env_class(num_envs=4, seed=0)
+        env.reset()
+        action = good_action(env)
+        with envs.forbid_host_sync(env.device):
+            for _ in range(3):
+                next_td, _ = env.step(action)
+        assert not torch.isfinite(next_td["mover", key][env_index]).all()
 
 
 def test_state_must_match_its_spec():

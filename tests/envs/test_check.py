@@ -20,6 +20,8 @@ def test_navigation_passes(num_envs, n_agents):
         (broken.WrongShape, "data", "observation"),
         (broken.WrongDtype, "data", "observation"),
         (broken.NanReward, "data", "reward"),
+        (broken.NanRewardAtStep3, "data", "reward"),
+        (broken.InfObservation, "data", "observation"),
         (broken.HostSync, "host_sync", None),
         (broken.HostToDevice, "host_sync", None),
         (broken.GlobalRandom, "seeding", None),
@@ -72,6 +74,9 @@ def test_names_what_the_env_returned_and_what_was_expected():
         ),
         (broken.RewardOnly, r"_step\(\) must return a pair \(reward .*, terminated bool \[num_envs\]\), got a dict"),
         (broken.NoActionAllowed, r"'picker', key 'action_mask': action_mask allows no action for some agent"),
+        # The base class's value checks (check_env turns check_values on) name the method and the envs.
+        (broken.NanRewardAtStep3, r"_step\(\)'s reward for group 'mover' contains NaN or inf in 1 of 4 envs \(env 2\)"),
+        (broken.InfObservation, r"_observe\(\) for group 'mover' contains NaN or inf in 1 of 4 envs \(env 1\)"),
     ]
     for env_class, message in cases:
         with pytest.raises(envs.CheckError, match=message):

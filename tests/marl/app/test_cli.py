@@ -264,17 +264,27 @@ def test_train_an_env_registered_by_the_users_own_module(tmp_path, monkeypatch, 
 
 
 @pytest.mark.parametrize(
-    ("broken", "says"),
+    ("broken", "options", "says"),
     [
         (
             "PerEnvReward",
+            [],
             "marl train: error: perenvreward: _step()'s reward['mover'] (float32 [num_envs, n_agents]) has",
         ),
-        ("NanReward", "marl train: error: the loss of group 'mover' became nan at iteration 1; stopping"),
+        ("NanReward", [], "marl train: error: the loss of group 'mover' became nan at iteration 1; stopping"),
+        # The loss above does not say where the NaN came from; the env's value checks name the env.
+        (
+            "NanRewardAtStep3",
+            ["--env-option", "check_values=True"],
+            "marl train: error: nanrewardatstep3: _step()'s reward for group 'mover' contains NaN or inf in 1 "
+            "of 8 envs (env 2)\n",
+        ),
     ],
-    ids=["env-output", "nan-loss"],
+    ids=["env-output", "nan-loss", "nan-reward-checked"],
 )
-def test_a_run_that_fails_on_what_its_env_returns_ends_in_one_line(broken, says, tmp_path, monkeypatch, capsys):
+def test_a_run_that_fails_on_what_its_env_returns_ends_in_one_line(
+    broken, options, says, tmp_path, monkeypatch, capsys
+):
     """An env breaking its contract mid-run, or a loss turning NaN, was a traceback through vecmarl's own
     checks after the trainer's "the run failed" line; the error's message is what the user needs."""
     name = broken.lower()  # a module and env of its own: an imported module stays in sys.modules
@@ -284,7 +294,7 @@ def test_a_run_that_fails_on_what_its_env_returns_ends_in_one_line(broken, says,
     monkeypatch.syspath_prepend(str(tmp_path))
     argv = ["train", "--imports", name, "--env", name, "--num-envs", "8", "--rollout-length", "8"]
     argv += ["--minibatch-size", "32", "--total-frames", "64", "--log-dir", str(tmp_path), "--no-progress"]
-    assert main(argv + ["--no-tensorboard"]) == 1
+    assert main(argv + ["--no-tensorboard", *options]) == 1
     captured = capsys.readouterr()
     assert "the run failed at iteration 1; no checkpoint was written yet" in captured.out
     assert captured.err.startswith(says) and captured.err.count("\n") == 1, captured.err
