@@ -128,12 +128,13 @@ class Trainer:
         self.graphs_to_announce: set[str] = set()
         if config.run.compile and self.device.type == "cuda" and self.world.is_main:
             self.graphs_to_announce = {"update step"}
-            if self.env.traceable:
+            if self.collector.compiled:
                 self.graphs_to_announce.add("rollout step")
             else:
-                print(
-                    "CUDA graphs: rollout step: not compiled (torch.compile cannot trace this env: collected eagerly)"
+                why = (
+                    "the env checks values on the host" if self.env.traceable else "torch.compile cannot trace this env"
                 )
+                print(f"CUDA graphs: rollout step: not compiled ({why}: collected eagerly)")
 
     def _replay_buffer(self) -> ReplayBuffer | None:
         """The algorithm's replay buffer (one per rank under torchrun), its size said before it is allocated;

@@ -163,7 +163,8 @@ class Collector:
     tensors only; with `compile=True` `unroll` steps at a time go through `torch.compile` as a whole.
     The env's resets draw from its generator, which a graph cannot hold, so the compiler splits the
     step there and runs the draw eagerly; everything else fuses. With an env torch.compile cannot trace
-    (`env.traceable` False: VMAS, PettingZoo) the collector runs eagerly: see `__init__`.
+    (`env.traceable` False: VMAS, PettingZoo), or one that checks values (`env.check_values`), the
+    collector runs eagerly (`compiled` False): see `__init__`.
 
     Several seeds in one batch (`marl.core.members`): `generator` is a list, one per member, `seed` the
     members' seeds, and the episode statistics are per member.
@@ -204,15 +205,18 @@ class Collector:
         # An env torch.compile cannot trace (VMAS, PettingZoo) would split each step's graph in two, the
         # acting before it and the bookkeeping after: compiled so, collection took as long as eager
         # collection (the simulator's own step is most of it) after seconds of compiling, so such envs
-        # are collected eagerly.
-        if compile and env.traceable:
+        # are collected eagerly. So are envs that check values: the checks read values on the host each
+        # step, and an error they raised in a compiled call was taken for a compiler failure, the steps
+        # then rerun eagerly past the bad value (a NaN that came once went on into training).
+        self.compiled = compile and env.traceable and not env.check_values
+        if self.compiled:
             # The step writes the buffer, the episode statistics and the env's counters in place: on CUDA
             # torch records no graph that mutates an input not marked static.
             written = (*self.buffer.values(include_nested=True, leaves_only=True), *self.stats.tensors())
             written = (*written, *self.hidden.values(), self.is_init, *_leaves(self.obs))
             env.hold_state_in_place()
             cudagraphs.mark_static((*written, *env.static_tensors()), self.device)
-        self._steps = maybe_compile(self._steps_eager, compile and env.traceable, self.device, name="rollout step")
+        self._steps = maybe_compile(self._steps_eager, self.compiled, self.device, name="rollout step")
 
     def _allocate(self) -> TensorDict:
         T, B = self.T, self.env.num_envs

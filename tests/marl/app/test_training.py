@@ -7,11 +7,12 @@ import pytest
 import torch
 
 import envs
+from envs.base import EnvOutputError
 from envs.native.navigation import scripted_action
 from marl.algorithms.ppo import PPOConfig
 from marl.app.trainer import NonFiniteLossError, Trainer, resolve_device
 from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
-from tests.envs.broken_envs import Counter
+from tests.envs.broken_envs import Counter, NanRewardAtStep3
 
 
 def small_config(tmp_path, **run) -> TrainConfig:
@@ -261,6 +262,20 @@ def test_compiled_training_collects_an_untraceable_env_eagerly(tmp_path):
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
     for eager, compiled in zip(*buffers):
         assert (eager == compiled).all()
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # the compile fallback's warning fails the test
+def test_compiled_training_collects_an_env_that_checks_values_eagerly(tmp_path, monkeypatch):
+    """Traced into the compiled rollout, the env's value checks read values on the host, and the error they
+    raised was taken for a compiler failure: the steps ran again eagerly, past a NaN that came once, which
+    went on into training. With check_values the collector compiles no graph and the env's error stops the run."""
+    monkeypatch.setitem(envs.registry._ENVS, "nan_at_step3", NanRewardAtStep3)
+    config = small_config(tmp_path, compile=True)
+    env = EnvSettings(env="nan_at_step3", num_envs=16, env_options={"check_values": True})
+    trainer = Trainer(dataclasses.replace(config, env=env))
+    assert not trainer.collector.compiled
+    with pytest.raises(EnvOutputError, match=r"_step\(\)'s reward for group 'mover' contains NaN or inf in 1 of 16"):
+        trainer.train_iteration()
 
 
 def test_unrolled_collection_fills_the_same_buffer(tmp_path):
