@@ -319,10 +319,12 @@ class PopulationLogger:
         )
 
     def log(self, row: dict) -> None:
+        # The aggregate's row first: a run stopped between the writes leaves no member's log past the
+        # aggregate's, which its resume would take for a member trained on alone (`keep_trained_alone`).
+        self.aggregate.log(aggregate_row(row))
         shared = {k: v for k, v in row.items() if k != "members"}
         for logger, member in zip(self.members, row["members"]):
             logger.log({**shared, **member})
-        self.aggregate.log(aggregate_row(row))
 
     def close(self, exit_code: int = 0) -> None:
         for logger in (*self.members, self.aggregate):

@@ -16,6 +16,7 @@ from marl.algorithms.ppo import PPOConfig
 from marl.app import seeds as population
 from marl.app.checkpoint import load_checkpoint
 from marl.app.cli import build_parser, config_from_args, main
+from marl.app.logger import RunLogger, read_rows
 from marl.app.trainer import Trainer
 from marl.config import EnvSettings, ModelConfig, TrainConfig
 from marl.core import rollout
@@ -663,6 +664,30 @@ def test_a_population_without_its_aggregate_log_resumes_without_copying_members(
     assert "trained on alone" not in capsys.readouterr().out
     assert not list(tmp_path.glob("run-seed_*"))
     assert len((run / "seed_1" / "metrics.csv").read_text().splitlines()) == 4
+
+
+def test_a_population_stopped_between_its_log_writes_resumes_without_copying_members(tmp_path, capsys, monkeypatch):
+    # Ctrl-C after the first member's row of iteration 2, before the rest: no member may then look trained on
+    # alone past the population (the aggregate's row used to come last).
+    run = tmp_path / "run"
+    assert main(["train", *tiny_argv(tmp_path), "--num-seeds", "2", "--total-frames", "64"]) == 0
+    capsys.readouterr()
+    log = RunLogger.log
+
+    def stop_at_the_second_members_row(self, row):
+        if self.run_dir == run / "seed_1" and row["iteration"] == 2:
+            raise KeyboardInterrupt
+        log(self, row)
+
+    monkeypatch.setattr(RunLogger, "log", stop_at_the_second_members_row)
+    assert main(["train", "--resume", str(run / "checkpoint.pt"), "--total-frames", "192"]) == 130
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run / "checkpoint.pt"), "--total-frames", "192"]) == 0
+    assert "trained on alone" not in capsys.readouterr().out
+    assert not list(tmp_path.glob("run-seed_*"))
+    for log_path in (run / "seed_0" / "metrics.csv", run / "seed_1" / "metrics.csv", run / population.AGGREGATE):
+        assert [int(row["iteration"]) for row in read_rows(log_path)] == [1, 2, 3], log_path
 
 
 def write_log(path, iterations) -> None:
