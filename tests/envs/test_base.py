@@ -265,6 +265,7 @@ def test_register_again_replaces_a_redefinition_and_refuses_another_class():
         registry._ENVS.pop("toy_redefined", None)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # compiled, the errors are the env's, not a compile failure
 @pytest.mark.parametrize("compile", [False, True])
 def test_what_the_author_methods_return_is_checked_on_every_reset_and_step(compile):

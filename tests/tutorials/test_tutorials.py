@@ -25,6 +25,7 @@ def test_tutorials_are_found():
     assert TUTORIALS, f"no tutorials found in {REPO / 'tutorials'}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", TUTORIALS, ids=lambda path: path.stem)
 def test_tutorial_runs(path: Path, tmp_path: Path):
     copy = tmp_path / "tutorials" / path.name

@@ -357,6 +357,7 @@ def test_a_resumed_run_continues_exactly(tmp_path, algo):
     assert_repeats(resumed, expected, ("loss", "alpha", "sigma", "q_value", "episode_return"))
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # the compile fallback's warning fails the test
 def test_compiled_steps_match_eager_and_compile_once(tmp_path):
     torch._dynamo.reset()
@@ -385,6 +386,7 @@ class Recording:
         return out, (index, priority)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("algo", "env", "prioritized"),
     [("masac", "speaker_listener", False), ("masac", "speaker_listener", True), ("qmix", "spread", True)],
@@ -458,6 +460,7 @@ def mean_return(policy, env, steps=25) -> float:
     return total.mean().item()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("algo", "options"), [("maddpg", {}), ("masac", {"alpha_init": 0.02})])
 def test_short_training_covers_a_stated_fraction_from_random_to_scripted(tmp_path, algo, options):
     """navigation with 25-step episodes, 12,288 frames: at least 30% of the way from a random policy's

@@ -104,6 +104,7 @@ def test_overlap_needs_the_compiled_update_on_the_cpu_in_one_process(tmp_path):
         PPO(train, env, device, SimpleNamespace(size=2), torch.Generator())
 
 
+@pytest.mark.slow
 def test_compiled_overlap_follows_the_eager_update(tmp_path):
     """Compiled for real (the critics' step with Inductor's C++ wrapper, on the thread, then on both
     threads): the first iterations follow the eager update of both nets, to compiled code's rounding."""

@@ -196,6 +196,7 @@ def scripted_return(options: dict, episodes: int = 512) -> float:
     return total.mean().item()
 
 
+@pytest.mark.slow
 def test_memory_task_a_recurrent_policy_learns_what_an_mlp_cannot(tmp_path):
     """navigation with the goal seen only in the first observation, a small budget (marl/bench/README.md has
     the full run, where the MLP stays under half the scripted return): MAPPO with a GRU policy gets well past

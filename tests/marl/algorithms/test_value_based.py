@@ -383,6 +383,7 @@ def test_compiled_steps_match_eager(tmp_path):
             assert compiled[key] == pytest.approx(eager[key], rel=1e-4, abs=1e-5), key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("env", "frames", "eval_envs"), [("spread", 24_576, 256), ("pettingzoo/mpe2.simple_spread_v3", 12_288, 32)]
 )

@@ -167,6 +167,7 @@ def test_envs_lists_envs_with_options(capsys):
     assert "navigation" in out and "n_agents: int = 3" in out
 
 
+@pytest.mark.slow
 def test_train_eval_plot_end_to_end(tmp_path):
     run = [sys.executable, "-m", "marl"]
     common = ["--log-dir", str(tmp_path), "--run-name", "cli", "--no-progress"]

@@ -36,6 +36,7 @@ def test_compiled_rollout_and_update_steps_are_captured(tmp_path, capsys, unroll
     assert not [str(w.message) for w in caught if str(w.message).startswith("CUDA graphs:")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["ppo", "masac-prioritized", "masac-prioritized-seeds"])
 def test_compiled_steps_mutate_only_static_inputs(tmp_path, monkeypatch, algo):
     # On CUDA torch skips recording a graph that mutates an input not marked static ("mutated inputs"):

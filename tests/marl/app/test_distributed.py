@@ -156,6 +156,7 @@ def test_ranks_with_different_configs_stop_naming_rank_and_field(tmp_path):
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
 
 
+@pytest.mark.slow
 def test_a_dead_rank_stops_the_job_and_the_run_resumes_from_its_checkpoint(tmp_path):
     """Rank 1 is killed at iteration 3: the job exits with an error at once (not after the collective
     timeout, 600 s by default); the CSV and the checkpoint of iterations 1-2 are rank 0's, with frames
@@ -180,6 +181,7 @@ def test_a_dead_rank_stops_the_job_and_the_run_resumes_from_its_checkpoint(tmp_p
     assert frames == [k * FRAMES_PER_ITERATION for k in (1, 2, 3, 4)]
 
 
+@pytest.mark.slow
 def test_a_hung_rank_stops_the_job_after_the_collective_timeout(tmp_path):
     code, output, seconds = torchrun(WORKER, "hang", *CLI_ARGS, "--log-dir", str(tmp_path), timeout_variable="3")
     assert code != 0 and seconds < 60, (seconds, output[-3000:])
@@ -226,6 +228,7 @@ def test_a_used_run_folder_with_a_checkpoint_hints_resuming_with_torchrun(tmp_pa
     assert output.count(hint) == RANKS, output[-3000:]
 
 
+@pytest.mark.slow
 def test_an_off_policy_algorithm_trains_on_two_ranks_with_a_buffer_each(tmp_path):
     """MASAC under torchrun: every rank fills its own replay buffer, gradients are averaged, and the
     targets move alike on every rank (the run completes, its rows are finite, resume works)."""

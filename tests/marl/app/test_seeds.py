@@ -132,6 +132,7 @@ def test_an_iteration_launches_as_many_ops_for_any_number_of_members(tmp_path, g
     assert not two - four
 
 
+@pytest.mark.slow
 def test_a_prioritized_off_policy_iteration_launches_as_many_ops_for_any_number_of_members(tmp_path):
     """The same for an off-policy population with prioritized replay (MASAC on navigation): every member's
     finds, importance weights and priority updates, in its own sum tree, are the same ops for two members
@@ -213,6 +214,7 @@ def test_a_compiled_population_resumes_exactly(tmp_path, monkeypatch):
     )
 
 
+@pytest.mark.slow
 def test_a_compiled_population_collects_and_updates_as_the_eager_one_in_one_graph_each(tmp_path):
     """`--seeds` with `--compile`: every member's acting and envs are one compiled rollout graph, and each
     minibatch step of every member one update graph (no graph break, no recompile), which fill the buffer

@@ -203,6 +203,7 @@ def test_eager_minibatches_are_slices_of_the_shuffled_epoch(tmp_path):
         assert torch.equal(by_index[1]["agent"], by_slice[1]["agent"])
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # the compile fallback's warning fails the test
 def test_compiled_training_matches_eager(tmp_path):
     """`--compile`: the same seed gives the same iterations as eager, within float tolerance; the

@@ -6,12 +6,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import marl.bench.suite
 from marl.bench.suite import main as bench_main
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
+@pytest.mark.slow
 def test_the_replay_benchmark_prints_its_table_and_writes_the_json(tmp_path):
     out = tmp_path / "replay.json"
     argv = ["--capacity", "2048", "--extend", "4x16", "--batch-sizes", "32", "--repeats", "2", "--json", str(out)]
