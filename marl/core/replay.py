@@ -375,11 +375,13 @@ class ReplayBuffer:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`sample`'s draw alone: the slots `[batch_size]` and the importance weights (None when uniform):
         `select` of one row of `draw_ahead`."""
-        if self.tree is not None:
-            if beta is None:
-                beta = self.prioritized.beta
-            elif isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta <= 1.0:
-                raise ValueError(f"sample: beta = {beta!r}, expected a float in [0, 1]")
+        # Checked on a uniform buffer too (where it is unused), so a wrong beta fails before prioritizing.
+        if beta is not None and (
+            isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta <= 1.0
+        ):
+            raise ValueError(f"sample: beta = {beta!r}, expected a float in [0, 1]")
+        if self.tree is not None and beta is None:
+            beta = self.prioritized.beta
         return self.select(self.draw_ahead(1, batch_size, generator)[0], beta)
 
     @torch.no_grad()
@@ -403,11 +405,21 @@ class ReplayBuffer:
                 f"sample: batch_size {batch_size} is larger than the {self._count} env steps stored "
                 f"(capacity {self.capacity}); extend the buffer first, or draw fewer"
             )
-        if generator is not None and torch.device(generator.device).type != self.device.type:
-            raise ValueError(f"sample: the generator is on {generator.device}, expected {self.device} like the buffer")
+        self._check_generator("sample", generator)
         if self.tree is None:
             return torch.randint(self._count, (steps, batch_size), generator=generator, device=self.device)
         return torch.rand(steps, batch_size, dtype=torch.float64, generator=generator, device=self.device)
+
+    def _check_generator(self, where: str, generator) -> None:
+        if generator is None:
+            return
+        if not isinstance(generator, torch.Generator):
+            raise TypeError(
+                f"{where}: generator must be a torch.Generator on {self.device} (or None), "
+                f"got {type(generator).__name__} {generator!r}"
+            )
+        if torch.device(generator.device).type != self.device.type:
+            raise ValueError(f"{where}: the generator is on {generator.device}, expected {self.device} like the buffer")
 
     def _stratified(self, drawn: torch.Tensor) -> torch.Tensor:
         """`_draw_random`'s numbers `[..., batch_size]` as `draw_ahead`'s: prioritized, draw `i` moved into the
@@ -465,8 +477,7 @@ class ReplayBuffer:
                 f"more than the {self._count} env steps stored (capacity {self.capacity}); extend the buffer "
                 "first, or draw shorter chunks"
             )
-        if generator is not None and torch.device(generator.device).type != self.device.type:
-            raise ValueError(f"draw_chunks: the generator is on {generator.device}, expected {self.device}")
+        self._check_generator("draw_chunks", generator)
         return torch.randint(starts, (count,), generator=generator, device=self.device)
 
     def chunk_slots(self, start: torch.Tensor, length: int, stride: int) -> torch.Tensor:

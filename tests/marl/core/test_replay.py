@@ -358,6 +358,22 @@ def test_bad_sample_is_a_clear_error():
         buffer.sample(0)
 
 
+@pytest.mark.parametrize("prioritized", [None, Prioritized()], ids=["uniform", "prioritized"])
+def test_a_generator_that_is_not_one_or_a_bad_beta_is_a_clear_error(prioritized):
+    # A seed in place of a generator failed inside the device check: "'int' object has no attribute 'device'";
+    # a uniform buffer took any beta (a string, 2.0) without a word.
+    buffer = ReplayBuffer(GROUPS, 10, state_spec=STATE, prioritized=prioritized)
+    buffer.extend(numbered(1, 3))
+    with pytest.raises(TypeError, match=r"sample: generator must be a torch.Generator on cpu \(or None\), got int 0"):
+        buffer.sample(2, 0)
+    if prioritized is None:  # draw_chunks is uniform only
+        with pytest.raises(TypeError, match="draw_chunks: generator must be a torch.Generator on cpu"):
+            buffer.draw_chunks(1, 1, 3, generator=0)
+    for beta in ("0.5", 2.0):
+        with pytest.raises(ValueError, match=rf"sample: beta = {beta!r}, expected a float in \[0, 1\]"):
+            buffer.sample(2, None, beta)
+
+
 BAD_PRIORITIES = {
     "negative": (torch.tensor([0, 1]), torch.tensor([1.0, -0.5]), ValueError, "1 of 2 priorities are negative, NaN"),
     "nan": (torch.tensor([0, 1]), torch.tensor([math.nan, 1.0]), ValueError, "1 of 2 priorities are negative, NaN"),
