@@ -665,7 +665,9 @@ class MultiAgentEnv:
                 low, high = self._action_bounds[group]
                 if self.check_values:
                     self._check_values(what, value, low, high)
-                value = torch.clamp(value.to(spec.action.dtype), low, high)
+                # detach: a policy's action may require grad; kept, it would chain every later step's state
+                # into one autograd graph (growing memory, `render` refusing to call .numpy()).
+                value = torch.clamp(value.detach().to(spec.action.dtype), low, high)
             else:
                 if value.dtype.is_floating_point or value.dtype == torch.bool or value.is_complex():
                     raise TypeError(f"{self.name}: {what} has dtype {value.dtype}, expected an integer dtype")

@@ -210,6 +210,18 @@ def test_tensordict_actions_are_accepted():
     env.step(action)
 
 
+def test_an_action_that_requires_grad_leaves_no_graph_in_the_state():
+    # A policy's action straight into step chained every step's state into one autograd graph (memory grew
+    # with every step) and render then failed inside the env: "Can't call numpy() on Tensor that requires grad".
+    env = envs.make("navigation", num_envs=2, seed=0)
+    action = {"agent": env.sample_actions(torch.Generator().manual_seed(0))["agent"].requires_grad_()}
+    for _ in range(2):
+        next_data, obs = env.step(action)
+    assert not next_data["agent", "reward"].requires_grad and not obs["agent", "observation"].requires_grad
+    assert not any(t.requires_grad for t in env.static_tensors())
+    assert env.render(np.int64(1)).dtype == np.uint8
+
+
 def test_sample_actions_honours_masks():
     env = make()
     obs = env.reset()
