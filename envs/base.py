@@ -716,6 +716,11 @@ def sample_actions(
 ) -> TensorDict:
     """Random actions `{group: [num_envs, n, *action_shape]}` for `groups`, honouring the action masks in
     `obs` when given; drawn from `generator` (a freshly seeded one when None)."""
+    if generator is not None and (
+        not isinstance(generator, torch.Generator) or torch.device(generator.device).type != torch.device(device).type
+    ):
+        got = f"one on {generator.device}" if isinstance(generator, torch.Generator) else type(generator).__name__
+        raise TypeError(f"sample_actions: generator must be a torch.Generator on {device} (or None), got {got}")
     if generator is None:
         generator = torch.Generator(device=device)
         generator.manual_seed(int(torch.randint(2**62, (1,)).item()))

@@ -44,6 +44,8 @@ class VecmarlParallelEnv(ParallelEnv):
     """One env of a vecmarl batch behind PettingZoo's Parallel API."""
 
     def __init__(self, env: MultiAgentEnv, index: int = 0) -> None:
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+            raise TypeError(f"{env.name}: index must be an int, got {type(index).__name__} {index!r}")
         if not 0 <= index < env.num_envs:
             raise IndexError(f"{env.name}: index must be in [0, {env.num_envs}), got {index}")
         self.env, self.index = env, index

@@ -222,6 +222,13 @@ def test_an_action_that_requires_grad_leaves_no_graph_in_the_state():
     assert env.render(np.int64(1)).dtype == np.uint8
 
 
+@pytest.mark.parametrize("generator", [0, np.random.default_rng(0)], ids=["seed", "numpy"])
+def test_sample_actions_refuses_what_is_not_a_torch_generator(generator):
+    # was torch.rand's "received an invalid combination of arguments", from inside the spec
+    with pytest.raises(TypeError, match=r"sample_actions: generator must be a torch.Generator on cpu \(or None\)"):
+        make().sample_actions(generator)
+
+
 def test_sample_actions_honours_masks():
     env = make()
     obs = env.reset()

@@ -201,3 +201,21 @@ def test_vmas_envs_declare_no_render_mode():
     pytest.importorskip("vmas")
     par_env = envs.to_pettingzoo(envs.make("vmas/navigation", num_envs=1, seed=0))
     assert par_env.metadata["render_modes"] == [] and par_env.render_mode is None
+
+
+@pytest.mark.parametrize(
+    "index, error, message",
+    [
+        (2, IndexError, r"index must be in \[0, 2\), got 2"),
+        (-1, IndexError, r"index must be in \[0, 2\), got -1"),
+        # 1.0 was taken, then reset failed in TensorDict indexing ("only integers, slices ..."); "1" raised
+        # "'<=' not supported between instances of 'int' and 'str'"
+        (1.0, TypeError, "index must be an int, got float 1.0"),
+        ("1", TypeError, "index must be an int, got str '1'"),
+        (True, TypeError, "index must be an int, got bool True"),
+    ],
+)
+def test_an_index_outside_the_batch_or_not_an_int_is_refused(index, error, message):
+    with pytest.raises(error, match=message):
+        envs.to_pettingzoo(Counter(num_envs=2, seed=0), index=index)
+    assert envs.to_pettingzoo(Counter(num_envs=2, seed=0), index=np.int64(1)).index == 1
