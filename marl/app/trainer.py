@@ -75,6 +75,12 @@ class Trainer:
     def __init__(self, config: TrainConfig, run_dir: str | Path | None = None, *, resuming: bool = False) -> None:
         """`resuming` (set by `Trainer.resume`) lets the trainer reuse a run folder that holds a run;
         a fresh run refuses one, before anything is written."""
+        if not isinstance(config, TrainConfig):
+            raise TypeError(
+                f"Trainer takes a marl.config.TrainConfig (TrainConfig(env=EnvSettings(...), algo=...)), got "
+                f"{type(config).__name__}"
+                + (": build it with TrainConfig.from_dict" if isinstance(config, dict) else "")
+            )
         self.config = config
         # Under torchrun: this rank's device and process group (marl.app.distributed); else a no-op World.
         self.world, device = distributed.setup(resolve_device(config.run.device), config.to_dict())

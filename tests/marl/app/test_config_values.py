@@ -103,3 +103,19 @@ def test_configs_built_in_python_take_what_the_command_line_gives():
     # lists for tuples, ranges of seeds, ints for floats, an explicit group map
     assert ModelConfig(hidden=[32, 16]).hidden == (32, 16) and RunConfig(seeds=range(3)).seeds == (0, 1, 2)
     assert PPOConfig(lr=1).lr == 1 and EnvSettings(group_map={"a": ["agent_0"]}).group_map == {"a": ["agent_0"]}
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"env": {}}, "got dict: build it with TrainConfig.from_dict"),
+        (None, "got NoneType$"),
+        (RunConfig(), "got RunConfig$"),
+    ],
+)
+def test_the_trainer_refuses_what_is_not_a_train_config(config, message):
+    # was "AttributeError: 'dict' object has no attribute 'run'", from inside the trainer
+    from marl.app.trainer import Trainer
+
+    with pytest.raises(TypeError, match=r"^Trainer takes a marl.config.TrainConfig .*" + message):
+        Trainer(config)
