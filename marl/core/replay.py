@@ -558,19 +558,24 @@ class ReplayBuffer:
             raise TypeError(
                 f"update_priority: priority must be a tensor or a mapping group -> tensor, got {type(priority).__name__}"
             )
+        agents = [spec.n_agents for spec in self.groups.values()]
         for g, value in per_group.items():
             where = "priority" if g is None else f"priority of group {g!r}"
             if g is not None and g not in self.groups:
                 raise KeyError(f"update_priority: group {g!r} is not in the buffer; its groups: {list(self.groups)}")
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"update_priority: {where} must be a tensor, got {type(value).__name__}")
-            n = None if g is None else self.groups[g].n_agents
-            expected = f"({k},), ({k}, n) or ({k}, n, 1)" if n is None else f"({k}, {n}) or ({k}, {n}, 1)"
+            if g is None:  # a bare tensor's agents: one (a team's), a group's, or every group's together
+                counts = {1, *agents, sum(agents)}
+                expected = f"({k},), ({k}, n) or ({k}, n, 1) with n in {sorted(counts)} (a group's agents, or all)"
+            else:
+                counts = {self.groups[g].n_agents}
+                expected = f"({k}, {self.groups[g].n_agents}) or ({k}, {self.groups[g].n_agents}, 1)"
             shape = tuple(value.shape)
             fits = shape[:1] == (k,) and (
-                (len(shape) == 1 and n is None)
-                or (len(shape) == 2 and n in (None, shape[1]))
-                or (len(shape) == 3 and n in (None, shape[1]) and shape[2] == 1)
+                (len(shape) == 1 and g is None)
+                or (len(shape) == 2 and shape[1] in counts)
+                or (len(shape) == 3 and shape[1] in counts and shape[2] == 1)
             )
             if not fits:
                 raise ValueError(

@@ -389,7 +389,14 @@ BAD_PRIORITIES = {
         torch.tensor([0, 1]),
         torch.tensor([1.0, 1.0, 1.0]),
         ValueError,
-        r"priority has shape \(3,\), expected \(2,\), \(2, n\) or \(2, n, 1\) for 2 indices",
+        r"priority has shape \(3,\), expected \(2,\), \(2, n\) or \(2, n, 1\) with n in \[1, 2, 3\]",
+    ),
+    # was reduced over its 5 columns as if they were agents: GROUPS has 2 + 1
+    "bare-wrong-agents": (
+        torch.tensor([0, 1]),
+        torch.ones(2, 5),
+        ValueError,
+        r"priority has shape \(2, 5\), expected \(2,\), \(2, n\) or \(2, n, 1\) with n in \[1, 2, 3\] \(a group's",
     ),
     "group-wrong-agents": (
         torch.tensor([0, 1]),
