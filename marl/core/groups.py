@@ -223,9 +223,10 @@ class GroupedEnv:
             what = f"action for group '{group}'"
             value = group_action(action[group], what)
             expected = (self.num_envs, spec.n_agents, *spec.action.shape)
-            if not isinstance(value, torch.Tensor) or tuple(value.shape) != expected:
-                shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-                raise ValueError(f"{what} has shape {shape}, expected {expected}")
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"{what} must be a torch.Tensor, got {type(value).__name__}")
+            if tuple(value.shape) != expected:
+                raise ValueError(f"{what} has shape {tuple(value.shape)}, expected {expected}")
             # Checked here, where the group is the user's: concatenated with another group's agents, a
             # float action would be promoted and refused under the env's group name, another device fail in cat.
             if value.dtype.is_floating_point != isinstance(spec.action, Box) or value.dtype == torch.bool:

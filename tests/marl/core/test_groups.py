@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 
@@ -123,6 +124,9 @@ def test_bad_action_shape_for_a_regrouped_group():
         grouped.step({"agents": torch.zeros(B, 4, 2)})
     with pytest.raises(KeyError, match="missing"):
         grouped.step({"red": torch.zeros(B, 2, 2)})
+    # a numpy action read "has shape ndarray, expected (4, 5, 2)"
+    with pytest.raises(TypeError, match="action for group 'agents' must be a torch.Tensor, got ndarray"):
+        grouped.step({"agents": np.zeros((B, 5, 2), dtype=np.float32)})
 
 
 @pytest.mark.parametrize("name", ["done", "terminated", "state", "", 1])
