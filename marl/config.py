@@ -404,18 +404,29 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        """The config `to_dict` gave, as a checkpoint holds it. One of another layout (of another vecmarl
+        version) raises a ValueError naming what does not fit, not a bare KeyError or every valid option."""
         from marl import algorithms
 
+        _check_saved(data)
         env = {**data["env"], "imports": tuple(data["env"].get("imports", ()))}
         # An explicit group map (a dict, given in Python) is not the `str` the command line takes: the
         # settings are built without it and it is put back as saved (GroupedEnv checks it).
         group_map = env.pop("group_map", "by_type")
+        _check_saved_fields("env", env, EnvSettings)
         env_settings = dataclasses.replace(_options.build(EnvSettings, env, "env"), group_map=group_map)
         import_modules(env_settings.imports)  # the algorithm may be registered by one of them
         name = data["algo"]["algo"]
         algo_class, overrides = algorithms.config_class(name), data.get("group_overrides", {})
-        gru = "gru" in (data["model"]["model"], *(o.get("model") for o in overrides.values()))
+        model = {**data["model"], **({"hidden": tuple(data["model"]["hidden"])} if "hidden" in data["model"] else {})}
+        gru = "gru" in (model.get("model"), *(o.get("model") for o in overrides.values()))
         algo = algo_class.saved(dict(data["algo"]), name, gru)
+        for section, values, known in (
+            ("algo", algo, algo_class),
+            ("model", model, ModelConfig),
+            ("run", data["run"], RunConfig),
+        ):
+            _check_saved_fields(section, values, known)
         overrides = {
             group: algorithms.config_class(o.get("algo", name)).saved(dict(o), o.get("algo", name), gru)
             if o.get("algo", name) in algorithms.names()
@@ -425,10 +436,33 @@ class TrainConfig:
         return cls(
             env=env_settings,
             algo=_options.build(algo_class, algo, "algo config"),
-            model=_options.build(ModelConfig, {**data["model"], "hidden": tuple(data["model"]["hidden"])}, "model"),
+            model=_options.build(ModelConfig, model, "model"),
             run=_options.build(RunConfig, data["run"], "run config"),
             group_overrides=overrides,
         )
+
+
+def _check_saved(data: Any) -> None:
+    """Refuse a saved config without the sections `TrainConfig.from_dict` reads, or the env's or the
+    algorithm's name (a field missing elsewhere takes its default, as one added since the run was saved)."""
+    for section, name in (("env", "env"), ("algo", "algo"), ("model", None), ("run", None)):
+        values = data.get(section) if isinstance(data, dict) else None
+        if not isinstance(values, dict):
+            raise ValueError(f"the checkpoint's config has no {section!r} section: {_OTHER_VERSION}")
+        if name is not None and name not in values:
+            raise ValueError(f"the checkpoint's config has no {name!r} in its {section!r} section: {_OTHER_VERSION}")
+
+
+def _check_saved_fields(section: str, values: dict[str, Any], cls: type) -> None:
+    unknown = sorted(set(values) - field_names(cls))
+    if unknown:
+        raise ValueError(
+            f"the checkpoint's {section} options {unknown} are not options of this vecmarl's {cls.__name__}: "
+            + _OTHER_VERSION
+        )
+
+
+_OTHER_VERSION = "it was written by another version of vecmarl; use that version with it"
 
 
 def import_modules(modules: tuple[str, ...]) -> None:

@@ -91,6 +91,23 @@ def _read(path: Path, map_location: str | torch.device) -> Any:
         raise _not_a_checkpoint(path, reason) from None
 
 
+def load_algorithm_state(algorithm, state: dict[str, Any], setup: str) -> None:
+    """`algorithm.load_state_dict(state)`. A state of another layout (an entry missing, a tensor of another
+    shape), as another version of vecmarl or another setup than `setup` (e.g. "MAPPO") writes, raises a
+    ValueError saying so, not a bare KeyError or torch's list of every mismatched tensor."""
+    other = f"it was written by another version of vecmarl or for another setup than {setup}"
+    try:
+        algorithm.load_state_dict(state)
+    except KeyError as error:
+        raise ValueError(f"the checkpoint's algorithm state has no entry {error}: {other}") from None
+    except RuntimeError as error:
+        lines = str(error).strip().split("\n")
+        if not lines[0].startswith("Error(s) in loading state_dict"):
+            raise
+        first = lines[1].strip() if len(lines) > 1 else lines[0]  # e.g. "size mismatch for net.layers.0.weight: ..."
+        raise ValueError(f"the checkpoint's algorithm state does not fit: {first.rstrip('.')}; {other}") from None
+
+
 def _not_a_checkpoint(path: Path, reason: str) -> ValueError:
     return ValueError(f"{path} is not a vecmarl checkpoint (a checkpoint.pt written by marl train): {reason}")
 

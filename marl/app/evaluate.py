@@ -10,7 +10,7 @@ import torch
 from envs.base import canonical_device
 from marl.app import seeds
 from marl.app.build import build_algorithm, make_env, resolve_device
-from marl.app.checkpoint import load_checkpoint
+from marl.app.checkpoint import load_algorithm_state, load_checkpoint
 from marl.app.distributed import World
 from marl.app.paths import check_output_file
 from marl.config import TrainConfig, check_seed
@@ -78,7 +78,7 @@ def evaluate(
             raise ValueError(f"{config.env.env} does not render: run marl eval without --render")
         if policies is None:
             algorithm = build_algorithm(config, env, device, World(), generator)
-            algorithm.load_state_dict(state["algorithm"])
+            load_algorithm_state(algorithm, state["algorithm"], algorithm.label(config, env.groups))
             policies, hidden_shapes = algorithm.acting.policies, algorithm.acting.hidden
         obs = env.reset()
         # Recurrent policies act from their state, zero at each episode's start.

@@ -36,7 +36,7 @@ from envs.base import canonical_device
 from marl import algorithms
 from marl.app import distributed, seeds
 from marl.app.build import build_algorithm, check_group_overrides, make_env, resolve_device
-from marl.app.checkpoint import load_checkpoint, save_checkpoint
+from marl.app.checkpoint import load_algorithm_state, load_checkpoint, save_checkpoint
 from marl.app.logger import LogWriteError, NoLogger, RunLogger, drop_rows_after, writes_tensorboard
 from marl.app.paths import check_output_file, check_output_folder
 from marl.app.wandb_logging import WandbStartError, check_installed, wandb_run
@@ -329,13 +329,7 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         state = self.world.own_checkpoint(state)
         self.iteration, self.frames, self.elapsed = state["iteration"], state["frames"], state["elapsed"]
-        try:
-            self.algorithm.load_state_dict(state["algorithm"])
-        except KeyError as error:  # a checkpoint of another algorithm's layout, e.g. of an earlier vecmarl
-            raise ValueError(
-                f"the checkpoint's algorithm state has no entry {error}: it was written by another version of "
-                f"vecmarl or for another setup than {self.algorithm.label(self.config, self.env.groups)}"
-            ) from None
+        load_algorithm_state(self.algorithm, state["algorithm"], self.algorithm.label(self.config, self.env.groups))
         if isinstance(self.generator, list):
             for generator, held in zip(self.generator, state["generator"]):
                 generator.set_state(held)

@@ -110,6 +110,59 @@ def test_the_cli_reports_a_bad_checkpoint_in_one_line(tmp_path, capsys, command,
     )
 
 
+# --- a checkpoint of another layout (another vecmarl version) --------------------------------------
+
+OTHER_VERSION = "it was written by another version of vecmarl"
+
+
+def _new_run_option(state):
+    state["config"]["run"]["frames_per_second_limit"] = 100
+
+
+def _no_run_section(state):
+    del state["config"]["run"]
+
+
+def _no_algo_name(state):
+    del state["config"]["algo"]["algo"]
+
+
+def _renamed_group(state):
+    state["algorithm"]["agents"] = state["algorithm"].pop("agent")
+
+
+def _wider_network(state):
+    state["config"]["model"]["hidden"] = [16]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (_new_run_option, "the checkpoint's run options ['frames_per_second_limit'] are not options of this vecmarl's"),
+        (_no_run_section, "the checkpoint's config has no 'run' section"),
+        (_no_algo_name, "the checkpoint's config has no 'algo' in its 'algo' section"),
+        (_renamed_group, "the checkpoint's algorithm state has no entry 'agent'"),
+        (_wider_network, "the checkpoint's algorithm state does not fit: size mismatch for"),
+    ],
+)
+@pytest.mark.parametrize("command", [["eval", "--episodes", "1", "--checkpoint"], ["train", "--resume"]])
+def test_a_checkpoint_of_another_layout_is_one_line_naming_what_does_not_fit(
+    tmp_path, capsys, real_checkpoint, change, message, command
+):
+    # Before, `marl eval` printed "error: run" or "error: agent" (a bare KeyError), a traceback of torch's
+    # size mismatches, or every valid option of a config; `--resume` the same but for a missing entry.
+    path = tmp_path / "run" / "checkpoint.pt"
+    path.parent.mkdir()
+    path.write_bytes(real_checkpoint)
+    state = torch.load(path, weights_only=True)
+    change(state)
+    torch.save(state, path)
+    assert main([*command, str(path), *(["--total-frames", "64", "--no-progress"] if "train" in command else [])]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"marl {command[0]}: error: {message}") and OTHER_VERSION in err
+    assert len(err.strip().splitlines()) == 1
+
+
 # --- a checkpoint that cannot be written ---------------------------------------------------------
 
 FULL = "No space left on device"
