@@ -386,8 +386,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.capacity < max(args.batch_sizes) or args.capacity < args.extend[0] * args.extend[1]:
         parser.error("--capacity must hold the largest batch size and the extended batch")
-    if args.peer_python and not Path(args.peer_python).exists():
-        parser.error(f"--peer-python {args.peer_python}: no such file")
+    if args.peer_python:
+        from marl.bench.suite import PEER_PYTHONS, check_peer_python
+
+        try:
+            check_peer_python("--peer-python", args.peer_python, PEER_PYTHONS["torchrl_python"][1])
+        except ValueError as error:
+            parser.error(str(error))
     report = bench_replay(
         args.capacity,
         args.extend,

@@ -295,9 +295,29 @@ PEER_PYTHONS = {
     "benchmarl_python": ("--benchmarl-python", ("benchmarl", "torchrl", "vmas")),
 }
 
+# Prints a word of its own first: a program that is not Python (`/bin/true`, `/bin/echo`) cannot pass for one.
 _FIND_MODULES = (
-    "import importlib.util, sys; print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))"
+    "import importlib.util, sys; print('python-ok', *(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))"
 )
+
+
+def check_peer_python(flag: str, python: str, modules: tuple[str, ...]) -> None:
+    """Refuse a peer interpreter (`flag python`) that does not exist, is not a Python, or lacks one of
+    `modules`: a ValueError naming the flag, raised before the benchmark runs, not a traceback in it."""
+    found = shutil.which(python)
+    if found is None:
+        exists = Path(python).exists()
+        raise ValueError(f"{flag} {python}: " + ("not an executable file" if exists else "no such interpreter"))
+    try:
+        done = subprocess.run([found, "-c", _FIND_MODULES, *modules], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise ValueError(f"{flag} {python}: could not run it ({error})") from None
+    words = done.stdout.split()
+    if done.returncode != 0 or words[:1] != ["python-ok"]:
+        said = done.stderr.strip()[-300:]
+        raise ValueError(f"{flag} {python}: it is not a working Python" + (f" ({said})" if said else ""))
+    if words[1:]:
+        raise ValueError(f"{flag} {python}: {', '.join(words[1:])} not installed in that interpreter")
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -311,21 +331,8 @@ def check_args(args: argparse.Namespace) -> None:
     if args.json:
         check_output_file(args.json, f"--json {args.json}", example="bench.json")
     for dest, (flag, modules) in PEER_PYTHONS.items():
-        python = getattr(args, dest)
-        if python is None:
-            continue
-        found = shutil.which(python)
-        if found is None:
-            raise ValueError(f"{flag} {python}: no such interpreter")
-        try:
-            done = subprocess.run([found, "-c", _FIND_MODULES, *modules], capture_output=True, text=True, timeout=120)
-        except (OSError, subprocess.TimeoutExpired) as error:
-            raise ValueError(f"{flag} {python}: could not run it ({error})") from None
-        missing = done.stdout.split()
-        if done.returncode != 0:
-            raise ValueError(f"{flag} {python}: it is not a working Python ({done.stderr.strip()[-300:]})")
-        if missing:
-            raise ValueError(f"{flag} {python}: {', '.join(missing)} not installed in that interpreter")
+        if getattr(args, dest) is not None:
+            check_peer_python(flag, getattr(args, dest), modules)
     # benchmarl runs only with its interpreter: without one, skipping the other five leaves nothing either.
     left = [s for s in SECTIONS if s not in args.skip and (s != "benchmarl" or args.benchmarl_python)]
     if not left:

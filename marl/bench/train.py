@@ -623,6 +623,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="a smoke run at tiny sizes (numbers mean nothing)")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
+    if args.peer_python:
+        from marl.bench.suite import PEER_PYTHONS, check_peer_python
+
+        try:
+            check_peer_python("--peer-python", args.peer_python, PEER_PYTHONS["benchmarl_python"][1])
+        except ValueError as error:
+            parser.error(str(error))
     for algo in args.algos:
         if algo not in ALGOS:
             parser.error(f"argument --algos: BenchMARL has no {algo!r} to compare with; choose from {', '.join(ALGOS)}")

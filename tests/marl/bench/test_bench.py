@@ -48,6 +48,17 @@ def test_benchmarl_section_needs_a_python_with_benchmarl(tmp_path, capsys):
     assert f"marl bench: error: --benchmarl-python {missing}: no such interpreter" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["--torchrl-python", "--jaxmarl-python", "--benchmarl-python"])
+def test_a_peer_python_that_is_not_python_is_refused_before_any_section(capsys, flag, not_python):
+    # Before, a program exiting 0 without output passed for a Python with every module, and the section
+    # failed with a traceback; a file that is not executable was "no such interpreter".
+    for python, reason in not_python:
+        with pytest.raises(SystemExit) as exit:
+            main(["bench", "--quick", "--skip", "env", "replay", "train", "target", flag, str(python)])
+        assert exit.value.code == 2
+        assert capsys.readouterr().err.strip().endswith(f"marl bench: error: {flag} {python}: {reason}")
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

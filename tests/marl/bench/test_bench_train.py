@@ -274,3 +274,15 @@ def test_algos_offers_only_what_is_registered(algo, message, monkeypatch, capsys
         "--algos ALGO [ALGO ...] algorithms to run, on both sides: mappo, ippo (default: the PPO ones); " in help_text
     )
     assert "BenchMARL's masac, isac, maddpg, iddpg, qmix, vdn, iql once registered in vecmarl" in help_text
+
+
+def test_a_peer_python_that_is_not_python_is_refused_before_any_run(tmp_path, capsys, not_python):
+    # Before, --peer-python of a missing file, a non-executable one or a program that is not Python ran
+    # vecmarl's heading and then failed with a traceback from the BenchMARL run.
+    for python, reason in not_python + [(tmp_path / "missing", "no such interpreter")]:
+        with pytest.raises(SystemExit) as exit:
+            main(["--quick", "--algos", "mappo", "--envs", "navigation", "--peer-python", str(python)])
+        assert exit.value.code == 2
+        err = capsys.readouterr()
+        assert err.err.strip().endswith(f"python -m marl.bench.train: error: --peer-python {python}: {reason}")
+        assert err.out == ""
