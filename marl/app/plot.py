@@ -13,12 +13,17 @@ from marl.app.paths import check_output_file
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:
     """A run's rows: its metrics.csv, or a population's aggregate.csv."""
+    return read_rows(metrics_path(run_dir))
+
+
+def metrics_path(run_dir: str | Path) -> Path:
+    """The file `read_metrics` reads: a run's metrics.csv, or a population's aggregate.csv."""
     path = Path(run_dir) / "metrics.csv"
     if not path.is_file() and (Path(run_dir) / AGGREGATE).is_file():
         path = Path(run_dir) / AGGREGATE
     if not path.is_file():
         raise FileNotFoundError(f"no metrics.csv in {run_dir}: {_hint(Path(run_dir))}")
-    return read_rows(path)
+    return path
 
 
 def _hint(path: Path) -> str:
@@ -107,10 +112,10 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path | None = None, x: str 
     runs = {Path(d): read_metrics(d) for d in run_dirs}
     for run_dir, rows in runs.items():
         if not rows:
-            raise ValueError(f"{run_dir}/metrics.csv has no rows yet")
+            raise ValueError(f"{metrics_path(run_dir)} has no rows yet")
         returns = [k for k in rows[0] if k.endswith("/episode_return")]
         if not returns:
-            raise ValueError(f"{run_dir}/metrics.csv has no episode_return column: it is not a marl train log")
+            raise ValueError(f"{metrics_path(run_dir)} has no episode_return column: it is not a marl train log")
         if not any(math.isfinite(r[k]) for r in rows for k in returns):
             raise ValueError(
                 f"{run_dir}: no episode has ended yet in its {len(rows)} iteration(s), so there is no return to "

@@ -55,6 +55,9 @@ def test_plot_reports_the_file_it_wrote(tmp_path, capsys, monkeypatch):
         (["bad/none"], "bad/none: no episode has ended yet in its 2 iteration(s), so there is no return to plot"),
         (["bad/other"], "bad/other/metrics.csv has no episode_return column"),
         (["bad/torn"], "bad/torn/metrics.csv, line 3: agent/episode_return is '1.2e', not a number"),
+        # A population read from its aggregate.csv names that file, not a metrics.csv it does not have.
+        (["bad/pop-empty"], "bad/pop-empty/aggregate.csv has no rows yet"),
+        (["bad/pop-other"], "bad/pop-other/aggregate.csv has no episode_return column"),
     ],
 )
 def test_plot_refuses_what_it_cannot_draw_or_write_in_one_line(args, message, tmp_path, capsys, monkeypatch):
@@ -70,6 +73,9 @@ def test_plot_refuses_what_it_cannot_draw_or_write_in_one_line(args, message, tm
     (tmp_path / "bad" / "torn" / "metrics.csv").write_text(torn)
     (tmp_path / "bad" / "other").mkdir()  # some other CSV
     (tmp_path / "bad" / "other" / "metrics.csv").write_text("frames,time_s,loss\n100,1,0.5\n")
+    for name, text in (("empty", "frames,time_s,agent/episode_return\n"), ("other", "frames,time_s,loss\n100,1,0.5\n")):
+        (tmp_path / "bad" / f"pop-{name}").mkdir()  # a population: aggregate.csv, members' logs one level down
+        (tmp_path / "bad" / f"pop-{name}" / "aggregate.csv").write_text(text)
     assert main(["plot", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.splitlines()) == 1
