@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -88,7 +89,9 @@ def demo_parser(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--num-envs", type=_positive_int, default=256, help="envs stepped as one batch")
     parser.add_argument("--steps", type=_positive_int, default=100, help="steps to run")
-    parser.add_argument("--gif", default=None, help="write env 0 as an animated GIF to this path")
+    parser.add_argument(
+        "--gif", type=_gif_path, default=None, help="write env 0 as an animated GIF to this path (ending in .gif)"
+    )
     parser.add_argument(
         "--policy",
         choices=("scripted", "random"),
@@ -107,6 +110,17 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive int, got {value}")
     return value
+
+
+def _gif_path(text: str) -> str:
+    """An argparse type: a GIF's path, refused before the steps run, after which a missing folder or another
+    extension failed with Pillow's traceback."""
+    path = Path(text)
+    if path.suffix.lower() != ".gif":
+        raise argparse.ArgumentTypeError(f"expected a path ending in .gif, got {text!r}")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text}: the folder {path.parent} does not exist")
+    return text
 
 
 def demo_policy(env, policy: str, scripted: Callable[[object], Mapping[str, torch.Tensor]]):

@@ -55,3 +55,24 @@ def test_a_demo_refuses_counts_below_one(monkeypatch, capsys, option, value):
         spread._main()
     assert exit_info.value.code == 2
     assert f"argument {option}: expected a positive int, got" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "gif, message",
+    [
+        ("nodir/env0.gif", "argument --gif: cannot write nodir/env0.gif: the folder nodir does not exist"),
+        ("env0.png", "argument --gif: expected a path ending in .gif, got 'env0.png'"),
+    ],
+)
+def test_a_demo_refuses_a_gif_it_cannot_write_before_stepping(monkeypatch, capsys, tmp_path, gif, message):
+    """It used to step the envs, then fail writing the GIF with a FileNotFoundError or Pillow's "unknown file
+    extension" traceback."""
+    from envs.native import spread
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.argv", ["spread", "--num-envs", "2", "--steps", "3", "--gif", gif])
+    with pytest.raises(SystemExit) as exit_info:
+        spread._main()
+    assert exit_info.value.code == 2
+    out, err = capsys.readouterr()
+    assert message in err and out == ""
