@@ -429,7 +429,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def _eval_members(args: argparse.Namespace) -> int:
     """`marl eval --member all`: every member of a run of several seeds, one after another, then per group
-    the mean over the members and its 95% bootstrap CI (with a sweep, per setting over its seeds)."""
+    the mean over the members and its 95% bootstrap CI (with a sweep, per setting over its seeds; none for a
+    setting of one seed)."""
     from marl.app.checkpoint import load_checkpoint
     from marl.app.evaluate import evaluate
     from marl.app.seeds import bootstrap_ci
@@ -452,6 +453,8 @@ def _eval_members(args: argparse.Namespace) -> int:
         by_values.setdefault(m.values, []).append(results[m.name])
     for group in next(iter(results.values()))["returns"]:
         for values, runs in by_values.items():
+            if len(runs) == 1:  # one seed: its line above says it all; a CI of one run would mean nothing
+                continue
             mean, std, low, high = bootstrap_ci([r["returns"][group]["mean"] for r in runs])
             swept = "".join(f" {k}={v:g}" for k, v in values)
             print(

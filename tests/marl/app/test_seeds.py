@@ -656,6 +656,16 @@ def test_eval_of_every_member_of_a_sweep_gives_each_settings_mean_over_its_seeds
         assert float(mean) == pytest.approx((each[f"seed_0-lr_{lr}"] + each[f"seed_1-lr_{lr}"]) / 2, abs=1e-4)
 
 
+def test_eval_of_every_member_gives_no_interval_for_a_setting_of_one_seed(tmp_path, capsys):
+    # One seed per setting: a "mean over 1 runs" with a 95% CI of zero width would mean nothing.
+    assert main(["train", *tiny_argv(tmp_path), "--num-seeds", "1", "--sweep", "lr=0.0001,0.03"]) == 0
+    capsys.readouterr()
+    checkpoint = str(tmp_path / "run" / "checkpoint.pt")
+    assert main(["eval", "--checkpoint", checkpoint, "--member", "all", "--episodes", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["seed_0-lr_0.0001", "seed_0-lr_0.03"], lines
+
+
 def test_a_population_without_its_aggregate_log_resumes_without_copying_members(tmp_path, capsys):
     # A deleted aggregate.csv counted as 0 rows: every member looked trained on alone past it.
     run = tmp_path / "run"
