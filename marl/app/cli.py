@@ -542,12 +542,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     from marl.app.plot import X_AXES
 
-    plot = subparsers.add_parser("plot", help="plot the learning curves of one or more runs to a PNG")
+    plot = subparsers.add_parser("plot", help="plot the learning curves of one or more runs to an image")
     plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders (holding metrics.csv), overlaid")
     plot.add_argument(
         "--out",
         default=None,
-        help="PNG path, or a folder to write learning_curve.png in (default: the first RUN_DIR/learning_curve.png)",
+        help="the figure's path (.png, .pdf, .svg, .jpg: any format matplotlib writes; .png if none), or a folder to "
+        "write learning_curve.png in (default: the first RUN_DIR/learning_curve.png)",
     )
     plot.add_argument(
         "--x",

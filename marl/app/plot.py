@@ -78,8 +78,8 @@ AGGREGATE = "aggregate.csv"  # a population's (`marl.app.seeds`): each metric's 
 def output_path(out: str | Path | None, first_run: str | Path) -> Path:
     """Where the figure goes: `out`, or `learning_curve.png` inside it when it is a folder, or the first
     run's `learning_curve.png`. A name without an extension gets `.png`, which matplotlib would add
-    itself (the path reported must be the file written); a missing or read-only folder is refused before
-    plotting."""
+    itself (the path reported must be the file written); a format matplotlib does not write, or a missing or
+    read-only folder, is refused before plotting."""
     hint = ""
     if out is None:  # e.g. a read-only run folder: the figure can still go elsewhere
         out, hint = Path(first_run) / "learning_curve.png", "; pass --out to write the figure elsewhere"
@@ -88,6 +88,11 @@ def output_path(out: str | Path | None, first_run: str | Path) -> Path:
     out = Path(out)
     if not out.suffix:
         out = out.with_name(out.name + ".png")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()  # {"png": "Portable Network Graphics", ...}
+    if out.suffix[1:].lower() not in formats:  # else matplotlib refuses only after the figure is drawn
+        raise ValueError(f"cannot write {out}: matplotlib writes {', '.join(f'.{f}' for f in sorted(formats))}")
     try:
         check_output_file(out, f"cannot write {out}")
     except ValueError as error:
@@ -97,7 +102,7 @@ def output_path(out: str | Path | None, first_run: str | Path) -> Path:
 
 def plot_runs(run_dirs: list[str | Path], out: str | Path | None = None, x: str = "frames") -> Path:
     """Plot each group's mean episode return of every run against frames (or training seconds, `x="time"`)
-    on one figure; returns the PNG's path (default: the first run's `learning_curve.png`)."""
+    on one figure; returns the figure's path (default: the first run's `learning_curve.png`)."""
     if not run_dirs:
         raise ValueError("give at least one run folder")
     if x not in X_AXES:

@@ -44,6 +44,8 @@ def test_plot_reports_the_file_it_wrote(tmp_path, capsys, monkeypatch):
     [
         (["runs/a", "--out", "nodir/c.png"], "cannot write nodir/c.png: the folder nodir does not exist"),
         (["runs/a", "--out", "newdir/"], "cannot write newdir/learning_curve.png: the folder newdir does not exist"),
+        # matplotlib refused a format it does not write only after drawing the figure, in its own words.
+        (["runs/a", "--out", "curves.txt"], "cannot write curves.txt: matplotlib writes "),
         (
             ["runs/a", "--out", "runs/a/metrics.csv/c.png"],
             "cannot write runs/a/metrics.csv/c.png: runs/a/metrics.csv is a file",
