@@ -86,7 +86,10 @@ def save_gif(frames: list[np.ndarray], path: str, fps: int = 10) -> None:
 
 def demo_parser(description: str) -> argparse.ArgumentParser:
     """The command line of an env's `__main__` demo: `--num-envs`, `--steps`, `--gif`; add the env's own."""
-    parser = argparse.ArgumentParser(description=description)
+    # Run as `python -m envs.native.NAME`: the usage line says that, not the file's name.
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    prog = f"python -m {spec.name}" if spec is not None and spec.name.startswith("envs.") else None
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--num-envs", type=_positive_int, default=256, help="envs stepped as one batch")
     parser.add_argument("--steps", type=_positive_int, default=100, help="steps to run")
     parser.add_argument(
@@ -99,6 +102,15 @@ def demo_parser(description: str) -> argparse.ArgumentParser:
         help="the env's scripted controller, or uniformly random actions (the two yardsticks of training)",
     )
     return parser
+
+
+def demo_env(parser: argparse.ArgumentParser, build: Callable[[], object]):
+    """`build()`, the demo's env from its options; an option the env refuses (`--n-agents 0`) is a usage
+    error in one line, as argparse's own, not a traceback."""
+    try:
+        return build()
+    except (ValueError, TypeError) as error:
+        parser.error(str(error))
 
 
 def _positive_int(text: str) -> int:

@@ -176,14 +176,14 @@ def scripted_action(
 def _main() -> None:
     import time
 
-    from envs.render import demo_parser, demo_policy, play
+    from envs.render import demo_env, demo_parser, demo_policy, play
 
     parser = demo_parser("Run the scripted go-to-goal controller (or random actions) on navigation.")
     parser.add_argument("--n-agents", type=int, default=3, help="agents per env")
     parser.add_argument("--max-steps", type=int, default=100, help="steps per episode")
     args = parser.parse_args()
-    config = NavigationConfig(n_agents=args.n_agents, max_steps=args.max_steps)
-    env = Navigation(config, num_envs=args.num_envs, seed=0)
+    config = dict(n_agents=args.n_agents, max_steps=args.max_steps)
+    env = demo_env(parser, lambda: Navigation(NavigationConfig(**config), num_envs=args.num_envs, seed=0))
     policy = demo_policy(env, args.policy, lambda obs: {"agent": scripted_action(obs["agent", "observation"])})
     start = time.perf_counter()
     returns = play(env, policy, args.steps, gif=args.gif)

@@ -129,12 +129,13 @@ def scripted_actions(obs: TensorDictBase, gain: float = 3.0, damping: float = 1.
 
 
 def _main() -> None:
-    from envs.render import demo_parser, demo_policy, play
+    from envs.render import demo_env, demo_parser, demo_policy, play
 
     parser = demo_parser("Run the scripted speaker-listener pair (or random actions).")
     parser.add_argument("--n-landmarks", type=int, default=3, help="landmarks (and symbols) per env")
     args = parser.parse_args()
-    env = SpeakerListener(SpeakerListenerConfig(n_landmarks=args.n_landmarks), num_envs=args.num_envs, seed=0)
+    config = dict(n_landmarks=args.n_landmarks)
+    env = demo_env(parser, lambda: SpeakerListener(SpeakerListenerConfig(**config), num_envs=args.num_envs, seed=0))
     returns = play(env, demo_policy(env, args.policy, scripted_actions), args.steps, gif=args.gif)
     print(f"mean episode return: {returns['listener']:.3f}")
 

@@ -227,12 +227,12 @@ def scripted_action(observation: torch.Tensor, continuous: bool = False) -> torc
 
 
 def _main() -> None:
-    from envs.render import demo_parser, demo_policy, play
+    from envs.render import demo_env, demo_parser, demo_policy, play
 
     parser = demo_parser("Run the scripted greedy-assignment controller (or random actions) on spread.")
     parser.add_argument("--n-agents", type=int, default=3, help="agents (and landmarks) per env")
     args = parser.parse_args()
-    env = Spread(SpreadConfig(n_agents=args.n_agents), num_envs=args.num_envs, seed=0)
+    env = demo_env(parser, lambda: Spread(SpreadConfig(n_agents=args.n_agents), num_envs=args.num_envs, seed=0))
     policy = demo_policy(env, args.policy, lambda obs: {"agent": scripted_action(obs["agent", "observation"])})
     returns = play(env, policy, args.steps, gif=args.gif)
     print(f"mean episode return per agent: {returns['agent']:.3f}")

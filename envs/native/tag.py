@@ -215,14 +215,15 @@ def scripted_prey_action(observation: torch.Tensor, config: TagConfig) -> torch.
 
 
 def _main() -> None:
-    from envs.render import demo_parser, demo_policy, play
+    from envs.render import demo_env, demo_parser, demo_policy, play
 
     parser = demo_parser("Run scripted (or random) predators against scripted prey on tag.")
     parser.add_argument("--n-predators", type=int, default=3, help="predators per env")
     parser.add_argument("--n-prey", type=int, default=1, help="prey per env")
     args = parser.parse_args()
-    config = TagConfig(n_predators=args.n_predators, n_prey=args.n_prey, scripted_prey=True)
-    env = Tag(config, num_envs=args.num_envs, seed=0)
+    options = dict(n_predators=args.n_predators, n_prey=args.n_prey, scripted_prey=True)
+    env = demo_env(parser, lambda: Tag(TagConfig(**options), num_envs=args.num_envs, seed=0))
+    config = env.config
     scripted = lambda obs: {"predator": scripted_predator_action(obs["predator", "observation"], config)}  # noqa: E731
     policy = demo_policy(env, args.policy, scripted)
     returns = play(env, policy, args.steps, gif=args.gif)

@@ -43,6 +43,31 @@ def test_running_a_demo_as_a_module_prints_no_runpy_warning():
     )
     assert "mean episode return" in result.stdout
     assert "Warning" not in result.stderr, result.stderr
+    # An option the env refuses: one usage line that names the command as run, not a traceback.
+    refused = subprocess.run(
+        [sys.executable, "-m", "envs.native.navigation", "--n-agents", "0"], capture_output=True, text=True
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.endswith("python -m envs.native.navigation: error: n_agents must be in [1, 256], got 0\n")
+
+
+@pytest.mark.parametrize(
+    "name, option, message",
+    [
+        ("navigation", "--n-agents=0", "n_agents must be in [1, 256], got 0"),
+        ("spread", "--n-agents=65", "n_agents must be in [1, 64], got 65"),
+        ("tag", "--n-predators=0", "n_predators must be in [1, 32], got 0"),
+        ("speaker_listener", "--n-landmarks=1", "n_landmarks must be in [2, 16], got 1"),
+    ],
+)
+def test_a_demo_option_the_env_refuses_is_one_usage_error(monkeypatch, capsys, name, option, message):
+    """It used to end in the env's ValueError with a traceback."""
+    module = importlib.import_module(f"envs.native.{name}")
+    monkeypatch.setattr("sys.argv", [name, option, "--steps", "1"])
+    with pytest.raises(SystemExit) as exit_info:
+        module._main()
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(f"error: {message}")
 
 
 @pytest.mark.parametrize("option, value", [("--steps", "0"), ("--steps", "-3"), ("--num-envs", "0")])
