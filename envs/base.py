@@ -94,6 +94,14 @@ def _seed_int(seed) -> int:
         ) from None
 
 
+def _unwritten(env: MultiAgentEnv, method: str) -> NotImplementedError:
+    """The error of a method every env writes that `env`'s class does not."""
+    return NotImplementedError(
+        f"{type(env).__name__} does not write {method}: every env subclassing envs.MultiAgentEnv writes "
+        "_make_groups, _reset, _step and _observe (see the envs.base docstring)"
+    )
+
+
 def canonical_device(device: torch.device | str) -> torch.device:
     """`device` as the tensors made there report it: `cpu:0` is `cpu`, a bare `cuda` is `cuda:<current>`.
     Device checks compare with `!=`, under which `cuda` and `cuda:0` differ, so envs and the trainer
@@ -223,7 +231,7 @@ class MultiAgentEnv:
     # ---- what an env author writes -------------------------------------------------------------
 
     def _make_groups(self) -> Mapping[str, GroupSpec]:
-        raise NotImplementedError
+        raise _unwritten(self, "_make_groups() -> {group name: envs.GroupSpec}")
 
     def _state_spec(self) -> Box | None:
         """The spec of the global `"state"` `[B, *shape]`, or None when the env has none."""
@@ -233,13 +241,15 @@ class MultiAgentEnv:
         """Allocate the state tensors (`[B, ...]` or `[B, n, ...]` on `self.device`)."""
 
     def _reset(self, mask: torch.Tensor) -> None:
-        raise NotImplementedError
+        raise _unwritten(self, "_reset(mask), re-initialising the state where the bool [num_envs] mask is true")
 
     def _step(self, action: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        raise NotImplementedError
+        raise _unwritten(
+            self, "_step(action) -> (reward {group: float32 [num_envs, n_agents]}, terminated bool [num_envs])"
+        )
 
     def _observe(self) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
+        raise _unwritten(self, "_observe() -> {group: [num_envs, n_agents, *observation.shape]}")
 
     def _action_mask(self) -> dict[str, torch.Tensor]:
         """Bool `[B, n, n_actions]` per group whose action spec is masked."""

@@ -448,6 +448,15 @@ def test_make_groups_must_give_group_specs():
         type("NoGroups", (Counter,), {"_make_groups": lambda self: {}})(num_envs=2, seed=0)
 
 
+@pytest.mark.parametrize("method", ["_make_groups", "_reset", "_step", "_observe"])
+def test_a_method_the_env_does_not_write_is_named(method):
+    # The base class raised a bare NotImplementedError, which named neither the class nor the method's contract.
+    Unwritten = type("Unwritten", (Counter,), {method: getattr(envs.MultiAgentEnv, method)})
+    with pytest.raises(NotImplementedError, match=rf"Unwritten does not write {method}\(.*every env subclassing"):
+        env = Unwritten(num_envs=2, seed=0)
+        env.step(good_action(env))
+
+
 @pytest.mark.parametrize(
     "built_with, given, expected",
     [((1, 2), 5, "a sequence of 2 seeds"), ((1, 2), (1, 2, 3), "a sequence of 2 seeds"), (1, (1, 2), "one int")],
