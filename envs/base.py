@@ -216,6 +216,7 @@ class MultiAgentEnv:
         self.compiled = compile
         self._init_state()
         self._state_names = tuple(self._state_tensors())
+        self._check_state_devices()
         self.state_in_place = False
         # What `step_data` and `reset_data` run after checking their arguments: the bodies, or with
         # `compile` each body as one compiled call (a compiler failure falls back to eager, once).
@@ -436,6 +437,19 @@ class MultiAgentEnv:
                 "stale tensors); allocate them in _init_state ([num_envs, ...] on self.device) and let _reset "
                 "write them with torch.where"
             )
+
+    def _check_state_devices(self) -> None:
+        """Refuse a state tensor `_init_state` allocated off the env's device, which would otherwise fail in
+        the first `_reset` as torch's "Expected all tensors to be on the same device", naming no tensor."""
+        for name, value in self._state_tensors().items():
+            for label, tensor in value.items() if isinstance(value, dict) else [(None, value)]:
+                if tensor.device != self.device:
+                    where = name if label is None else f"{name}[{label!r}]"
+                    raise EnvOutputError(
+                        f"{self.name}: _init_state allocated the state tensor {where} on {tensor.device}, expected "
+                        f"the env's device {self.device}: create it with device=self.device",
+                        key="state",
+                    )
 
     def _holding_state(self, method):
         def call(*args):

@@ -457,6 +457,20 @@ def test_a_method_the_env_does_not_write_is_named(method):
         env.step(good_action(env))
 
 
+def test_state_allocated_off_the_env_device_is_named():
+    # It failed in the first `_reset` inside torch ("Tensor on device meta is not on the expected device cpu!").
+    class OffDevice(Counter):
+        def _init_state(self):
+            super()._init_state()
+            self.target = torch.zeros(self.num_envs, self.config.n_agents, device="meta")
+
+    with pytest.raises(
+        EnvOutputError,
+        match=r"_init_state allocated the state tensor target on meta, expected the env's device cpu: .*device=self.device",
+    ):
+        OffDevice(num_envs=2, seed=0)
+
+
 @pytest.mark.parametrize(
     "built_with, given, expected",
     [((1, 2), 5, "a sequence of 2 seeds"), ((1, 2), (1, 2, 3), "a sequence of 2 seeds"), (1, (1, 2), "one int")],
