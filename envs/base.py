@@ -435,7 +435,8 @@ class MultiAgentEnv:
                 f"{self.name}: {where} created the state attribute(s) {new}, which _init_state does not allocate: "
                 "a compiled step holds in place only the state _init_state allocates (a CUDA graph would read "
                 "stale tensors); allocate them in _init_state ([num_envs, ...] on self.device) and let _reset "
-                "write them with torch.where"
+                "write them with torch.where",
+                key="state",
             )
 
     def _check_state_devices(self) -> None:
@@ -456,6 +457,9 @@ class MultiAgentEnv:
             before = {name: getattr(self, name) for name in self._state_names}
             before = {name: dict(value) if isinstance(value, dict) else value for name, value in before.items()}
             result = method(*args)
+            # A compiled step that creates a state attribute would return it as a graph output, which the
+            # next call overwrites: refused here, when torch.compile traces the method (free at run time).
+            self._check_state_allocated(method.__name__)
             # (label, the tensor held before, the value assigned now) for every state tensor
             pairs = []
             for name, held in before.items():

@@ -3,7 +3,9 @@
 It checks, in order, and stops at the first property that fails, naming it with the group and key:
 
 - `specs`: groups, agents and specs are well formed;
-- `data`: every tensor of `reset` and `step` matches its spec (shape, dtype, device, bounds, finite);
+- `data`: every tensor of `reset` and `step` matches its spec (shape, dtype, device, bounds, finite), and
+  the env keeps its state in the tensors `_init_state` allocates (no state attribute that `_reset` or
+  `_step` creates, no Python number attribute that they change);
 - `flags`: `done == terminated | truncated`, never both, and an env-level `done` finishes every agent;
 - `host_sync`: `reset` and `step` never synchronise with the host, make data-dependent shapes, or copy
   host data to the env's device (a CPU env's device is treated as remote, as `forbid_host_sync` explains,
@@ -72,6 +74,11 @@ def check_env(
     finally:
         env.check_values = previous
     env.reset(seed=seed)  # not in `finally`: an env that failed may fail to reset too, hiding the CheckError
+
+
+def _python_numbers(env: MultiAgentEnv) -> dict[str, object]:
+    """The env's attributes that hold a Python (or numpy) number."""
+    return {k: v for k, v in vars(env).items() if isinstance(v, (int, float, complex, np.generic))}
 
 
 class _Checker:
@@ -163,7 +170,23 @@ class _Checker:
             env.check_values = True
 
     def data_and_flags(self) -> None:
+        env = self.env
+        env.reset(seed=self.seed)
+        numbers = _python_numbers(env)
         start, trajectory = self.run(self.short_run)
+        # Eager, a state attribute first created in `_step` works; compiled, it would be a graph output that
+        # the next call overwrites (`MultiAgentEnv._check_state_allocated`).
+        env._check_state_allocated("_reset or _step")
+        changed = sorted(k for k, v in _python_numbers(env).items() if k not in numbers or numbers[k] != v)
+        if changed and not env.runs_on_host:
+            self.fail(
+                "data",
+                f"reset and step changed the Python number attribute(s) {changed}: state kept in a Python number "
+                "is one value for all num_envs envs, which a masked reset cannot reset per env, a checkpoint does "
+                "not save, and a compiled step reads as a constant; keep it in a tensor [num_envs, ...] "
+                "allocated in _init_state",
+                key="state",
+            )
         self.check_observations(start, "reset")
         for next_td, obs in trajectory:
             self.check_observations(obs, "step's obs")

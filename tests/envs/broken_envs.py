@@ -293,3 +293,24 @@ class NoActionAllowed(Counter):
     def _action_mask(self):
         mask = super()._action_mask()["picker"]
         return {"picker": mask & (self.picks < 3)[:, None, None]}
+
+
+class StateCreatedInStep(Counter):
+    """`_step` first creates a state tensor: eager it steps, compiled the tensor would be a graph output
+    that the next call overwrites."""
+
+    def _step(self, action):
+        self.steps_taken = getattr(self, "steps_taken", torch.zeros(self.num_envs, device=self.device)) + 1
+        return super()._step(action)
+
+
+class PythonNumberState(Counter):
+    """Keeps a step count in a Python int: one value for every env, never reset per env."""
+
+    def _init_state(self):
+        super()._init_state()
+        self.elapsed = 0
+
+    def _step(self, action):
+        self.elapsed += 1
+        return super()._step(action)

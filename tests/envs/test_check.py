@@ -42,6 +42,8 @@ def test_navigation_passes(num_envs, n_agents):
         (broken.AliasedObservation, "auto_reset", "observation"),
         (broken.RewardOnly, "data", "reward"),
         (broken.NoActionAllowed, "data", "action_mask"),
+        (broken.StateCreatedInStep, "data", "state"),
+        (broken.PythonNumberState, "data", "state"),
     ],
     ids=lambda v: v.__name__ if isinstance(v, type) else str(v),
 )

@@ -203,6 +203,14 @@ def test_state_first_created_in_step_is_refused_when_held_in_place():
         env.hold_state_in_place()
 
 
+def test_state_first_created_in_a_compiled_step_is_refused():
+    # The env holds its state in place before its first step, so the check above never saw `steps_taken`:
+    # the compiled step returned it as a graph output, which on CUDA the next replay overwrites.
+    env = StateFromStep(num_envs=4, seed=0, compile=True)
+    with pytest.raises(EnvOutputError, match=r"_step created the state attribute\(s\) \['steps_taken'\]"):
+        env.step(env.sample_actions(torch.Generator().manual_seed(0)))
+
+
 @pytest.mark.parametrize(
     ("name", "needs"),
     [*((n, None) for n in NATIVE), ("vmas/navigation", "vmas"), ("pettingzoo/tests.envs.pz_toy", "pettingzoo")],
