@@ -557,6 +557,18 @@ class MultiAgentEnv:
                     group,
                     "groups",
                 )
+        owners: dict[str, str] = {}  # agent name -> its group
+        for group, spec in groups.items():
+            clash = sorted(agent for agent in spec.agents if agent in owners)
+            if clash:
+                raise EnvOutputError(
+                    f"{self.name}: _make_groups() names the agent(s) {clash} in group {group!r} and in group "
+                    f"{owners[clash[0]]!r}: an agent name is unique across groups (native envs name them "
+                    "'<group>_<i>'), as group maps (all_in_one, per_agent) select agents by name",
+                    group,
+                    "groups",
+                )
+            owners.update(dict.fromkeys(spec.agents, group))
         return dict(groups)
 
     def _reset_where(self, mask: torch.Tensor) -> None:

@@ -17,6 +17,7 @@ from tests.envs.broken_envs import (
     InfObservation,
     NanRewardAtStep3,
     PerEnvReward,
+    SharedAgentNames,
     WrongDtype,
     WrongShape,
 )
@@ -446,6 +447,15 @@ def test_make_groups_must_give_group_specs():
         Tuples(num_envs=2, seed=0)
     with pytest.raises(EnvOutputError, match=r"must return a non-empty dict \{group name: GroupSpec\}, got \{\}"):
         type("NoGroups", (Counter,), {"_make_groups": lambda self: {}})(num_envs=2, seed=0)
+
+
+def test_an_agent_named_in_two_groups_is_refused():
+    # It built and trained by type; `--group-map per_agent` then failed as "marl train: error: ('mover', 0)".
+    with pytest.raises(
+        EnvOutputError,
+        match=re.escape("_make_groups() names the agent(s) ['mover_0'] in group 'picker' and in group 'mover'"),
+    ):
+        SharedAgentNames(num_envs=2, seed=0)
 
 
 @pytest.mark.parametrize("method", ["_make_groups", "_reset", "_step", "_observe"])

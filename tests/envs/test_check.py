@@ -32,7 +32,6 @@ def test_navigation_passes(num_envs, n_agents):
         (broken.OverwritesNext, "auto_reset", "observation"),
         (broken.TimeLimitAsTermination, "truncation", "truncated"),
         (broken.BadRender, "render", None),
-        (broken.SharedAgentNames, "specs", None),
         (broken.PerEnvReward, "data", "reward"),
         (broken.MissingRewardGroup, "data", "reward"),
         (broken.PerAgentTerminated, "data", "terminated"),
