@@ -254,10 +254,15 @@ class _Checker:
     def seeding(self, random_reset: bool) -> None:
         start_a, run_a = self.run(self.short_run)
         start_b, run_b = self.run(self.short_run)
-        self.compare(start_a, start_b, "seeding", "two resets with the same seed differ")
+        # What `reset(seed=...)` seeds is the env's own stream: any other source of randomness breaks this.
+        fix = (
+            ": draw every random number from self.rng (self.rng.rand, randn, randint), not from torch's global "
+            "generator (torch.rand, randn_like, ...), Python's random or numpy's"
+        )
+        self.compare(start_a, start_b, "seeding", "two resets with the same seed differ" + fix)
         for (next_a, obs_a), (next_b, obs_b) in zip(run_a, run_b):
-            self.compare(next_a, next_b, "seeding", "the same seed and actions gave different transitions")
-            self.compare(obs_a, obs_b, "seeding", "the same seed and actions gave different observations")
+            self.compare(next_a, next_b, "seeding", "the same seed and actions gave different transitions" + fix)
+            self.compare(obs_a, obs_b, "seeding", "the same seed and actions gave different observations" + fix)
         if random_reset:
             other = self.env.reset(seed=self.seed + 1)
             same = all(torch.equal(start_a[g, "observation"], other[g, "observation"]) for g in self.env.groups)

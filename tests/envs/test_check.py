@@ -100,3 +100,11 @@ def test_host_to_device_copy_names_the_line():
     message = r"'host_sync' failed: host-to-device copy: .*\(torch\.tensor\).* \(at .*broken_envs\.py:\d+ in _step"
     with pytest.raises(envs.CheckError, match=message):
         envs.check_env(broken.HostToDevice(num_envs=4, seed=0))
+
+
+def test_seeding_failure_names_the_env_stream():
+    # It said only "two resets with the same seed differ", not where the randomness must come from.
+    with pytest.raises(
+        envs.CheckError, match=r"two resets with the same seed differ: draw every random number from self\.rng"
+    ):
+        envs.check_env(broken.GlobalRandom(num_envs=4, seed=0))
