@@ -147,7 +147,13 @@ class Trainer:
         None for an on-policy algorithm."""
         if self.algorithm.collects != "transitions":
             return None
-        capacity, prioritized = self.algorithm.replay()
+        replay = self.algorithm.replay()
+        if not (isinstance(replay, tuple) and len(replay) == 2 and isinstance(replay[0], int)):
+            raise TypeError(
+                f"{type(self.algorithm).__qualname__}.replay() must return (capacity in env steps, Prioritized(...) "
+                f"or None), got {replay!r}"
+            )
+        capacity, prioritized = replay
         hidden = self.algorithm.acting.hidden  # recurrent groups' states are stored with their steps
         nbytes = replay_nbytes(self.env.groups, capacity, self.env.state_spec, prioritized is not None, hidden)
         count = len(self.members)
@@ -389,6 +395,10 @@ class Trainer:
         return trainer
 
 
+RUN_TERMS = ("episode_return",)
+"""Per group columns the run loop logs itself: a term of that name would overwrite them."""
+
+
 def check_terms(algorithm, terms, groups, shape: tuple[int, ...], device: torch.device) -> None:
     """Refuse what `update` returned unless it is `{group: {name: tensor of shape}}` for exactly the env's
     groups, on `device`: else the logging below fails with a bare KeyError or a reshape error. Host-side
@@ -403,6 +413,12 @@ def check_terms(algorithm, terms, groups, shape: tuple[int, ...], device: torch.
         if not isinstance(named, dict):
             raise TypeError(f"{where}; group {g!r}: returned {type(named).__name__}, expected a dict of named terms")
         for name, value in named.items():
+            if not isinstance(name, str):
+                raise TypeError(
+                    f"{where}; group {g!r}: a term is named {name!r} ({type(name).__name__}), expected a str"
+                )
+            if name in RUN_TERMS:  # logged as f"{g}/{name}" too: the term would silently replace the run's column
+                raise TypeError(f"{where}; group {g!r}: a term is named {name!r}, which the run loop logs: rename it")
             term = f"{g}/{name}"
             if not isinstance(value, torch.Tensor):
                 raise TypeError(

@@ -195,15 +195,29 @@ LOSS = torch.tensor(0.5)
         ({"agent": LOSS}, r"group 'agent': returned Tensor, expected a dict of named terms"),
         ({"agent": {"loss": 0.5}}, r"'agent/loss' is float, expected a 0-d tensor on cpu"),
         ({"agent": {"loss": torch.ones(3)}}, r"'agent/loss' has shape \(3,\) on cpu, expected a 0-d tensor on cpu"),
+        ({"agent": {"loss": LOSS, 3: LOSS}}, r"group 'agent': a term is named 3 \(int\), expected a str"),
+        ({"agent": {"episode_return": LOSS}}, r"group 'agent': a term is named 'episode_return', which the run loop"),
     ],
 )
 def test_update_returning_other_than_terms_per_group_is_refused_naming_the_layout(tmp_path, returned, says):
     """A user's `update` returning the wrong layout failed in the run loop's logging with a bare
-    `KeyError: 'agent'`, `'float' object has no attribute 'float'` or `shape '[]' is invalid`."""
+    `KeyError: 'agent'`, `'float' object has no attribute 'float'` or `shape '[]' is invalid`; a term named
+    by an int with `'int' object has no attribute 'endswith'`, and one named `episode_return` silently
+    replaced the logged episode return."""
     trainer = _reinforce_trainer(tmp_path)
     trainer.algorithm.update = lambda batch, timer: returned
     with pytest.raises(TypeError, match=r"Reinforce\.update must return \{group: \{name: 0-d tensor\}\}.*" + says):
         trainer.train_iteration()
+
+
+def test_replay_returning_other_than_capacity_and_prioritized_is_refused(tmp_path, monkeypatch):
+    """`replay()` returning the capacity alone failed with "cannot unpack non-iterable int object"."""
+    from tests.marl.algorithms.reward_model import RewardModel, RewardModelConfig
+
+    monkeypatch.setattr(RewardModel, "replay", lambda self: 4096)
+    run = RunConfig(device="cpu", progress=False, tensorboard=False, total_frames=64, rollout_length=4)
+    with pytest.raises(TypeError, match=r"RewardModel.replay\(\) must return \(capacity in env steps, Prio.*got 4096"):
+        Trainer(TrainConfig(algo=RewardModelConfig(), run=run), run_dir=tmp_path)
 
 
 def test_register_refuses_an_algorithm_missing_what_the_run_loop_calls():
