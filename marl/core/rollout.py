@@ -288,6 +288,13 @@ class Collector:
                     "log_prob, mode), as marl.core.models.Policy returns"
                 )
             raw = dist.sample(noise[g].index_select(0, t).squeeze(0))
+            slot = leaf["action"]  # [T, B, n, ...]: shapes and dtypes only, no host read of values
+            if raw.shape != slot.shape[1:] or raw.dtype != slot.dtype:
+                raise TypeError(
+                    f"group {g!r}: the acting policy's distribution sampled a {raw.dtype} action of shape "
+                    f"{tuple(raw.shape)}, expected {slot.dtype} {tuple(slot.shape[1:])} (the raw action, before "
+                    "env_action(raw): [B, n, *action shape] float32 for a Box group, [B, n] int64 else)"
+                )
             _write(leaf["observation"], t, observation)
             _write(leaf["action"], t, raw)
             if self.acting.log_prob:

@@ -323,6 +323,40 @@ def test_acting_other_than_acting_policies_is_refused_naming_what_collection_nee
         trainer.train_iteration()
 
 
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (
+            lambda raw: raw[..., :1],
+            r"torch.float32 action of shape \(256, 3, 1\), expected torch.float32 \(256, 3, 2\)",
+        ),
+        (
+            lambda raw: raw.double(),
+            r"torch.float64 action of shape \(256, 3, 2\), expected torch.float32 \(256, 3, 2\)",
+        ),
+    ],
+)
+def test_a_sampled_action_of_another_shape_or_dtype_is_refused_naming_the_expected(tmp_path, change, says):
+    """A distribution sampling actions of another shape or dtype failed in collection inside torch with
+    "index_copy_(): Source/destination tensor must have same slice shapes" or "expected to have the same dtype"."""
+    trainer = _reinforce_trainer(tmp_path)
+    policy = trainer.collector.policies["agent"]
+
+    class Other:
+        def __init__(self, dist):
+            self.dist = dist
+
+        def __getattr__(self, name):
+            return getattr(self.dist, name)
+
+        def sample(self, noise):
+            return change(self.dist.sample(noise))
+
+    trainer.collector.policies["agent"] = lambda observation, mask: Other(policy(observation, mask))
+    with pytest.raises(TypeError, match=r"group 'agent': the acting policy's distribution sampled a " + says):
+        trainer.train_iteration()
+
+
 def test_a_run_failing_to_checkpoint_says_so_not_an_iteration_that_never_ran(tmp_path, capsys):
     """A `state_dict` that raised after the run's one iteration printed "the run failed at iteration 2"."""
     trainer = _reinforce_trainer(tmp_path)  # 64 frames: 1 iteration of 4 steps of 16 envs
