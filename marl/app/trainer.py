@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import math
 import time
 from collections.abc import Sequence
@@ -260,10 +261,12 @@ class Trainer:
                 if self.graphs_to_announce:
                     self.graphs_to_announce = cudagraphs.announce(self.graphs_to_announce)
                 rows.append(row)
+                saving = True
+                if len(rows) == 1:  # what the first checkpoint will hold, checked now, not iterations later
+                    self._check_loadable(self.algorithm.state_dict(), self.algorithm.env_state_dict())
                 if self.iteration % run.checkpoint_every == 0 or self.frames >= run.total_frames:
-                    saving = True
                     self.save()
-                    saving = False
+                saving = False
         except KeyboardInterrupt:
             logger.close(exit_code=1)
             if self.world.is_main:
@@ -321,6 +324,7 @@ class Trainer:
         """Write the checkpoint (under torchrun: a collective call, rank 0 writes and returns the path).
         An algorithm state holding NaN or inf is refused, so that the last checkpoint stays a good one."""
         state = self.state_dict()
+        self._check_loadable(state["algorithm"], state["algorithm_envs"])
         check_finite_state(state["algorithm"], self.iteration)
         state = self.world.gather_checkpoint(state)
         if state is None:
@@ -331,6 +335,11 @@ class Trainer:
                     seeds.member_dir(self.run_dir, member) / "checkpoint.pt", seeds.member_state(self, state, k)
                 )
         return save_checkpoint(self.checkpoint_path, state)
+
+    def _check_loadable(self, algorithm_state: dict, env_state: dict) -> None:
+        name = type(self.algorithm).__qualname__
+        check_loadable(algorithm_state, f"{name}.state_dict()")
+        check_loadable(env_state, f"{name}.env_state_dict()")
 
     def load_state_dict(self, state: dict) -> None:
         state = self.world.own_checkpoint(state)
@@ -445,6 +454,41 @@ def check_finite_state(state: dict, iteration: int) -> None:
             "checkpoint (check the env's rewards and observations for NaN, inf or huge values, lower the learning "
             "rate)"
         )
+
+
+_PLAIN = (torch.Tensor, str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device)
+
+
+def check_loadable(state, what: str) -> None:
+    """Refuse a `state` that `load_checkpoint` (torch.load with weights_only) would not read back: without
+    this the run trained to its end and wrote the checkpoint, which `--resume` and `marl eval` then refused
+    as "not a vecmarl checkpoint". Leaves of other types than the plain ones are tried alone."""
+    for path, leaf in _leaves(state):
+        if isinstance(leaf, _PLAIN):
+            continue
+        file = io.BytesIO()
+        try:
+            torch.save(leaf, file)
+            file.seek(0)
+            torch.load(file, weights_only=True)
+        except Exception:
+            raise TypeError(
+                f"{what} holds a value of type {type(leaf).__name__} at {path!r}, which a checkpoint cannot load back "
+                "(it loads "
+                "tensors, numbers, strings and dicts, lists or tuples of them): store it as one of those"
+            ) from None
+
+
+def _leaves(data, path: str = ""):
+    """`(path, leaf)` for every leaf of nested dicts, lists and tuples, paths joined by '/'."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            yield from _leaves(value, f"{path}/{key}" if path else str(key))
+    elif isinstance(data, (list, tuple)):
+        for i, value in enumerate(data):
+            yield from _leaves(value, f"{path}[{i}]")
+    else:
+        yield path, data
 
 
 def _floating_tensors(data, path: str = ""):

@@ -357,6 +357,22 @@ def test_a_sampled_action_of_another_shape_or_dtype_is_refused_naming_the_expect
         trainer.train_iteration()
 
 
+def test_a_state_a_checkpoint_cannot_load_back_is_refused_after_the_first_iteration(tmp_path, capsys):
+    """A `state_dict` holding a Python object trained to the end and wrote its checkpoint, which `--resume` and
+    `marl eval` then refused as "not a vecmarl checkpoint ... holds Python objects other than tensors"."""
+    run = RunConfig(device="cpu", progress=False, tensorboard=False, total_frames=128, rollout_length=4)
+    from tests.marl.algorithms.reinforce import ReinforceConfig
+
+    trainer = Trainer(TrainConfig(algo=ReinforceConfig(), run=run), run_dir=tmp_path)
+    state_dict = trainer.algorithm.state_dict
+    trainer.algorithm.state_dict = lambda: {**state_dict(), "note": {"kept": [object()]}}
+    says = r"Reinforce.state_dict\(\) holds a value of type object at 'note/kept\[0\]', which a checkpoint cannot"
+    with pytest.raises(TypeError, match=says):
+        trainer.train()  # 2 iterations, one checkpoint at the end: refused after the first
+    assert trainer.iteration == 1 and not (tmp_path / "checkpoint.pt").exists()
+    assert "the run failed at saving iteration 1's checkpoint" in capsys.readouterr().out
+
+
 def test_a_run_failing_to_checkpoint_says_so_not_an_iteration_that_never_ran(tmp_path, capsys):
     """A `state_dict` that raised after the run's one iteration printed "the run failed at iteration 2"."""
     trainer = _reinforce_trainer(tmp_path)  # 64 frames: 1 iteration of 4 steps of 16 envs
