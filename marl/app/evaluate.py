@@ -97,6 +97,11 @@ def evaluate(
                 else:
                     dist = policy(obs[g, "observation"], obs.get((g, "action_mask"), None))
                 if deterministic:
+                    if not callable(getattr(dist, "mode", None)):
+                        raise TypeError(
+                            f"group {g!r}: the acting policy returned a {type(dist).__name__}, which has no mode() to "
+                            "act with (as marl.core.distributions' do): define mode(), or pass --stochastic to sample"
+                        )
                     raw = dist.mode()
                 else:
                     raw = dist.sample(draw_noise(env.groups[g].action, (k, env.groups[g].n_agents), generator, device))

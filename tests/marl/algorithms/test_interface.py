@@ -373,6 +373,30 @@ def test_a_state_a_checkpoint_cannot_load_back_is_refused_after_the_first_iterat
     assert "the run failed at saving iteration 1's checkpoint" in capsys.readouterr().out
 
 
+def test_eval_of_a_distribution_without_mode_says_to_define_it_or_sample(tmp_path, monkeypatch):
+    """A user's distribution without `mode()` trained, then `marl eval` failed with "'NoMode' object has no
+    attribute 'mode'" from inside the evaluation loop."""
+    from marl.app.evaluate import evaluate
+    from marl.core.rollout import Acting
+    from tests.marl.algorithms.reinforce import Reinforce
+
+    trainer = _reinforce_trainer(tmp_path)
+    trainer.train()
+
+    class NoMode:
+        def __init__(self, dist):
+            self.sample, self.env_action, self.log_prob = dist.sample, dist.env_action, dist.log_prob
+
+    def acting(self):
+        return Acting({g: (lambda obs, mask, p=p: NoMode(p(obs, mask))) for g, p in self.policies.items()})
+
+    monkeypatch.setattr(Reinforce, "acting", property(acting))
+    says = r"group 'agent': the acting policy returned a NoMode, which has no mode\(\) to act with .*--stochastic"
+    with pytest.raises(TypeError, match=says):
+        evaluate(tmp_path / "checkpoint.pt", episodes=1, device="cpu")
+    assert evaluate(tmp_path / "checkpoint.pt", episodes=1, device="cpu", deterministic=False)["episodes"] == 1
+
+
 def test_a_run_failing_to_checkpoint_says_so_not_an_iteration_that_never_ran(tmp_path, capsys):
     """A `state_dict` that raised after the run's one iteration printed "the run failed at iteration 2"."""
     trainer = _reinforce_trainer(tmp_path)  # 64 frames: 1 iteration of 4 steps of 16 envs
