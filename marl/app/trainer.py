@@ -26,7 +26,7 @@ import dataclasses
 import io
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
@@ -110,7 +110,7 @@ class Trainer:
                 config, self.env, self.device, self.world, self.generator, self.seeds, seeds.sweep_values(self.members)
             )
             seeds.check_memory(config, self.env, self.device, self.algorithm)  # before the rollout is allocated
-        self.world.broadcast_parameters(self.algorithm.parameters())
+        self.world.broadcast_parameters(check_parameters(self.algorithm))
         self.collector = Collector(
             self.env,
             self.algorithm.acting,
@@ -402,6 +402,23 @@ class Trainer:
                 drop_rows_after(log, trainer.iteration)
             trainer.logged_rows = seeds.logged_rows(trainer.run_dir, trainer.members)
         return trainer
+
+
+def check_parameters(algorithm) -> list[torch.Tensor]:
+    """`algorithm.parameters()` as a list, refused unless each is a tensor: else the run trains in one process
+    and fails only under torchrun, inside the parameter broadcast."""
+    parameters = algorithm.parameters()
+    where = (
+        f"{type(algorithm).__qualname__}.parameters() must return its learned tensors, e.g. "
+        "[p for net in nets for p in net.parameters()]"
+    )
+    if not isinstance(parameters, Iterable):
+        raise TypeError(f"{where}; it returned a {type(parameters).__name__}")
+    parameters = list(parameters)
+    for p in parameters:
+        if not isinstance(p, torch.Tensor):
+            raise TypeError(f"{where}; it holds a {type(p).__name__}")
+    return parameters
 
 
 RUN_TERMS = ("episode_return",)

@@ -397,6 +397,27 @@ def test_eval_of_a_distribution_without_mode_says_to_define_it_or_sample(tmp_pat
     assert evaluate(tmp_path / "checkpoint.pt", episodes=1, device="cpu", deterministic=False)["episodes"] == 1
 
 
+@pytest.mark.parametrize(
+    ("returned", "says"),
+    [
+        (lambda self: list(self.policies.values()), "it holds a Policy"),
+        (lambda self: None, "it returned a NoneType"),
+        (lambda self: (p for policy in self.policies.values() for p in policy.parameters()), None),  # an iterable
+    ],
+)
+def test_parameters_other_than_tensors_are_refused_in_one_process_too(tmp_path, monkeypatch, returned, says):
+    """`parameters()` returning the networks trained in one process (where nothing reads them) and failed only
+    under torchrun, in the parameter broadcast, with "'Policy' object has no attribute 'data'"."""
+    from tests.marl.algorithms.reinforce import Reinforce
+
+    monkeypatch.setattr(Reinforce, "parameters", returned)
+    if says is None:
+        _reinforce_trainer(tmp_path)
+        return
+    with pytest.raises(TypeError, match=r"Reinforce.parameters\(\) must return its learned tensors.*; " + says):
+        _reinforce_trainer(tmp_path)
+
+
 def test_a_run_failing_to_checkpoint_says_so_not_an_iteration_that_never_ran(tmp_path, capsys):
     """A `state_dict` that raised after the run's one iteration printed "the run failed at iteration 2"."""
     trainer = _reinforce_trainer(tmp_path)  # 64 frames: 1 iteration of 4 steps of 16 envs
