@@ -392,8 +392,15 @@ class Trainer:
         if state["frames"] < run.total_frames:  # it will write there (a run resumed to be inspected will not)
             tensorboard = writes_tensorboard(run.tensorboard)
             trainer.world.check_on_main(lambda: check_resumed_run_dir(trainer.run_dir, trainer.members, tensorboard))
+        initial = [p.detach().clone() for p in check_parameters(trainer.algorithm)]
         trainer.load_state_dict(state)
         trainer.saved_run = saved
+        if trainer.world.is_main and state["iteration"] > 0 and _unchanged(initial, trainer.algorithm.parameters()):
+            print(
+                f"warning: after {type(trainer.algorithm).__qualname__}.load_state_dict every parameter is as "
+                "freshly initialised, though the checkpoint trained: does load_state_dict load them? Else this "
+                "run trains from scratch"
+            )
         if trainer.world.is_main:
             for line in seeds.keep_trained_alone(trainer.run_dir, trainer.members):
                 print(line)
@@ -419,6 +426,14 @@ def check_parameters(algorithm) -> list[torch.Tensor]:
         if not isinstance(p, torch.Tensor):
             raise TypeError(f"{where}; it holds a {type(p).__name__}")
     return parameters
+
+
+def _unchanged(initial: list[torch.Tensor], parameters) -> bool:
+    """Whether `parameters` (non-empty) equal `initial` bitwise (a host read per tensor, on resume only)."""
+    parameters = list(parameters)
+    if not initial or len(parameters) != len(initial):
+        return False
+    return all(torch.equal(a, b) for a, b in zip(initial, parameters))
 
 
 RUN_TERMS = ("episode_return",)

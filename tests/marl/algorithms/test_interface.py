@@ -418,6 +418,19 @@ def test_parameters_other_than_tensors_are_refused_in_one_process_too(tmp_path, 
         _reinforce_trainer(tmp_path)
 
 
+def test_resuming_through_a_load_state_dict_that_loads_nothing_warns(tmp_path, monkeypatch, capsys):
+    """A `load_state_dict` that ignored its state resumed silently, and the run trained on from scratch."""
+    from tests.marl.algorithms.reinforce import Reinforce
+
+    _reinforce_trainer(tmp_path).train()
+    Trainer.resume(tmp_path / "checkpoint.pt", total_frames=128)
+    assert "warning" not in capsys.readouterr().out
+    monkeypatch.setattr(Reinforce, "load_state_dict", lambda self, state: None)
+    Trainer.resume(tmp_path / "checkpoint.pt", total_frames=128)
+    says = "warning: after Reinforce.load_state_dict every parameter is as freshly initialised, though the checkpoint"
+    assert says in capsys.readouterr().out
+
+
 def test_a_run_failing_to_checkpoint_says_so_not_an_iteration_that_never_ran(tmp_path, capsys):
     """A `state_dict` that raised after the run's one iteration printed "the run failed at iteration 2"."""
     trainer = _reinforce_trainer(tmp_path)  # 64 frames: 1 iteration of 4 steps of 16 envs
