@@ -523,17 +523,11 @@ def _leaves(data, path: str = ""):
         yield path, data
 
 
-def _floating_tensors(data, path: str = ""):
-    """`(path, tensor)` for every floating-point tensor in nested dicts and lists, paths joined by '/'."""
-    if isinstance(data, torch.Tensor):
-        if data.is_floating_point() and data.numel():
-            yield path, data
-    elif isinstance(data, dict):
-        for key, value in data.items():
-            yield from _floating_tensors(value, f"{path}/{key}" if path else str(key))
-    elif isinstance(data, (list, tuple)):
-        for i, value in enumerate(data):
-            yield from _floating_tensors(value, f"{path}[{i}]")
+def _floating_tensors(data):
+    """`(path, tensor)` for every non-empty floating-point tensor in nested dicts and lists (`_leaves`)."""
+    for path, leaf in _leaves(data):
+        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and leaf.numel():
+            yield path, leaf
 
 
 def _tensor_text(shape: tuple[int, ...]) -> str:
