@@ -41,6 +41,8 @@ def register(name: str) -> Callable[[type[MultiAgentEnv]], type[MultiAgentEnv]]:
             raise RegistrationError(f"an env named {name!r} is already registered ({_ENVS[name].__qualname__})")
         if "/" in name:
             raise RegistrationError(f"env names may not contain '/': {name!r} (it separates adapter prefixes)")
+        if not name or any(c.isspace() for c in name):  # typed as `--env NAME`, and the start of run folder names
+            raise RegistrationError(f"env names are a word without spaces, e.g. 'my_env', got {name!r}")
         cls.name = name
         _ENVS[name] = cls
         return cls

@@ -395,15 +395,17 @@ def test_register_refuses_what_would_fail_later():
         (lambda: envs.register(Counter), TypeError),
         (lambda: envs.register("not_env")(type("NotAnEnv", (), {})), TypeError),
         (lambda: envs.register("a/b")(type("Slashed", (Counter,), {})), ValueError),
+        (lambda: envs.register("")(type("Unnamed", (Counter,), {})), ValueError),
+        (lambda: envs.register("my env")(type("Spaced", (Counter,), {})), ValueError),
     ],
-    ids=["no-name", "not-an-env", "slash"],
+    ids=["no-name", "not-an-env", "slash", "empty", "space"],
 )
 def test_register_refusals_are_registration_errors_of_the_types_they_had(register, was):
     # Their own type, which `marl --imports` reports in one line; still the TypeError or ValueError they were.
     with pytest.raises(was) as refused:
         register()
     assert refused.type is envs.RegistrationError
-    assert not {"not_env", "a/b"} & set(registry._ENVS)
+    assert not {"not_env", "a/b", "", "my env"} & set(registry._ENVS)
 
 
 def test_fixed_length_tuple_option():
