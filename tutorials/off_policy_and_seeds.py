@@ -46,13 +46,14 @@ shutil.rmtree(OUT / "runs", ignore_errors=True)  # the tutorial trains from scra
 device = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-ITERATION = 256 * 64  # frames per iteration: 256 envs x 64 steps, every run's here
+NUM_ENVS = 64 if QUICK else 256  # a full run's 256; fewer for the smoke test
+ITERATION = NUM_ENVS * 64  # frames per iteration: NUM_ENVS envs x 64 steps, every run's here
 
 
 def config(env: str, algo, frames: int, name: str, **run) -> TrainConfig:
-    """A run of `frames` frames on 256 envs of `env` with the algorithm config `algo`."""
+    """A run of `frames` frames on `NUM_ENVS` envs of `env` with the algorithm config `algo`."""
     return TrainConfig(
-        env=EnvSettings(env=env, num_envs=256),
+        env=EnvSettings(env=env, num_envs=NUM_ENVS),
         algo=algo,
         run=RunConfig(
             total_frames=frames,

@@ -343,7 +343,7 @@ def steps_per_second(num_envs: int, compile: bool, steps: int) -> float:
     return num_envs * steps / (time.perf_counter() - start)
 
 
-sizes = (64, 1024) if QUICK else (64, 1024, 16384) if device == "cpu" else (1024, 16384, 262144)
+sizes = (64,) if QUICK else (64, 1024, 16384) if device == "cpu" else (1024, 16384, 262144)
 steps = 20 if QUICK else 200
 print(f"env-steps/s on {device}, 4 agents, {steps} steps")
 print(f"{'num_envs':>9}{'eager':>12}{'compiled':>12}")

@@ -389,8 +389,8 @@ class Recording:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("algo", "env", "prioritized"),
-    [("masac", "speaker_listener", False), ("masac", "speaker_listener", True), ("qmix", "spread", True)],
-    ids=["masac-uniform", "masac-prioritized", "qmix-prioritized"],
+    [("maddpg", "navigation", False), ("masac", "speaker_listener", True), ("qmix", "spread", True)],
+    ids=["maddpg-uniform", "masac-prioritized", "qmix-prioritized"],
 )
 def test_a_compiled_update_is_one_graph_and_equals_the_eager_one(tmp_path, algo, env, prioritized):
     # With --compile each optimiser step (its draw from the buffer, the losses, Adam, the targets and the

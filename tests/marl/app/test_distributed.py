@@ -188,14 +188,19 @@ def test_a_hung_rank_stops_the_job_after_the_collective_timeout(tmp_path):
     assert "rank 0 of 2: the gradient all-reduce failed" in output, output[-3000:]
 
 
-def test_a_used_run_folder_stops_every_rank_with_one_error_line(tmp_path):
+def test_a_used_run_folder_stops_every_rank_with_one_error_line_hinting_torchrun(tmp_path):
     """Rank 0 checks the run folder; the other ranks used to wait in the parameter broadcast and die with
-    a long traceback. Now each rank prints the same one line and no traceback comes from the ranks."""
+    a long traceback. Now each rank prints the same one line and no traceback comes from the ranks. The
+    folder holds the job's checkpoint: the hint said `marl train --resume`, which in one process is refused
+    for a checkpoint of 2 ranks."""
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "metrics.csv").write_text("iteration\n1\n")
+    (tmp_path / "run" / "checkpoint.pt").write_bytes(b"")  # only its existence is checked
     code, output, _ = torchrun("-m", "marl", "train", *CLI_ARGS, "--log-dir", str(tmp_path))
     assert code != 0
     assert output.count("marl train: error: run folder") == RANKS, output[-3000:]
+    hint = f"continue it with torchrun --nproc-per-node 2 -m marl train --resume {tmp_path / 'run' / 'checkpoint.pt'}"
+    assert output.count(hint) == RANKS, output[-3000:]
     # torchrun's own ChildFailedError traceback follows; no frame of it, or of any other, is vecmarl's.
     frames = [line for line in output.splitlines() if line.strip().startswith('File "')]
     assert not [line for line in frames if "/marl/" in line or "/envs/" in line], output[-3000:]
@@ -215,17 +220,6 @@ def test_wandb_that_cannot_start_stops_every_rank_with_one_error_line(tmp_path, 
     assert output.count("marl train: error: --wandb: W&B could not start the run") == RANKS, output[-3000:]
     frames = [line for line in output.splitlines() if line.strip().startswith('File "')]
     assert not [line for line in frames if "/marl/" in line or "/envs/" in line], output[-3000:]
-
-
-def test_a_used_run_folder_with_a_checkpoint_hints_resuming_with_torchrun(tmp_path):
-    """Rerunning a torchrun job whose run folder holds its checkpoint: the hint said `marl train --resume`,
-    which in one process is refused for a checkpoint of 2 ranks."""
-    (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "checkpoint.pt").write_bytes(b"")  # only its existence is checked
-    code, output, _ = torchrun("-m", "marl", "train", *CLI_ARGS, "--log-dir", str(tmp_path))
-    assert code != 0
-    hint = f"continue it with torchrun --nproc-per-node 2 -m marl train --resume {tmp_path / 'run' / 'checkpoint.pt'}"
-    assert output.count(hint) == RANKS, output[-3000:]
 
 
 @pytest.mark.slow

@@ -139,7 +139,7 @@ def test_a_prioritized_off_policy_iteration_launches_as_many_ops_for_any_number_
     and four. Beyond them only the draws from each member's generator: per rollout its exploration noise
     (one `randn` per group), per update its sampling noise (one `randn` per continuous group) and its
     stratified fractions (one `rand`)."""
-    config = off_policy_config(tmp_path, "masac", prioritized=True)
+    config = off_policy_config(tmp_path, "masac", prioritized=True, buffer_size=64)
     two = iteration_ops(config, (3, 8), tmp_path / "two")
     four = iteration_ops(config, (3, 8, 5, 1), tmp_path / "four")
     groups = 1
