@@ -161,6 +161,8 @@ class DistributedWorld(World):
 
     def broadcast_parameters(self, parameters: Iterable[torch.Tensor]) -> None:
         tensors = [p.data for p in parameters]
+        if not tensors:  # an algorithm without parameters (the same on every rank: no rank waits)
+            return
         flat = torch.cat([t.reshape(-1) for t in tensors])
         with self._collective("the parameter broadcast"):
             torch.distributed.broadcast(flat, src=0)
@@ -169,6 +171,8 @@ class DistributedWorld(World):
     def average_gradients(self, parameters: Iterable[torch.Tensor]) -> None:
         # A parameter without a gradient has none on every rank (same networks, same loss terms).
         grads = [p.grad for p in parameters if p.grad is not None]
+        if not grads:
+            return
         flat = torch.cat([g.reshape(-1) for g in grads])
         with self._collective("the gradient all-reduce"):
             torch.distributed.all_reduce(flat)

@@ -119,6 +119,15 @@ def test_several_runs_under_torchrun_are_refused_naming_the_option_given(options
     assert not [flag for flag in others if flag in str(refused.value)]  # "--seeds" is not in "--num-seeds"
 
 
+def test_nothing_to_broadcast_or_average_needs_no_collective():
+    """An algorithm without parameters (or a step in which none has a gradient) failed under torchrun in
+    `torch.cat([])` ("expected a non-empty list of Tensors"); every rank has the same nothing, so no rank
+    joins a collective (none is set up here: one would fail)."""
+    world = distributed.DistributedWorld(rank=0, size=2, device=torch.device("cpu"))
+    world.broadcast_parameters([])
+    world.average_gradients([torch.zeros(3, requires_grad=True)])  # no gradient yet
+
+
 def test_a_one_process_checkpoint_under_torchrun_hints_the_command_in_one_process():
     """`torchrun --nproc-per-node 2 -m marl train --resume` of a run of one process was told to "resume it
     on 1 rank(s) (e.g. marl) so every rank's envs continue": now the command itself."""
