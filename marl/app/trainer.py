@@ -262,9 +262,10 @@ class Trainer:
                     self.graphs_to_announce = cudagraphs.announce(self.graphs_to_announce)
                 rows.append(row)
                 saving = True
-                if len(rows) == 1:  # what the first checkpoint will hold, checked now, not iterations later
+                save_now = self.iteration % run.checkpoint_every == 0 or self.frames >= run.total_frames
+                if len(rows) == 1 and not save_now:  # what the first checkpoint will hold, checked now (save checks it)
                     self._check_loadable(self.algorithm.state_dict(), self.algorithm.env_state_dict())
-                if self.iteration % run.checkpoint_every == 0 or self.frames >= run.total_frames:
+                if save_now:
                     self.save()
                 saving = False
         except KeyboardInterrupt:
@@ -392,7 +393,7 @@ class Trainer:
         if state["frames"] < run.total_frames:  # it will write there (a run resumed to be inspected will not)
             tensorboard = writes_tensorboard(run.tensorboard)
             trainer.world.check_on_main(lambda: check_resumed_run_dir(trainer.run_dir, trainer.members, tensorboard))
-        initial = [p.detach().clone() for p in check_parameters(trainer.algorithm)]
+        initial = [p.detach().clone() for p in trainer.algorithm.parameters()]  # checked at build
         trainer.load_state_dict(state)
         trainer.saved_run = saved
         if trainer.world.is_main and state["iteration"] > 0 and _unchanged(initial, trainer.algorithm.parameters()):

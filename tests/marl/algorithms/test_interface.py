@@ -17,7 +17,7 @@ from marl.algorithms.ppo import PPOConfig
 from marl.algorithms.qlearning import QConfig, QMIXConfig
 from marl.app.cli import main
 from marl.app.trainer import Trainer
-from marl.config import AlgorithmConfig, RunConfig, TrainConfig
+from marl.config import AlgorithmConfig, EnvSettings, RunConfig, TrainConfig
 
 REINFORCE = "tests.marl.algorithms.reinforce"
 SMALL = ["--num-envs", "16", "--rollout-length", "8", "--hidden", "16", "16", "--no-progress", "--no-tensorboard"]
@@ -371,6 +371,24 @@ def test_a_state_a_checkpoint_cannot_load_back_is_refused_after_the_first_iterat
         trainer.train()  # 2 iterations, one checkpoint at the end: refused after the first
     assert trainer.iteration == 1 and not (tmp_path / "checkpoint.pt").exists()
     assert "the run failed at saving iteration 1's checkpoint" in capsys.readouterr().out
+
+
+def test_the_state_is_checked_once_per_checkpoint_and_once_more_only_if_none_follows_iteration_1(tmp_path, monkeypatch):
+    from marl.app import trainer as trainer_module
+    from tests.marl.algorithms.reinforce import ReinforceConfig
+
+    checked = []
+    check = trainer_module.check_loadable
+    monkeypatch.setattr(
+        trainer_module, "check_loadable", lambda state, what: checked.append(what) or check(state, what)
+    )
+    for every, expected in ((1, 2), (2, 2)):  # saves after iterations 1, 2 / the check at 1 and the save at 2
+        run = RunConfig(device="cpu", progress=False, tensorboard=False, total_frames=128, rollout_length=4)
+        run = dataclasses.replace(run, checkpoint_every=every)
+        checked.clear()
+        config = TrainConfig(env=EnvSettings(num_envs=16), algo=ReinforceConfig(), run=run)  # 2 iterations
+        Trainer(config, run_dir=tmp_path / str(every)).train()
+        assert checked.count("Reinforce.state_dict()") == expected, (every, checked)
 
 
 def test_eval_of_a_distribution_without_mode_says_to_define_it_or_sample(tmp_path, monkeypatch):
