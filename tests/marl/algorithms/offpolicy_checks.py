@@ -13,7 +13,6 @@ from marl.config import TrainConfig
 def update_without_host_sync(config: TrainConfig, run_dir) -> None:
     """Collect past the warm-up and update with the host-sync checker on: nothing may read the device."""
     trainer = Trainer(config, run_dir=run_dir)
-    trainer.buffer.backend = "torch"  # the sum tree's CPU path: Triton's interpreter is slow (tested apart)
     trainer.algorithm.begin_iteration(0, 10**5)
     trainer.buffer.extend(trainer.collector.collect())
     with forbid_host_sync("cpu"):
@@ -26,7 +25,6 @@ def resume_midway(config: TrainConfig, tmp_path) -> tuple[Trainer, list[dict]]:
     """Train 2 iterations, checkpoint, train 2 more; returns the trainer resumed from that checkpoint
     and the 2 rows it must repeat."""
     straight = Trainer(config, run_dir=tmp_path / "run")
-    straight.buffer.backend = "torch"
     for _ in range(2):
         straight.train_iteration()
     straight.save()
@@ -34,7 +32,6 @@ def resume_midway(config: TrainConfig, tmp_path) -> tuple[Trainer, list[dict]]:
     shutil.copy(straight.checkpoint_path, saved)
     expected = [straight.train_iteration() for _ in range(2)]
     resumed = Trainer.resume(saved)
-    resumed.buffer.backend = "torch"
     return resumed, expected
 
 

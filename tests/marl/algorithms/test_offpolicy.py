@@ -366,7 +366,6 @@ def test_compiled_steps_match_eager_and_compile_once(tmp_path):
     for compile in (False, True):
         config = small_config(tmp_path, "masac", "speaker_listener", compile=compile, prioritized=True)
         trainer = Trainer(config, run_dir=tmp_path / f"compile{compile}")
-        trainer.buffer.backend = "torch"
         runs[compile] = [trainer.train_iteration() for _ in range(2)]
     for eager, compiled in zip(runs[False], runs[True]):
         for key in ("speaker/loss", "listener/loss", "listener/alpha", "speaker/critic_loss"):
@@ -402,7 +401,6 @@ def test_a_compiled_update_is_one_graph_and_equals_the_eager_one(tmp_path, algo,
     for compile in (False, True):
         config = small_config(tmp_path, algo, env, compile=compile, prioritized=prioritized)
         trainer = trainers[compile] = Trainer(config, run_dir=tmp_path / f"compile{compile}")
-        trainer.buffer.backend = "torch"
         algorithm = trainer.algorithm
         for frames in (0, 64):
             algorithm.begin_iteration(frames, 10**5)
@@ -428,7 +426,6 @@ def test_each_step_draws_from_the_tree_the_previous_step_left(tmp_path, compile)
     config = small_config(tmp_path, "masac", "speaker_listener", compile=compile, prioritized=True)
     trainer = Trainer(config, run_dir=tmp_path / "run")
     buffer, algorithm, algo = trainer.buffer, trainer.algorithm, config.algo
-    buffer.backend = "torch"
     trainer.train_iteration()
     algorithm.begin_iteration(64, 10**5)
     buffer.extend(trainer.collector.collect())

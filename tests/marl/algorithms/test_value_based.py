@@ -286,7 +286,6 @@ def test_target_networks_move_by_tau_or_are_copied_every_n_steps(tmp_path):
 )
 def test_discrete_groups_train(tmp_path, algo, group_map):
     trainer = Trainer(discrete_config(tmp_path, algo, group_map=group_map, prioritized=True), run_dir=tmp_path / "run")
-    trainer.buffer.backend = "torch"
     rows = [trainer.train_iteration() for _ in range(2)]
     nets = ("q", "mixer") if algo == "qmix" else ("q",)
     for g in trainer.env.groups:

@@ -72,8 +72,6 @@ def test_compiled_steps_mutate_only_static_inputs(tmp_path, monkeypatch, algo):
     torch._dynamo.reset()
     try:
         trainer = Trainer(config, run_dir=tmp_path / "run")
-        if trainer.buffer is not None:
-            trainer.buffer.backend = "torch"  # the sum tree's CPU path (Triton's interpreter is slow)
         trainer.train_iteration()
     finally:
         torch._dynamo.reset()  # the graphs compiled with this backend go

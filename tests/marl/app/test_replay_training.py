@@ -40,7 +40,6 @@ def config(tmp_path, prioritized: bool, save_buffer: bool = True) -> TrainConfig
 @pytest.mark.parametrize("prioritized", [False, True], ids=["uniform", "prioritized"])
 def test_a_resumed_run_with_its_buffer_continues_exactly(tmp_path, capsys, prioritized):
     straight = Trainer(config(tmp_path, prioritized), run_dir=tmp_path / "run")
-    straight.buffer.backend = "torch"  # the sum tree's CPU path: Triton's interpreter is slow (tested apart)
     size = replay_nbytes(straight.env.groups, 300, straight.env.state_spec, prioritized)
     kind = "prioritized" if prioritized else "uniform"
     assert f"replay buffer: 300 env steps, {kind}, {format_bytes(size)} on cpu" in capsys.readouterr().out
@@ -53,7 +52,6 @@ def test_a_resumed_run_with_its_buffer_continues_exactly(tmp_path, capsys, prior
     expected = [straight.train_iteration() for _ in range(2)]
 
     resumed = Trainer.resume(saved)
-    resumed.buffer.backend = "torch"
     for want in expected:
         got = resumed.train_iteration()
         for key in ("speaker/loss", "listener/loss", "speaker/buffer_fill", "speaker/episode_return"):

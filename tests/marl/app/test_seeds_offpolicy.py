@@ -588,7 +588,6 @@ def test_a_compiled_population_step_is_one_graph_takes_the_eager_steps_and_reads
     for compile in (False, True):
         config = prioritized(off_config(tmp_path, "maddpg", compile=compile, seeds=(3,), sweep=sweep))
         trainer = Trainer(config, run_dir=tmp_path / f"{compile}")
-        trainer.buffer.backend = "torch"
         rows[compile] = [trainer.train_iteration() for _ in range(2)]
     assert_populations_match(rows[True], rows[False])
     assert dict(counters["graph_break"]) == {}
