@@ -58,8 +58,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if item.get_closest_marker("needs_interpreter") is not None and not INTERPRETER:
             item.add_marker(skip_interpreted)
-    # The slowest tests first: pytest-xdist hands out tests in this order, and one of them left to the end
-    # (the tutorials' are collected last) kept one worker busy alone for half a minute.
+    # The slowest tests first: under `--dist worksteal` (pyproject.toml) the first worker starts on them and
+    # an idle one takes over the fast tests at the end of its queue; one slow test left to the end (the
+    # tutorials' are collected last) kept one worker busy alone for half a minute.
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
