@@ -289,8 +289,10 @@ def test_a_run_that_fails_on_what_its_env_returns_ends_in_one_line(
     """An env breaking its contract mid-run, or a loss turning NaN, was a traceback through vecmarl's own
     checks after the trainer's "the run failed" line; the error's message is what the user needs."""
     name = broken.lower()  # a module and env of its own: an imported module stays in sys.modules
+    # A subclass is registered: `register` sets the name of the class it registers, which other tests of the
+    # same process read in their messages.
     (tmp_path / f"{name}.py").write_text(
-        f"import envs\nfrom tests.envs.broken_envs import {broken}\n\nenvs.register('{name}')({broken})\n"
+        f"import envs\nfrom tests.envs.broken_envs import {broken}\n\nenvs.register('{name}')(type('{broken}', ({broken},), {{}}))\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     argv = ["train", "--imports", name, "--env", name, "--num-envs", "8", "--rollout-length", "8"]
