@@ -2,7 +2,8 @@
 kernels interpreted (no GPU).
 
 The interpreter runs an `associative_scan` with a Python `combine_fn` one element at a time (about 50 us
-each: seconds per rollout of the PPO tests, whose GAE runs interpreted). `scan_slice_by_slice` runs it
+each: seconds per call of the kernel tests' GAE and returns; the training tests take the torch paths,
+tests/marl/conftest.py). `scan_slice_by_slice` runs it
 one slice along the scan axis at a time, the combine applied to whole slices: the same values for an
 elementwise combine such as the kernels' (`kernels._common.then_earlier`). `reverse` is handled by the
 caller (`ScanOps.apply_impl`). Test support only: a patch of Triton's internals has no place in the
