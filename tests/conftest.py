@@ -124,3 +124,22 @@ def read_only(monkeypatch):
     yield make_read_only
     for path, mode in made:
         path.chmod(mode)
+
+
+@pytest.fixture
+def without_inductor(monkeypatch):
+    """On the CPU, what `maybe_compile` compiles (`--compile`, `compile=True` envs) is traced as it always
+    is (Dynamo, then AOTAutograd's functionalization) and run without Inductor's C++ code: for the tests
+    of what the compiled graphs are (one graph, no recompile, what they write, eager's numbers), not of the
+    code Inductor makes of them. Generating and building that code took four fifths of such a test's time
+    (a PPO rollout and update step: 57 s on 2 CPU cores, 11 s without it). Inductor's code is held to eager
+    by the tests that leave this out: PPO's rollout (navigation) and update steps
+    (`test_compiled_training_matches_eager`), MASAC's with prioritized replay (`..._equals_the_eager_one[
+    masac-prioritized-inductor]`), the overlapped critic, spread's physics and the sum tree's torch path. On
+    a GPU every compiled test runs Inductor (CUDA graphs): this changes only the CPU's backend."""
+    import envs.compile
+
+    aot_eager = torch._dynamo.lookup_backend("aot_eager")
+    monkeypatch.setattr(
+        envs.compile, "_inductor_cpu", lambda graph, inputs, cpp_wrapper=False: aot_eager(graph, inputs)
+    )

@@ -285,6 +285,7 @@ def test_register_again_replaces_a_redefinition_and_refuses_another_class():
         registry._ENVS.pop("toy_redefined", None)
 
 
+@pytest.mark.usefixtures("without_inductor")
 @pytest.mark.slow
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # compiled, the errors are the env's, not a compile failure
 @pytest.mark.parametrize("compile", [False, True])
@@ -302,6 +303,7 @@ def test_what_the_author_methods_return_is_checked_on_every_reset_and_step(compi
         WrongDtype(num_envs=4, seed=0, compile=compile).reset()
 
 
+@pytest.mark.usefixtures("without_inductor")
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # compiled, the errors are the env's, not a compile failure
 @pytest.mark.parametrize("compile", [False, True])
 def test_check_values_names_nan_or_inf_in_what_the_env_returns(compile):

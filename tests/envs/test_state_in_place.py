@@ -58,6 +58,7 @@ def test_held_state_stays_in_place_and_steps_as_the_plain_env(name):
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # the compile fallback's warning fails the test
+@pytest.mark.usefixtures("without_inductor")
 def test_a_compiled_env_writes_its_state_in_place():
     plain = envs.make("navigation", num_envs=6, seed=3, max_steps=7)
     compiled = envs.make("navigation", num_envs=6, seed=3, max_steps=7, compile=True)

@@ -367,6 +367,7 @@ def test_checkpoints_hold_the_target_networks_and_optimiser_and_evaluate_greedil
     assert math.isfinite(sampled["returns"]["agent"]["mean"])
 
 
+@pytest.mark.usefixtures("without_inductor")
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # the compile fallback's warning fails the test
 def test_compiled_steps_match_eager(tmp_path):
     torch._dynamo.reset()

@@ -168,12 +168,13 @@ def test_envs_lists_envs_with_options(capsys):
 
 
 @pytest.mark.slow
-def test_train_eval_plot_end_to_end(tmp_path):
-    run = [sys.executable, "-m", "marl"]
+def test_train_eval_plot_end_to_end(tmp_path, capsys):
+    # `python -m marl train` as a user runs it; eval, plot and resume through the same `main` in this process
+    # (each subprocess paid the 6 s import of torch and tensordict).
     common = ["--log-dir", str(tmp_path), "--run-name", "cli", "--no-progress"]
     train = subprocess.run(
         [
-            *run,
+            *[sys.executable, "-m", "marl"],
             "train",
             "--num-envs",
             "16",
@@ -195,30 +196,15 @@ def test_train_eval_plot_end_to_end(tmp_path):
     assert "mean episode return" in train.stdout and "--render episode.gif" in train.stdout
     checkpoint = tmp_path / "cli" / "checkpoint.pt"
     gif = tmp_path / "team.gif"
-    evaluate = subprocess.run(
-        [*run, "eval", "--checkpoint", str(checkpoint), "--episodes", "4", "--render", str(gif)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert evaluate.returncode == 0, evaluate.stderr
-    assert "agent: mean episode return" in evaluate.stdout and gif.stat().st_size > 1000
-    plot = subprocess.run([*run, "plot", str(tmp_path / "cli")], capture_output=True, text=True, timeout=300)
-    assert plot.returncode == 0, plot.stderr
+    assert main(["eval", "--checkpoint", str(checkpoint), "--episodes", "4", "--render", str(gif)]) == 0
+    assert "agent: mean episode return" in capsys.readouterr().out and gif.stat().st_size > 1000
+    assert main(["plot", str(tmp_path / "cli")]) == 0
     assert (tmp_path / "cli" / "learning_curve.png").stat().st_size > 1000
-    resume = subprocess.run(
-        [*run, "train", "--resume", str(checkpoint), "--total-frames", "384", "--no-progress"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert resume.returncode == 0, resume.stderr
-    assert "resuming" in resume.stdout
+    assert main(["train", "--resume", str(checkpoint), "--total-frames", "384", "--no-progress"]) == 0
+    assert "resuming" in capsys.readouterr().out
     assert len((tmp_path / "cli" / "metrics.csv").read_text().splitlines()) == 1 + 3
-    refused = subprocess.run(
-        [*run, "train", "--resume", str(checkpoint), "--lr", "0.1"], capture_output=True, text=True
-    )
-    assert refused.returncode == 2 and "only" in refused.stderr and "['lr']" in refused.stderr
+    assert main(["train", "--resume", str(checkpoint), "--lr", "0.1"]) == 2
+    assert "only" in (refused := capsys.readouterr().err) and "['lr']" in refused
 
 
 def test_train_an_env_registered_by_the_users_own_module(tmp_path, monkeypatch, capsys):

@@ -214,6 +214,7 @@ def test_a_compiled_population_resumes_exactly(tmp_path, monkeypatch):
     )
 
 
+@pytest.mark.usefixtures("without_inductor")
 @pytest.mark.slow
 def test_a_compiled_population_collects_and_updates_as_the_eager_one_in_one_graph_each(tmp_path):
     """`--seeds` with `--compile`: every member's acting and envs are one compiled rollout graph, and each

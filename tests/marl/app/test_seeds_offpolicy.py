@@ -572,6 +572,7 @@ def test_a_compiled_population_resumes_exactly_and_each_member_resumes_alone(tmp
     assert_resumes_exactly(compiled_case(tmp_path, "masac-prioritized", True), tmp_path)
 
 
+@pytest.mark.usefixtures("without_inductor")
 @pytest.mark.slow
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # the compile fallback's warning fails the test
 def test_a_compiled_population_step_is_one_graph_takes_the_eager_steps_and_reads_nothing_back(tmp_path, monkeypatch):
