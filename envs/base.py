@@ -102,6 +102,15 @@ def _unwritten(env: MultiAgentEnv, method: str) -> NotImplementedError:
     )
 
 
+def check_is_env(env, where: str) -> None:
+    """Refuse what is not an env where one is taken (a name, say), instead of failing at its first attribute.
+    A wrapper with an env's interface (`marl.core.groups.GroupedEnv`) is taken as one."""
+    if isinstance(env, MultiAgentEnv) or all(hasattr(env, name) for name in ("groups", "num_envs", "reset", "step")):
+        return
+    hint = f": make one with envs.make({env!r}, num_envs=...)" if isinstance(env, str) else ""
+    raise TypeError(f"{where} takes an env (an envs.MultiAgentEnv), got {type(env).__name__} {env!r}{hint}")
+
+
 def canonical_device(device: torch.device | str) -> torch.device:
     """`device` as the tensors made there report it: `cpu:0` is `cpu`, a bare `cuda` is `cuda:<current>`.
     Device checks compare with `!=`, under which `cuda` and `cuda:0` differ, so envs and the trainer

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from envs.base import EnvOutputError, MultiAgentEnv
+from envs.base import EnvOutputError, MultiAgentEnv, check_is_env
 from envs.specs import Box, Discrete, GroupSpec, MultiDiscrete
 from envs.sync import HostSyncError, forbid_host_sync
 
@@ -57,6 +57,7 @@ def check_env(
         max_check_steps: the longest run; the truncation check needs `max_steps + 2` steps.
         random_reset: the env's starts are random, so different seeds must give different starts.
     """
+    check_is_env(env, "check_env")
     checker = _Checker(env, seed, max_check_steps)
     previous = env.check_values
     env.check_values = True

@@ -309,6 +309,15 @@ class TrainConfig:
             raise TypeError(
                 f"algo must be an algorithm's config (e.g. marl.algorithms.ppo.PPOConfig), got {self.algo!r}"
             )
+        from marl import algorithms
+
+        expected = algorithms.config_class(self.algo.algo)
+        if not isinstance(self.algo, expected):  # QConfig(algo="qmix") trained QMIX on IQL's defaults, not its own
+            raise TypeError(
+                f"algo={self.algo.algo!r} takes a {expected.__module__}.{expected.__qualname__}, got a "
+                f"{type(self.algo).__qualname__}: build it with {expected.__qualname__}(algo={self.algo.algo!r}, ...) "
+                f"or marl.algorithms.default_config({self.algo.algo!r})"
+            )
         for name, cls in SECTIONS.items():
             if not isinstance(getattr(self, name), cls):
                 raise TypeError(f"{name} must be a marl.config.{cls.__name__}, got {getattr(self, name)!r}")

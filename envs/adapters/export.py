@@ -36,7 +36,7 @@ except ImportError as error:
         f'to_pettingzoo needs pettingzoo ({error}); install it with: pip install "vecmarl[pettingzoo]"'
     ) from error
 
-from envs.base import MultiAgentEnv
+from envs.base import MultiAgentEnv, check_is_env
 from envs.specs import Box
 
 
@@ -44,6 +44,7 @@ class VecmarlParallelEnv(ParallelEnv):
     """One env of a vecmarl batch behind PettingZoo's Parallel API."""
 
     def __init__(self, env: MultiAgentEnv, index: int = 0) -> None:
+        check_is_env(env, "to_pettingzoo")
         if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
             raise TypeError(f"{env.name}: index must be an int, got {type(index).__name__} {index!r}")
         if not 0 <= index < env.num_envs:

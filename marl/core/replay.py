@@ -45,7 +45,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from envs import cudagraphs
-from envs.base import canonical_device
+from envs.base import canonical_device, check_is_env
 from envs.specs import Box, GroupSpec
 from kernels._common import BACKENDS
 from kernels.sum_tree import (
@@ -235,6 +235,7 @@ class ReplayBuffer:
     @classmethod
     def for_env(cls, env, capacity: int, **options) -> ReplayBuffer:
         """A buffer for `env`'s groups, global state and device."""
+        check_is_env(env, "ReplayBuffer.for_env")
         return cls(env.groups, capacity, env.device, state_spec=env.state_spec, **options)
 
     def __len__(self) -> int:

@@ -108,3 +108,10 @@ def test_seeding_failure_names_the_env_stream():
         envs.CheckError, match=r"two resets with the same seed differ: draw every random number from self\.rng"
     ):
         envs.check_env(broken.GlobalRandom(num_envs=4, seed=0))
+
+
+@pytest.mark.parametrize("take", [envs.check_env, envs.to_pettingzoo], ids=["check_env", "to_pettingzoo"])
+def test_a_name_where_an_env_goes_is_refused_saying_how_to_make_one(take):
+    # was "AttributeError: 'str' object has no attribute 'check_values'" (and 'name' for to_pettingzoo)
+    with pytest.raises(TypeError, match=r"takes an env .*got str 'spread': make one with envs.make\('spread'"):
+        take("spread")

@@ -28,7 +28,7 @@ def gru_q_config(tmp_path, algo: str = "vdn", share_params: bool = True, **optio
     options = {"batch_size": 32, "updates_per_iteration": 3, "buffer_size": 400, "chunk_length": 4, **options}
     return TrainConfig(
         env=EnvSettings(env="spread", num_envs=B, env_options={"max_steps": 7}),
-        algo=QConfig(algo=algo, **options),
+        algo=algorithms.config_class(algo)(algo=algo, **options),
         model=ModelConfig(hidden=(16,), model="gru", gru_hidden=8, share_params=share_params),
         run=RunConfig(
             total_frames=10**5,

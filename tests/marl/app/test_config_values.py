@@ -8,6 +8,7 @@ import pytest
 
 from envs.native.navigation import NavigationConfig
 from marl.algorithms.ppo import PPOConfig
+from marl.algorithms.qlearning import QConfig
 from marl.app.cli import main
 from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
 
@@ -92,6 +93,8 @@ def test_the_largest_seed_is_accepted():
         # Failed far away: "'dict' object has no attribute 'num_envs'", "'int' object has no attribute 'get'".
         (lambda: TrainConfig(env={"env": "spread"}), "env must be a marl.config.EnvSettings, got {'env': 'spread'}"),
         (lambda: TrainConfig(group_overrides={"agent": 3}), "group_overrides must be a dict {group: {field: value}}"),
+        # Trained QMIX on IQL's and VDN's defaults (QConfig's batch size and updates), not on QMIX's own.
+        (lambda: TrainConfig(algo=QConfig(algo="qmix")), "algo='qmix' takes a marl.algorithms.qlearning.QMIXConfig"),
     ],
 )
 def test_configs_built_in_python_refuse_values_of_the_wrong_type(build, message):

@@ -347,6 +347,12 @@ def test_extend_on_another_device_or_not_a_tensordict_is_a_clear_error():
         buffer.extend({"red": {}})
 
 
+def test_a_buffer_for_what_is_not_an_env_is_refused():
+    # was "AttributeError: 'str' object has no attribute 'groups'"
+    with pytest.raises(TypeError, match=r"^ReplayBuffer.for_env takes an env .*got str 'spread': make one with"):
+        ReplayBuffer.for_env("spread", capacity=16)
+
+
 def test_bad_sample_is_a_clear_error():
     buffer = ReplayBuffer(GROUPS, 10, state_spec=STATE)
     with pytest.raises(ValueError, match=r"batch_size 1 is larger than the 0 env steps stored \(capacity 10\)"):
