@@ -135,8 +135,8 @@ def without_inductor(monkeypatch):
     (a PPO rollout and update step: 57 s on 2 CPU cores, 11 s without it). Inductor's code is held to eager
     by the tests that leave this out: PPO's rollout (navigation) and update steps
     (`test_compiled_training_matches_eager`), MASAC's with prioritized replay (`..._equals_the_eager_one[
-    masac-prioritized-inductor]`), the overlapped critic, spread's physics and the sum tree's torch path. On
-    a GPU every compiled test runs Inductor (CUDA graphs): this changes only the CPU's backend."""
+    masac-prioritized-inductor]`), the overlapped critic, spread's physics and the sum tree's torch path.
+    The `gpu` tests compile for CUDA (Inductor, CUDA graphs), which this leaves alone."""
     import envs.compile
 
     aot_eager = torch._dynamo.lookup_backend("aot_eager")
