@@ -121,8 +121,8 @@ def test_update_writes_only_the_updated_part(backend):
     assert tree[-1] == capacity - 3 + 2 + 3 + 4  # three of the ones replaced
 
 
-# Each capacity compiles a graph of its own (about 10 s on 2 CPU cores): the root alone over the leaves, and
-# a level of inner rows between them (40,000 leaves, two levels, compiled the same loop once more in 24 s).
+# Each capacity compiles a graph of its own: the root alone over the leaves, and a level of inner rows between
+# them (a deeper tree, 40,000 leaves, compiles the same loop once more, for over twice the time).
 @pytest.mark.parametrize("capacity", [3, 1025], ids=lambda c: f"cap{c}")
 def test_the_torch_path_compiled_matches_reference(capacity):
     # Traced into a compiled graph (an off-policy step's), the torch path writes the flat tree in place: the

@@ -1,10 +1,11 @@
-"""Shared by the training tests: the kernels' torch paths for CPU tensors."""
+"""Shared by the training tests: the kernels' torch paths for CPU tensors, and an eager rollout step."""
 
 import importlib
 
 import pytest
 
 from kernels._common import resolve_backend
+from marl.core import rollout
 
 # The modules (`kernels.gae` the attribute is the function of that name).
 KERNEL_MODULES = [importlib.import_module(f"kernels.{name}") for name in ("gae", "returns", "sum_tree")]
@@ -25,3 +26,10 @@ def kernels_torch_path_on_the_cpu(request, monkeypatch):
 
     for module in KERNEL_MODULES:
         monkeypatch.setattr(module, "resolve_backend", torch_for_auto)
+
+
+@pytest.fixture
+def eager_rollout(monkeypatch):
+    """With `--compile`, the rollout step runs eagerly and only the update step compiles: for the tests of a
+    compiled update, whose rollout step other tests compile (PPO's with Inductor, the CUDA-graph checks)."""
+    monkeypatch.setattr(rollout, "maybe_compile", lambda fn, *args, **kwargs: fn)

@@ -19,7 +19,6 @@ from marl.algorithms.offpolicy import critic_loss, td_targets
 from marl.algorithms.sac import SACConfig, continuous_terms, discrete_terms
 from marl.app.trainer import Trainer
 from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
-from marl.core import rollout
 from marl.core.distributions import MaskedCategorical, NoisyDeterministic, RandomWhile, TanhNormal
 from marl.core.models import CriticInput, QCritic
 from tests.marl.algorithms.offpolicy_checks import assert_repeats, resume_midway, update_without_host_sync
@@ -381,18 +380,16 @@ class Recording:
     ],
     ids=["maddpg-uniform", "masac-prioritized-inductor", "qmix-prioritized"],
 )
-def test_a_compiled_update_is_one_graph_and_equals_the_eager_one(
-    request, monkeypatch, tmp_path, algo, env, prioritized, inductor
-):
+@pytest.mark.usefixtures("eager_rollout")
+def test_a_compiled_update_is_one_graph_and_equals_the_eager_one(request, tmp_path, algo, env, prioritized, inductor):
     # With --compile each optimiser step (its draw from the buffer, the losses, Adam, the targets and the
     # priorities) is one graph, compiled once: no graph break, no recompile when beta moves. One case runs
-    # Inductor's code; the others trace the same way without it. The rollout step stays eager: compiling
-    # it took a fifth of the Inductor case's time, and other tests compile it (PPO's, the CUDA-graph checks).
+    # Inductor's code; the others trace the same way without it. The rollout step stays eager (compiling it
+    # took a fifth of the Inductor case's time).
     from torch._dynamo.utils import counters
 
     if not inductor:
         request.getfixturevalue("without_inductor")
-    monkeypatch.setattr(rollout, "maybe_compile", lambda fn, *args, **kwargs: fn)
     torch._dynamo.reset()
     trainers = {}
     for compile in (False, True):
@@ -415,12 +412,11 @@ def test_a_compiled_update_is_one_graph_and_equals_the_eager_one(
         torch.testing.assert_close(compiled.buffer.max_priority, eager.buffer.max_priority, rtol=1e-4, atol=0)
 
 
-@pytest.mark.usefixtures("without_inductor")
+@pytest.mark.usefixtures("without_inductor", "eager_rollout")  # only the update compiles
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
-def test_each_step_draws_from_the_tree_the_previous_step_left(monkeypatch, tmp_path, compile):
+def test_each_step_draws_from_the_tree_the_previous_step_left(tmp_path, compile):
     # The tree after an update equals one rebuilt by replaying its draws and priorities step by step with
     # the reference sum tree: each step finds its slots in the tree the previous step's priorities updated.
-    monkeypatch.setattr(rollout, "maybe_compile", lambda fn, *args, **kwargs: fn)  # only the update compiles
     torch._dynamo.reset()
     config = small_config(tmp_path, "masac", "speaker_listener", compile=compile, prioritized=True)
     trainer = Trainer(config, run_dir=tmp_path / "run")

@@ -170,11 +170,13 @@ def test_envs_lists_envs_with_options(capsys):
 @pytest.mark.slow
 def test_train_eval_plot_end_to_end(tmp_path, capsys):
     # `python -m marl train` as a user runs it; eval, plot and resume through the same `main` in this process
-    # (each subprocess paid the 6 s import of torch and tensordict).
+    # (a subprocess each paid the import of torch and tensordict again, most of its time).
     common = ["--log-dir", str(tmp_path), "--run-name", "cli", "--no-progress"]
     train = subprocess.run(
         [
-            *[sys.executable, "-m", "marl"],
+            sys.executable,
+            "-m",
+            "marl",
             "train",
             "--num-envs",
             "16",

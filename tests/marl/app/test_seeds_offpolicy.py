@@ -17,7 +17,6 @@ from marl.algorithms.offpolicy_seeds import SeededMixed
 from marl.app import seeds as population
 from marl.app.cli import main
 from marl.app.trainer import Trainer
-from marl.core import rollout
 from marl.core.member_replay import MemberReplayBuffer
 from marl.core.replay import Prioritized, ReplayBuffer
 from tests.marl.algorithms.test_offpolicy import small_config
@@ -572,16 +571,15 @@ def test_a_compiled_population_resumes_exactly_and_each_member_resumes_alone(tmp
     assert_resumes_exactly(compiled_case(tmp_path, "masac-prioritized", True), tmp_path)
 
 
-@pytest.mark.usefixtures("without_inductor")
+@pytest.mark.usefixtures("without_inductor", "eager_rollout")
 @pytest.mark.slow
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # the compile fallback's warning fails the test
-def test_a_compiled_population_step_is_one_graph_takes_the_eager_steps_and_reads_nothing_back(tmp_path, monkeypatch):
+def test_a_compiled_population_step_is_one_graph_takes_the_eager_steps_and_reads_nothing_back(tmp_path):
     # MADDPG, prioritized, with a swept lr and tau: one graph for every member's step, compiled once (the swept
     # values and beta are tensors), with no graph break; the steps of the eager population. The rollout step is
     # left uncompiled (tested apart): compiling it too would double this test's time.
     from torch._dynamo.utils import counters
 
-    monkeypatch.setattr(rollout, "maybe_compile", lambda fn, *args, **kwargs: fn)
     torch._dynamo.reset()
     counters.clear()
     rows = {}
