@@ -6,7 +6,11 @@
   `OUT/rank{r}.pt`: the initial parameters, and per iteration the rollout buffer, the minibatch orders
   (every `torch.randperm` of the update) and the parameters after the update; then resumes from the
   checkpoint written after iteration 1 and saves the parameters after the resumed iteration 2.
-- `mismatch ARGS...`: `marl train ARGS` with `--seed 1` added on rank 1.
+- `start-up-errors LOG_DIR ARGS...`: three runs of `marl train ARGS --log-dir LOG_DIR/NAME` that each
+  stop before training, one after another in this one job (starting a job costs more than the three
+  runs): `mismatch` adds `--seed 1` on rank 1; `used-folder` finds a run in its folder (the test puts
+  it there); `wandb` adds `--wandb --wandb-mode online` with no W&B key (the test's environment). Each
+  prints `NAME: exit STATUS`; the job exits 0 once all three have run.
 - `die ARGS...` / `hang ARGS...`: `marl train ARGS`, where rank 1 kills itself (SIGKILL) / sleeps for
   ever after the first gradient all-reduce of iteration 3.
 """
@@ -79,10 +83,20 @@ def match(out: Path) -> None:
     trainer.world.close()
 
 
+START_UP_ERRORS = {"mismatch": [], "used-folder": [], "wandb": ["--wandb", "--wandb-mode", "online"]}
+
+
+def start_up_errors(log_dir: Path, args: list[str]) -> None:
+    # `marl train` joins the process group once per process, so the runs after the first reuse it.
+    for name, extra in START_UP_ERRORS.items():
+        if name == "mismatch" and int(os.environ["RANK"]) == 1:
+            extra = [*extra, "--seed", "1"]
+        code = main(["train", *args, *extra, "--log-dir", str(log_dir / name)])
+        print(f"{name}: exit {code}", flush=True)
+
+
 def cli(scenario: str, args: list[str]) -> int:
     rank = int(os.environ["RANK"])
-    if scenario == "mismatch" and rank == 1:
-        args = [*args, "--seed", "1"]
     if scenario in ("die", "hang") and rank == 1:
         train_iteration = Trainer.train_iteration
 
@@ -108,5 +122,7 @@ if __name__ == "__main__":
     scenario, rest = sys.argv[1], sys.argv[2:]
     if scenario == "match":
         match(Path(rest[0]))
+    elif scenario == "start-up-errors":
+        start_up_errors(Path(rest[0]), rest[1:])
     else:
         sys.exit(cli(scenario, rest))

@@ -149,13 +149,6 @@ def test_two_ranks_stay_identical_and_match_one_process_on_the_same_total_batch(
     assert moved > 1e-3
 
 
-def test_ranks_with_different_configs_stop_naming_rank_and_field(tmp_path):
-    code, output, _ = torchrun(WORKER, "mismatch", *CLI_ARGS, "--log-dir", str(tmp_path))
-    assert code != 0
-    assert "the ranks disagree on the training config: rank 1 has run.seed=1 (rank 0: 0)" in output, output[-3000:]
-    assert not (tmp_path / "run" / "checkpoint.pt").exists()
-
-
 @pytest.mark.slow
 def test_a_dead_rank_stops_the_job_and_the_run_resumes_from_its_checkpoint(tmp_path):
     """Rank 1 is killed at iteration 3: the job exits with an error at once (not after the collective
@@ -188,38 +181,39 @@ def test_a_hung_rank_stops_the_job_after_the_collective_timeout(tmp_path):
     assert "rank 0 of 2: the gradient all-reduce failed" in output, output[-3000:]
 
 
-def test_a_used_run_folder_stops_every_rank_with_one_error_line_hinting_torchrun(tmp_path):
-    """Rank 0 checks the run folder; the other ranks used to wait in the parameter broadcast and die with
-    a long traceback. Now each rank prints the same one line and no traceback comes from the ranks. The
-    folder holds the job's checkpoint: the hint said `marl train --resume`, which in one process is refused
-    for a checkpoint of 2 ranks."""
-    (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "metrics.csv").write_text("iteration\n1\n")
-    (tmp_path / "run" / "checkpoint.pt").write_bytes(b"")  # only its existence is checked
-    code, output, _ = torchrun("-m", "marl", "train", *CLI_ARGS, "--log-dir", str(tmp_path))
-    assert code != 0
-    assert output.count("marl train: error: run folder") == RANKS, output[-3000:]
-    hint = f"continue it with torchrun --nproc-per-node 2 -m marl train --resume {tmp_path / 'run' / 'checkpoint.pt'}"
-    assert output.count(hint) == RANKS, output[-3000:]
-    # torchrun's own ChildFailedError traceback follows; no frame of it, or of any other, is vecmarl's.
-    frames = [line for line in output.splitlines() if line.strip().startswith('File "')]
-    assert not [line for line in frames if "/marl/" in line or "/envs/" in line], output[-3000:]
-    assert (tmp_path / "run" / "metrics.csv").read_text() == "iteration\n1\n"
+def test_start_up_errors_stop_every_rank_with_one_error_line_each(tmp_path, monkeypatch):
+    """Three runs that stop before training, in one job (`start-up-errors` in the worker):
 
+    - `mismatch`: ranks with different configs stop naming the rank and the field.
+    - `used-folder`: rank 0 checks the run folder; the other ranks used to wait in the parameter broadcast
+      and die with a long traceback. Now each rank prints the same line. The folder holds the job's
+      checkpoint: the hint said `marl train --resume`, which in one process is refused for a checkpoint of
+      2 ranks.
+    - `wandb`: rank 0 opens the W&B run; without a login it said so in one line, and rank 1, left waiting
+      in the first collective, died with a "connection closed" traceback.
 
-def test_wandb_that_cannot_start_stops_every_rank_with_one_error_line(tmp_path, monkeypatch):
-    """Rank 0 opens the W&B run; without a login it said so in one line, and rank 1, left waiting in the
-    first collective, died with a "connection closed" traceback."""
+    No traceback comes from the ranks: torchrun's own ChildFailedError has nothing to report, and no
+    frame of any is vecmarl's."""
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no W&B settings: no key anywhere
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb_config"))
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    args = ("-m", "marl", "train", *CLI_ARGS, "--log-dir", str(tmp_path), "--wandb", "--wandb-mode", "online")
-    code, output, _ = torchrun(*args)
-    assert code != 0
+    used = tmp_path / "used-folder" / "run"
+    used.mkdir(parents=True)
+    (used / "metrics.csv").write_text("iteration\n1\n")
+    (used / "checkpoint.pt").write_bytes(b"")  # only its existence is checked
+    code, output, _ = torchrun(WORKER, "start-up-errors", str(tmp_path), *CLI_ARGS)
+    assert code == 0, output[-3000:]
+    for name in ("mismatch", "used-folder", "wandb"):
+        assert output.count(f"{name}: exit 2") == RANKS, output[-3000:]
+    assert "the ranks disagree on the training config: rank 1 has run.seed=1 (rank 0: 0)" in output, output[-3000:]
+    assert not (tmp_path / "mismatch" / "run" / "checkpoint.pt").exists()
+    assert output.count("marl train: error: run folder") == RANKS, output[-3000:]
+    hint = f"continue it with torchrun --nproc-per-node 2 -m marl train --resume {used / 'checkpoint.pt'}"
+    assert output.count(hint) == RANKS, output[-3000:]
+    assert (used / "metrics.csv").read_text() == "iteration\n1\n"
     assert output.count("marl train: error: --wandb: W&B could not start the run") == RANKS, output[-3000:]
-    frames = [line for line in output.splitlines() if line.strip().startswith('File "')]
-    assert not [line for line in frames if "/marl/" in line or "/envs/" in line], output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
 
 
 @pytest.mark.slow
