@@ -383,9 +383,10 @@ class Recording:
 @pytest.mark.usefixtures("eager_rollout")
 def test_a_compiled_update_is_one_graph_and_equals_the_eager_one(request, tmp_path, algo, env, prioritized, inductor):
     # With --compile each optimiser step (its draw from the buffer, the losses, Adam, the targets and the
-    # priorities) is one graph, compiled once: no graph break, no recompile when beta moves. One case runs
-    # Inductor's code; the others trace the same way without it. The rollout step stays eager (compiling it
-    # took a fifth of the Inductor case's time).
+    # priorities) is one graph, compiled once: no graph break, no recompile when beta moves; with priorities
+    # each compiled step draws from the tree the previous one left. One case runs Inductor's code; the others
+    # trace the same way without it. The rollout step stays eager (compiling it took a fifth of the
+    # Inductor case's time).
     from torch._dynamo.utils import counters
 
     if not inductor:
@@ -400,7 +401,10 @@ def test_a_compiled_update_is_one_graph_and_equals_the_eager_one(request, tmp_pa
             algorithm.begin_iteration(frames, 10**5)
             trainer.buffer.extend(trainer.collector.collect())
             counters.clear()
-            algorithm.update(trainer.buffer, trainer.timer)
+            if prioritized and frames > 0:
+                update_checking_draws(trainer)
+            else:
+                algorithm.update(trainer.buffer, trainer.timer)
             if compile:
                 assert counters["stats"]["unique_graphs"] == (1 if frames == 0 else 0), frames
                 assert not counters["graph_break"], dict(counters["graph_break"])
@@ -412,34 +416,42 @@ def test_a_compiled_update_is_one_graph_and_equals_the_eager_one(request, tmp_pa
         torch.testing.assert_close(compiled.buffer.max_priority, eager.buffer.max_priority, rtol=1e-4, atol=0)
 
 
-@pytest.mark.usefixtures("without_inductor", "eager_rollout")  # only the update compiles
-@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
-def test_each_step_draws_from_the_tree_the_previous_step_left(tmp_path, compile):
-    # The tree after an update equals one rebuilt by replaying its draws and priorities step by step with
-    # the reference sum tree: each step finds its slots in the tree the previous step's priorities updated.
-    torch._dynamo.reset()
-    config = small_config(tmp_path, "masac", "speaker_listener", compile=compile, prioritized=True)
-    trainer = Trainer(config, run_dir=tmp_path / "run")
-    buffer, algorithm, algo = trainer.buffer, trainer.algorithm, config.algo
-    trainer.train_iteration()
-    algorithm.begin_iteration(64, 10**5)
-    buffer.extend(trainer.collector.collect())
+def update_checking_draws(trainer: Trainer) -> None:
+    """`trainer.algorithm.update`, checking that each optimiser step found its slots in the tree the previous
+    step's priorities updated: the tree after the update equals one rebuilt by replaying the update's draws
+    and priorities step by step with the reference sum tree."""
+    buffer, algorithm, algo = trainer.buffer, trainer.algorithm, trainer.config.algo
     tree, max_priority, state = buffer.tree.clone(), buffer.max_priority.item(), trainer.generator.get_state()
-    algorithm.step = Recording(algorithm.step)
-    algorithm.update(buffer, trainer.timer)
+    step = algorithm.step
+    algorithm.step = Recording(step)
+    try:
+        algorithm.update(buffer, trainer.timer)
+        recorded = algorithm.step.aux
+    finally:
+        algorithm.step = step
     replay = torch.Generator().set_state(state)  # the iteration's draws, again: the noise, then the fractions
     algorithm.draw_noise(algo.updates_per_iteration, algo.batch_size, replay)
     fractions = torch.rand(algo.updates_per_iteration, algo.batch_size, dtype=torch.float64, generator=replay)
-    assert len(algorithm.step.aux) == algo.updates_per_iteration
-    for fraction, (index, priority) in zip(fractions, algorithm.step.aux, strict=True):
+    assert len(recorded) == algo.updates_per_iteration
+    for fraction, (index, priority) in zip(fractions, recorded, strict=True):
         stratified = (fraction + torch.arange(algo.batch_size)) / algo.batch_size
         assert torch.equal(index, sum_tree_find_reference(tree, stratified)[0])
-        per_step = torch.cat([priority[g].flatten(1) for g in ("speaker", "listener")], 1).amax(1).double()
+        per_step = torch.cat([p.flatten(1) for p in priority.values()], 1).amax(1).double()
         per_step = per_step + buffer.prioritized.eps
         max_priority = max(max_priority, per_step.max().item())
         sum_tree_update_reference(tree, index, per_step**algo.priority_alpha)
     torch.testing.assert_close(buffer.tree, tree, rtol=1e-12, atol=0)
     assert buffer.max_priority.item() == max_priority
+
+
+def test_each_step_draws_from_the_tree_the_previous_step_left(tmp_path):
+    # Eager here; the compiled step is checked the same way in `test_a_compiled_update_is_one_graph...`.
+    config = small_config(tmp_path, "masac", "speaker_listener", prioritized=True)
+    trainer = Trainer(config, run_dir=tmp_path / "run")
+    trainer.train_iteration()
+    trainer.algorithm.begin_iteration(64, 10**5)
+    trainer.buffer.extend(trainer.collector.collect())
+    update_checking_draws(trainer)
 
 
 def mean_return(policy, env, steps=25) -> float:
