@@ -126,6 +126,36 @@ def read_only(monkeypatch):
         path.chmod(mode)
 
 
+def static_mutations_backend(graphs: list):
+    """A CPU backend for `maybe_compile` (in place of `envs.compile._inductor_cpu`): AOTAutograd's trace,
+    run without Inductor, that appends to `graphs` each forward graph's `(inputs, inputs written, inputs
+    written but not marked static)`, the last as CUDA graphs need it empty (torch records no CUDA graph
+    of a step that writes an input not marked static, "mutated inputs")."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    def backend(graph, example_inputs, cpp_wrapper=False):
+        def forward_compiler(module, inputs):
+            meta = torch._guards.TracingContext.try_get().fw_metadata
+            mutated = {i for i, info in enumerate(meta.input_info) if info.mutates_data or info.mutates_metadata}
+            graphs.append((len(inputs), sorted(mutated), sorted(mutated - set(meta.static_input_indices))))
+            return module
+
+        return aot_autograd(fw_compiler=forward_compiler, keep_inference_input_mutations=True)(graph, example_inputs)
+
+    return backend
+
+
+def mark_static_everywhere(monkeypatch) -> None:
+    """`envs.cudagraphs.mark_static` marks on every device what it marks on CUDA only."""
+    from envs import cudagraphs
+
+    def mark(tensors, device):
+        for tensor in tensors:
+            torch._dynamo.mark_static_address(tensor)
+
+    monkeypatch.setattr(cudagraphs, "mark_static", mark)
+
+
 @pytest.fixture
 def without_inductor(monkeypatch):
     """On the CPU, what `maybe_compile` compiles (`--compile`, `compile=True` envs) is traced as it always
@@ -136,10 +166,17 @@ def without_inductor(monkeypatch):
     by the tests that leave this out: PPO's rollout (navigation) and update steps
     (`test_compiled_training_matches_eager`), MASAC's with prioritized replay (`..._equals_the_eager_one[
     masac-prioritized-inductor]`), the overlapped critic, spread's physics and the sum tree's torch path.
-    The `gpu` tests compile for CUDA (Inductor, CUDA graphs), which this leaves alone."""
+    The `gpu` tests compile for CUDA (Inductor, CUDA graphs), which this leaves alone.
+
+    What the compiled steps mark static for CUDA graphs is marked here too, and at the end of the test
+    every graph compiled must have written only inputs marked static: on CUDA, torch would not record a
+    graph of one that writes another (`tests/marl/app/test_cuda_graphs.py` says more)."""
     import envs.compile
 
-    aot_eager = torch._dynamo.lookup_backend("aot_eager")
-    monkeypatch.setattr(
-        envs.compile, "_inductor_cpu", lambda graph, inputs, cpp_wrapper=False: aot_eager(graph, inputs)
-    )
+    graphs: list = []
+    monkeypatch.setattr(envs.compile, "_inductor_cpu", static_mutations_backend(graphs))
+    mark_static_everywhere(monkeypatch)
+    yield
+    assert graphs, "the test asked for without_inductor but compiled nothing with it"
+    written = [not_static for _, _, not_static in graphs if not_static]
+    assert not written, f"compiled graphs (inputs, written, written but not static) write unmarked inputs: {graphs}"

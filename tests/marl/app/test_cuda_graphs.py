@@ -5,17 +5,15 @@ trainer prints) tells: it fails naming torch's reason (`envs.cudagraphs`). The r
 that mutates an input not marked static, is checked on the CPU too, from what AOTAutograd records of
 the compiled graphs."""
 
-import dataclasses
 import warnings
 
 import pytest
 import torch
-from torch._dynamo.backends.common import aot_autograd
 
 import envs.compile
 from envs import cudagraphs
 from marl.app.trainer import Trainer
-from tests.marl.algorithms.test_offpolicy import small_config as offpolicy_config
+from tests.conftest import mark_static_everywhere, static_mutations_backend
 from tests.marl.app.test_training import small_config
 
 
@@ -36,42 +34,19 @@ def test_compiled_rollout_and_update_steps_are_captured(tmp_path, capsys, unroll
     assert not [str(w.message) for w in caught if str(w.message).startswith("CUDA graphs:")]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("algo", ["ppo", "masac-prioritized", "masac-prioritized-seeds"])
-def test_compiled_steps_mutate_only_static_inputs(tmp_path, monkeypatch, algo):
+def test_compiled_steps_mutate_only_static_inputs(tmp_path, monkeypatch):
     # On CUDA torch skips recording a graph that mutates an input not marked static ("mutated inputs"):
-    # here the compiled rollout and update steps are traced with what they mark on CUDA marked on the CPU,
-    # and every graph input they write must be among the static ones (prioritized replay's update step
-    # writes the buffer's sum tree and largest priority; a population's (`-seeds`), its stacked nets, Adam
-    # state, targets and every member's tree). The population runs on navigation: its one group halves the
-    # graphs to trace, and what is marked static does not depend on a group's kind of action.
-    if algo == "ppo":
-        config = small_config(tmp_path, compile=True)
-    else:
-        env = "navigation" if algo.endswith("-seeds") else "speaker_listener"
-        config = offpolicy_config(tmp_path, "masac", env, compile=True, prioritized=True)
-    if algo.endswith("-seeds"):
-        config = dataclasses.replace(config, run=dataclasses.replace(config.run, seeds=(3, 8)))
+    # here PPO's compiled rollout and update steps are traced with what they mark on CUDA marked on the
+    # CPU, and every graph input they write must be among the static ones. Every test that compiles
+    # with the `without_inductor` fixture checks its graphs the same way (tests/conftest.py): the
+    # off-policy updates (prioritized replay's writes its sum tree and largest priority), populations
+    # (their stacked nets, Adam state, targets and every member's tree) and the envs' compiled steps.
     graphs = []
-
-    def record_mutations(graph, example_inputs, cpp_wrapper=False):
-        def forward_compiler(module, inputs):
-            meta = torch._guards.TracingContext.try_get().fw_metadata
-            mutated = {i for i, info in enumerate(meta.input_info) if info.mutates_data or info.mutates_metadata}
-            graphs.append((len(inputs), sorted(mutated), sorted(mutated - set(meta.static_input_indices))))
-            return module
-
-        return aot_autograd(fw_compiler=forward_compiler, keep_inference_input_mutations=True)(graph, example_inputs)
-
-    def mark_everywhere(tensors, device):
-        for tensor in tensors:
-            torch._dynamo.mark_static_address(tensor)
-
-    monkeypatch.setattr(envs.compile, "_inductor_cpu", record_mutations)
-    monkeypatch.setattr(cudagraphs, "mark_static", mark_everywhere)
+    monkeypatch.setattr(envs.compile, "_inductor_cpu", static_mutations_backend(graphs))
+    mark_static_everywhere(monkeypatch)
     torch._dynamo.reset()
     try:
-        trainer = Trainer(config, run_dir=tmp_path / "run")
+        trainer = Trainer(small_config(tmp_path, compile=True), run_dir=tmp_path / "run")
         trainer.train_iteration()
     finally:
         torch._dynamo.reset()  # the graphs compiled with this backend go
