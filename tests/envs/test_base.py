@@ -285,11 +285,12 @@ def test_register_again_replaces_a_redefinition_and_refuses_another_class():
         registry._ENVS.pop("toy_redefined", None)
 
 
-@pytest.mark.usefixtures("without_inductor")
 @pytest.mark.slow
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # compiled, the errors are the env's, not a compile failure
 @pytest.mark.parametrize("compile", [False, True])
-def test_what_the_author_methods_return_is_checked_on_every_reset_and_step(compile):
+def test_what_the_author_methods_return_is_checked_on_every_reset_and_step(request, compile):
+    if compile:
+        request.getfixturevalue("without_inductor")
     # Without check_env, as `marl train` runs an env: a per-env reward [B] used to be broadcast into
     # every agent's slot without a word, a wrong observation crashed deep in the policy's matmul.
     env = PerEnvReward(num_envs=4, seed=0, compile=compile)
@@ -303,12 +304,13 @@ def test_what_the_author_methods_return_is_checked_on_every_reset_and_step(compi
         WrongDtype(num_envs=4, seed=0, compile=compile).reset()
 
 
-@pytest.mark.usefixtures("without_inductor")
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # compiled, the errors are the env's, not a compile failure
 @pytest.mark.parametrize("compile", [False, True])
-def test_check_values_names_nan_or_inf_in_what_the_env_returns(compile):
+def test_check_values_names_nan_or_inf_in_what_the_env_returns(request, compile):
     # A NaN reward or an inf observation went into training unseen, and surfaced iterations later as a NaN
     # loss that did not point at the env. Compiled, the values are checked on what the compiled step returned.
+    if compile:
+        request.getfixturevalue("without_inductor")
     env = NanRewardAtStep3(num_envs=4, seed=0, check_values=True, compile=compile)
     env.reset()
     action = good_action(env)  # zero actions never reach the targets: no env ends before step 3
