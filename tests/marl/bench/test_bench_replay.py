@@ -1,36 +1,23 @@
-"""`python -m marl.bench.replay` and `marl bench`'s replay section, at tiny sizes (numbers mean nothing)."""
+"""`python -m marl.bench.replay` (its `main`) and `marl bench`'s replay section, at tiny sizes (numbers
+mean nothing)."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 import marl.bench.suite
 from marl.bench.suite import main as bench_main
 
-ROOT = Path(__file__).resolve().parents[3]
 
+@pytest.mark.usefixtures("without_inductor")  # its compiled row's graph, traced; Inductor's code is tested apart
+def test_the_replay_benchmark_prints_its_table_and_writes_the_json(tmp_path, capsys):
+    from marl.bench.replay import main
 
-@pytest.mark.slow
-def test_the_replay_benchmark_prints_its_table_and_writes_the_json(tmp_path):
     out = tmp_path / "replay.json"
     argv = ["--capacity", "2048", "--extend", "4x16", "--batch-sizes", "32", "--repeats", "2", "--json", str(out)]
-    argv += ["--profile"]
-    # Without Triton's interpreter, as a user runs it: the CPU takes the sum tree's torch path.
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run(
-        [sys.executable, "-m", "marl.bench.replay", *argv],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    assert "python -m marl.bench.replay --capacity 2048" in done.stdout
+    main([*argv, "--profile"])  # the CPU takes the sum tree's torch path, as a user's does (tests/marl/conftest.py)
+    printed = capsys.readouterr().out
+    assert "python -m marl.bench.replay --capacity 2048" in printed
     report = json.loads(out.read_text())
     calls = {(row["call"], row["sampler"]) for row in report["rows"]}
     assert {("sample(32)", "uniform"), ("sample(32)", "prioritized")} <= calls
@@ -38,7 +25,9 @@ def test_the_replay_benchmark_prints_its_table_and_writes_the_json(tmp_path):
     assert all(row["vecmarl_ms"] > 0 and row["torchrl_ms"] is None for row in report["rows"])
     # --profile: the prioritized sample + update's ops, as torch's profiler counted them over 10 calls.
     assert report["profile"].startswith("profile: update_priority(sample(32).index, [32]), 10 calls on cpu: ")
-    assert "aten::searchsorted" in report["profile"] and report["profile"] in done.stdout
+    # Its table lists the 15 ops that took longest on the host; which ones varies with the machine's load.
+    assert "Self CPU time total" in report["profile"] and "aten::" in report["profile"]
+    assert report["profile"] in printed
 
 
 def test_the_suite_section_reports_calls_per_second(monkeypatch, capsys):
