@@ -15,6 +15,7 @@
 # alone (`VECMARL_TUTORIAL_OUT=DIR` picks another folder).
 
 # %%
+import dataclasses
 import os
 import shutil
 from pathlib import Path
@@ -52,6 +53,8 @@ ITERATION = NUM_ENVS * 64  # frames per iteration: NUM_ENVS envs x 64 steps, eve
 
 def config(env: str, algo, frames: int, name: str, **run) -> TrainConfig:
     """A run of `frames` frames on `NUM_ENVS` envs of `env` with the algorithm config `algo`."""
+    if QUICK and hasattr(algo, "updates_per_iteration"):  # the smoke test: a few optimiser steps an iteration
+        algo = dataclasses.replace(algo, updates_per_iteration=8)
     return TrainConfig(
         env=EnvSettings(env=env, num_envs=NUM_ENVS),
         algo=algo,
