@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 import envs
@@ -40,6 +42,7 @@ def make_env(config: TrainConfig, device: torch.device, num_envs: int | None = N
         **settings.env_options,
     )
     check_float32(env)
+    check_flat_actions(env)
     return GroupedEnv(env, settings.group_map, pad=settings.pad)
 
 
@@ -57,6 +60,19 @@ def check_float32(env) -> None:
             raise ValueError(
                 f"{env.name}: {what} is a {spec.dtype} Box, but marl trains in float32: declare it "
                 f"float32 (Box's default) and, where the env computes in another dtype, {fix}"
+            )
+
+
+def check_flat_actions(env) -> None:
+    """The policies output one number per action dim and the buffers store `[*batch, n, A]`: a Box action of
+    another rank (which `check_env` accepts) failed at the first step as a policy returning the wrong shape."""
+    for group, spec in env.groups.items():
+        shape = spec.action.shape
+        if isinstance(spec.action, Box) and len(shape) != 1:
+            raise ValueError(
+                f"{env.name}: group {group!r}'s action is a Box of shape {shape}, but marl's policies act in 1-d "
+                f"Box actions: declare it with shape ({math.prod(shape)},) and reshape the action in _step (for a "
+                "wrapped env, flatten its action space in a wrapper)"
             )
 
 

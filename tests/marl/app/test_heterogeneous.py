@@ -1,6 +1,8 @@
 """Heterogeneous groups: per-group configs, a discrete and a continuous group in one run, critics
 that see across groups, and padding."""
 
+import re
+
 import pytest
 import torch
 
@@ -205,3 +207,28 @@ def test_a_box_that_is_not_float32_is_refused_when_the_env_is_built(tmp_path, mo
         envs.check_env(envs.make(name, num_envs=4, seed=0))  # a valid env, just not a trainable one
         with pytest.raises(ValueError, match=f"{what} is a torch.float64 Box, but marl trains in float32"):
             Trainer(config(tmp_path, env_settings=EnvSettings(env=name, num_envs=16)))
+
+
+@pytest.mark.parametrize("shape", [(), (1, 1)], ids=["scalar", "2-d"])
+def test_a_box_action_that_is_not_1d_is_refused_when_the_env_is_built(tmp_path, monkeypatch, shape):
+    # check_env accepts a Box action of any rank; training then failed at the first step, blaming the policy:
+    # "the acting policy's distribution sampled a torch.float32 action of shape (16, 2, 1), expected (16, 2)".
+    from envs import registry
+    from tests.envs.broken_envs import Counter
+
+    class ShapedAction(Counter):
+        def _make_groups(self):
+            groups = super()._make_groups()
+            spec = groups["mover"]
+            groups["mover"] = envs.GroupSpec(spec.agents, spec.observation, envs.Box(shape, -1.0, 1.0))
+            return groups
+
+        def _step(self, action):
+            return super()._step({**action, "mover": action["mover"].reshape(self.num_envs, -1, 1)})
+
+    monkeypatch.setitem(registry._ENVS, "shaped_action", ShapedAction)
+    envs.check_env(envs.make("shaped_action", num_envs=4, seed=0))  # a valid env, just not a trainable one
+    with pytest.raises(
+        ValueError, match=rf"group 'mover''s action is a Box of shape {re.escape(str(shape))}, .* \(1,\)"
+    ):
+        Trainer(config(tmp_path, env_settings=EnvSettings(env="shaped_action", num_envs=16)))
