@@ -27,6 +27,11 @@ def action_spec(space, what: str, masked: bool = False) -> ActionSpec:
     if masked:
         raise TypeError(f"{what} has an action mask but a {space} action space; masks need a Discrete one")
     if kind == "Box":
+        if not np.issubdtype(space.dtype, np.floating):  # the policies' actions are floats, which it would refuse
+            raise TypeError(
+                f"{what} has a {space} action space of {space.dtype} numbers; the adapters take a Box action of "
+                "floats (continuous), Discrete or 1-d MultiDiscrete"
+            )
         return Box(tuple(space.shape), _bound(space.low.reshape(-1)), _bound(space.high.reshape(-1)))
     if kind == "MultiDiscrete" and np.ndim(space.nvec) == 1 and not np.any(getattr(space, "start", 0)):
         return MultiDiscrete(tuple(int(n) for n in space.nvec))

@@ -244,3 +244,14 @@ def test_actions_the_wrapped_env_refuses_name_the_env_and_copy():
     action["agent"][1, 0] = 99  # outside Discrete(5): without check_values, MPE's own assert refuses it
     with pytest.raises(ValueError, match=r"^pettingzoo/mpe2\.simple_spread_v3: copy 1 refused the actions .*99"):
         env.step(action)
+
+
+def test_a_box_action_of_integers_is_refused_when_the_env_is_made(monkeypatch):
+    # It was taken as a float Box: the env refused the first step's actions ("... not in Box(0, 5, (2,), int64)").
+    from gymnasium import spaces
+
+    from tests.envs import pz_toy
+
+    monkeypatch.setattr(pz_toy.RunnersEnv, "action_space", lambda self, agent: spaces.Box(0, 5, (2,), np.int64))
+    with pytest.raises(TypeError, match=r"'runner_0' has a Box\(0, 5, \(2,\), int64\) action space of int64 numbers"):
+        envs.make(f"pettingzoo/{TOY}", num_envs=2, seed=0)
