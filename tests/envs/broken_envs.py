@@ -135,6 +135,15 @@ class GlobalRandom(Counter):
         self.picks = torch.where(mask, 0.0, self.picks)
 
 
+class KeepsPositionOnReset(Counter):
+    """Its _reset redraws the targets but leaves the positions: an episode starts where the last one ended."""
+
+    def _reset(self, mask):
+        target = self.rng.rand(self.num_envs, self.config.n_agents)
+        self.target = torch.where(mask[:, None], target, self.target)
+        self.picks = torch.where(mask, 0.0, self.picks)
+
+
 class LeakyEnvs(Counter):
     """Rewards depend on the mean position over the whole batch: envs are not independent."""
 

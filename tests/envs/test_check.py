@@ -110,6 +110,15 @@ def test_seeding_failure_names_the_env_stream():
         envs.check_env(broken.GlobalRandom(num_envs=4, seed=0))
 
 
+def test_seeding_failure_names_state_that_reset_leaves():
+    # An env whose _reset forgot a state tensor was told only to draw its random numbers from self.rng.
+    with pytest.raises(
+        envs.CheckError,
+        match=r"two resets with the same seed differ: .*; and let _reset overwrite every state tensor where mask",
+    ):
+        envs.check_env(broken.KeepsPositionOnReset(num_envs=4, seed=0))
+
+
 @pytest.mark.parametrize("take", [envs.check_env, envs.to_pettingzoo], ids=["check_env", "to_pettingzoo"])
 def test_a_name_where_an_env_goes_is_refused_saying_how_to_make_one(take):
     # was "AttributeError: 'str' object has no attribute 'check_values'" (and 'name' for to_pettingzoo)
