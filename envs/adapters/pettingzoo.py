@@ -187,7 +187,10 @@ class PettingZooEnv(MultiAgentEnv):
 
     def _render(self, index: int) -> np.ndarray:
         if not self.renders:
-            raise NotImplementedError(f"{self.name} renders when made with render_mode='rgb_array'")
+            raise NotImplementedError(
+                f"{self.name} renders only when made with render_mode='rgb_array' (marl train --env-option "
+                "render_mode=rgb_array)"
+            )
         return np.asarray(self.copies[index].render(), dtype=np.uint8)
 
     def reset_data(self, seed: int | None = None, *, mask: torch.Tensor | None = None) -> dict:

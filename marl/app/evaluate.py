@@ -75,7 +75,12 @@ def evaluate(
         k = min(batch, episodes - len(lengths))
         env = make_env(config, device, num_envs=k, seed=seed + round_index)
         if render and not env.renders:
-            raise ValueError(f"{config.env.env} does not render: run marl eval without --render")
+            try:
+                env.render(0)
+                reason = f"{config.env.env} does not render"
+            except NotImplementedError as error:  # the env's own reason, e.g. how to make a PettingZoo env render
+                reason = str(error)
+            raise ValueError(f"{reason}: run marl eval without --render")
         if policies is None:
             algorithm = build_algorithm(config, env, device, World(), generator)
             load_algorithm_state(algorithm, state["algorithm"], algorithm.label(config, env.groups))

@@ -164,6 +164,19 @@ def test_eval_says_which_module_registers_the_checkpoints_env(monkeypatch, capsy
     )
 
 
+def test_eval_render_of_a_pettingzoo_env_says_how_to_make_it_render(monkeypatch, capsys, tmp_path):
+    # It said only "does not render: run marl eval without --render", though the env renders when made so.
+    pytest.importorskip("pettingzoo")
+    config = TrainConfig(env=EnvSettings(env="pettingzoo/tests.envs.pz_toy"))
+    monkeypatch.setattr(marl.app.evaluate, "load_checkpoint", lambda path: {"config": config.to_dict()})
+    assert main(["eval", "--checkpoint", "c.pt", "--render", str(tmp_path / "e.gif")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "marl eval: error: pettingzoo/tests.envs.pz_toy renders only when made with render_mode='rgb_array' (marl "
+        "train --env-option render_mode=rgb_array): run marl eval without --render" in err
+    )
+
+
 # --- marl bench ----------------------------------------------------------------------------------
 
 SKIP_ALL = ["--quick", "--no-vmas", "--skip", "env", "replay", "gae", "train", "target"]
