@@ -56,6 +56,9 @@ class Box:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", _sizes(self.shape, "Box shape", "Box((4,))"))
+        if not isinstance(self.dtype, torch.dtype) or not self.dtype.is_floating_point:  # before the bounds: an
+            # integer dtype cannot hold the default infinite ones
+            raise ValueError(f"Box dtype must be a float dtype (torch.float32 by default), got {self.dtype!r}")
         numel = math.prod(self.shape)
         for name in ("low", "high"):
             value = getattr(self, name)
@@ -76,8 +79,6 @@ class Box:
         low, high = self.bounds("cpu")
         if not bool((low <= high).all()):
             raise ValueError(f"Box low={self.low} must be <= high={self.high}")
-        if not self.dtype.is_floating_point:
-            raise ValueError(f"Box dtype must be a float dtype, got {self.dtype}")
 
     def bounds(self, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
         """`(low, high)` as tensors shaped `shape` on `device`."""

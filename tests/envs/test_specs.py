@@ -30,6 +30,15 @@ def test_box_rejects_bad_bounds():
         Box((3,), (0.0, 1.0), 2.0)
 
 
+@pytest.mark.parametrize("bounds", [(), (0.0, 5.0)], ids=["unbounded", "bounded"])
+def test_box_refuses_a_dtype_that_is_not_float(bounds):
+    # Unbounded, it failed in torch: "value cannot be converted to type int64 without overflow".
+    with pytest.raises(ValueError, match="Box dtype must be a float dtype .*, got torch.int64"):
+        Box((2,), *bounds, dtype=torch.int64)
+    with pytest.raises(ValueError, match="Box dtype must be a float dtype .*, got 'float32'"):
+        Box((2,), *bounds, dtype="float32")
+
+
 def test_discrete_sample_respects_mask():
     spec = Discrete(4, masked=True)
     mask = torch.tensor([[True, False, False, True]]).expand(500, 4)
