@@ -106,6 +106,12 @@ class PettingZooEnv(MultiAgentEnv):
             observations.append(observation_spec(space["observation"] if self._masked[agent] else space, repr(agent)))
             action_space = first.action_space(agent)
             actions.append(action_spec(action_space, repr(agent), self._masked[agent]))
+            mask_shape = tuple(space["action_mask"].shape) if self._masked[agent] else None
+            if mask_shape is not None and mask_shape != (actions[-1].n,):  # else it failed at the first reset
+                raise TypeError(
+                    f"{agent!r} observes an action_mask of shape {mask_shape} but has a {action_space} action space; "
+                    f"expected one entry per action, shape ({actions[-1].n},)"
+                )
             self._action_start[agent] = int(getattr(action_space, "start", 0)) if actions[-1].shape == () else 0
         groups, members = group_by_type(self._agents, observations, actions)
         self._slot = {self._agents[i]: (group, j) for group, indices in members.items() for j, i in enumerate(indices)}

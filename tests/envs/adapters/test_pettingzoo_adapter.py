@@ -255,3 +255,20 @@ def test_a_box_action_of_integers_is_refused_when_the_env_is_made(monkeypatch):
     monkeypatch.setattr(pz_toy.RunnersEnv, "action_space", lambda self, agent: spaces.Box(0, 5, (2,), np.int64))
     with pytest.raises(TypeError, match=r"'runner_0' has a Box\(0, 5, \(2,\), int64\) action space of int64 numbers"):
         envs.make(f"pettingzoo/{TOY}", num_envs=2, seed=0)
+
+
+def test_an_action_mask_of_another_size_than_the_actions_is_refused_when_the_env_is_made(monkeypatch):
+    # It failed at the first reset as "resetting the wrapped env ... failed (ValueError: could not broadcast
+    # input array from shape (4,) into shape (3,))", blaming the env's reset.
+    from gymnasium import spaces
+
+    from tests.envs import pz_toy
+
+    masked = spaces.Dict({"observation": spaces.Box(-1, 1, (2,)), "action_mask": spaces.Box(0, 1, (4,), np.int8)})
+    monkeypatch.setattr(pz_toy.RunnersEnv, "observation_space", lambda self, agent: masked)
+    with pytest.raises(
+        TypeError,
+        match=r"'runner_0' observes an action_mask of shape \(4,\) but has a Discrete\(3\) action space; expected "
+        r"one entry per action, shape \(3,\)",
+    ):
+        envs.make(f"pettingzoo/{TOY}", num_envs=2, seed=0)
