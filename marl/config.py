@@ -128,6 +128,10 @@ class ModelConfig:
         return self.model == "gru" and self.gru_nets in ("both", net)
 
 
+# ModelConfig's fields that only `model="gru"` uses: refused, as they would have no effect, without it.
+MODEL_RECURRENT_OPTIONS = ("gru_hidden", "gru_nets")
+
+
 WANDB_MODES = ("online", "offline", "disabled")
 MAX_SEED = 2**63 - 1  # torch's generators take a signed 64-bit seed; PettingZoo's envs refuse negative ones
 
@@ -352,6 +356,25 @@ class TrainConfig:
                 f"train in chunks of steps; these networks are MLPs: pass --model gru too, or leave "
                 f"{'it' if len(given) == 1 else 'them'} out"
             )
+        # ModelConfig's GRU fields: the run's, used where any group is recurrent; a group's own, where it is.
+        given = [
+            name for name in MODEL_RECURRENT_OPTIONS if getattr(self.model, name) != _field_default(ModelConfig, name)
+        ]
+        if given and not self.uses_gru():
+            flags = ", ".join(f"--{name.replace('_', '-')} {getattr(self.model, name)}" for name in given)
+            raise ValueError(
+                f"{flags}: {'it applies' if len(given) == 1 else 'they apply'} to recurrent networks only; these "
+                f"networks are MLPs: pass --model gru too, or leave {'it' if len(given) == 1 else 'them'} out"
+            )
+        for group, overrides in self.group_overrides.items():
+            given = [name for name in MODEL_RECURRENT_OPTIONS if name in overrides]
+            if given and overrides.get("model", self.model.model) != "gru":
+                flags = ", ".join(f"--group {group}.{name}={overrides[name]}" for name in given)
+                raise ValueError(
+                    f"{flags}: group {group!r} has MLPs, and {'it applies' if len(given) == 1 else 'they apply'} to "
+                    f"recurrent networks only: pass --group {group}.model=gru too, or leave "
+                    f"{'it' if len(given) == 1 else 'them'} out"
+                )
         refused = {}  # group (None: the run's) -> its algorithm's name
         if self.model.model == "gru" and not type(self.algo).recurrent:
             refused[None] = self.algo.algo
@@ -430,6 +453,15 @@ class TrainConfig:
         model = {**data["model"], **({"hidden": tuple(data["model"]["hidden"])} if "hidden" in data["model"] else {})}
         gru = "gru" in (model.get("model"), *(o.get("model") for o in overrides.values()))
         algo = algo_class.saved(dict(data["algo"]), name, gru)
+        # An earlier version took the GRU's options with MLPs too (they had no effect): back at their defaults.
+        if not gru:
+            model = {k: v for k, v in model.items() if k not in MODEL_RECURRENT_OPTIONS}
+        overrides = {
+            group: o
+            if o.get("model", model.get("model")) == "gru"
+            else {k: v for k, v in o.items() if k not in MODEL_RECURRENT_OPTIONS}
+            for group, o in overrides.items()
+        }
         for section, values, known in (
             ("algo", algo, algo_class),
             ("model", model, ModelConfig),

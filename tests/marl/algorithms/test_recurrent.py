@@ -205,10 +205,11 @@ def test_memory_task_a_recurrent_policy_learns_what_an_mlp_cannot(tmp_path):
     returns = {}
     for model in ("gru", "mlp"):
         chunks = {"chunk_length": 10} if model == "gru" else {}  # an MLP trains on steps, not chunks
+        gru = {"gru_hidden": 32} if model == "gru" else {}  # and has no GRU to size
         config = TrainConfig(
             env=EnvSettings(num_envs=128, env_options=options),
             algo=PPOConfig(minibatch_size=1280, epochs=4, lr=3e-3, lr_schedule="linear", **chunks),
-            model=ModelConfig(hidden=(32, 32), model=model, gru_hidden=32),
+            model=ModelConfig(hidden=(32, 32), model=model, **gru),
             run=RunConfig(
                 total_frames=200_000,
                 rollout_length=20,

@@ -155,6 +155,9 @@ def test_a_linear_lr_is_not_trained_past_its_end(tmp_path):
         (["--burn-in", "4"], "--burn-in 4: it applies to recurrent networks only"),
         (["--chunk-length", "8", "--burn-in", "2"], "--chunk-length 8, --burn-in 2: they apply to recurrent"),
         (["--algo", "ippo", "--chunk-length", "8"], "--chunk-length 8: it applies to recurrent networks only"),
+        (["--gru-hidden", "32"], "--gru-hidden 32: it applies to recurrent networks only"),
+        (["--gru-nets", "both", "--gru-hidden", "32"], "--gru-hidden 32, --gru-nets both: they apply to recurrent"),
+        (["--group", "agent.gru_nets=critic"], "--group agent.gru_nets=critic: group 'agent' has MLPs"),
         (["--algo", "vdn", "--mixing-embed-dim", "64"], "mixing_embed_dim is an option of qmix"),
         (["--algo", "iql", "--group", "agent.mixing_embed_dim=64"], "invalid option for group 'agent': mixing_"),
         (
@@ -189,6 +192,16 @@ def test_their_defaults_and_their_right_uses_are_taken():
     assert qmix.for_group("b")[0].mixing_embed_dim == 32  # a VDN group of a QMIX run has no mixer to size
     vdn = TrainConfig(algo=QConfig(algo="vdn"), group_overrides={"b": {"algo": "qmix", "mixing_embed_dim": 16}})
     assert vdn.for_group("b")[0].mixing_embed_dim == 16
+    gru_group = TrainConfig(model=ModelConfig(gru_hidden=32), group_overrides={"b": {"model": "gru"}})
+    assert gru_group.for_group("b")[1].gru_hidden == 32  # the run's GRU size, for its one recurrent group
+
+
+def test_a_saved_mlp_run_with_gru_options_loads_at_their_defaults():
+    # An earlier version took --gru-hidden with MLPs, where it had no effect: its checkpoints still load.
+    saved = TrainConfig().to_dict()
+    saved["model"]["gru_hidden"], saved["group_overrides"] = 32, {"agent": {"gru_nets": "both"}}
+    config = TrainConfig.from_dict(saved)
+    assert config.model.gru_hidden == 64 and config.group_overrides == {"agent": {}}
 
 
 def test_help_says_what_resume_does_with_the_schedules(capsys):
