@@ -44,6 +44,7 @@ from marl.core.rollout import Acting
 from marl.optim.update_step import UpdateStep
 
 CRITIC_SCOPES = ("auto", "agent", "group", "global")
+PRIORITY_OPTIONS = ("priority_alpha", "priority_beta", "priority_reduce")  # only prioritized replay uses them
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,13 @@ class OffPolicyConfig(AlgorithmConfig):
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.batch_size > self.buffer_size:
             raise ValueError(f"batch_size ({self.batch_size}) must be at most buffer_size ({self.buffer_size})")
+        given = [name for name in PRIORITY_OPTIONS if getattr(self, name) != getattr(type(self), name)]
+        if given and not self.prioritized:
+            flags = ", ".join(f"--{name.replace('_', '-')} {getattr(self, name)}" for name in given)
+            raise ValueError(
+                f"{flags}: {'it applies' if len(given) == 1 else 'they apply'} to prioritized replay only; this "
+                f"buffer draws uniformly: pass --prioritized too, or leave {'it' if len(given) == 1 else 'them'} out"
+            )
         if self.shared_value and self.scope() == "agent":
             raise ValueError(
                 f"shared_value needs a centralised critic: critic_scope group or global, not {self.algo}'s agent"
@@ -122,6 +130,12 @@ class OffPolicyConfig(AlgorithmConfig):
                 f"the buffer holds after the first iteration: pass --batch-size {frames} or less, or more envs "
                 "or a longer rollout"
             )
+
+    @classmethod
+    def saved(cls, values: dict, algo: str, gru: bool) -> dict:
+        # An earlier version also accepted the priority options without prioritized replay, where they had no effect.
+        values = super().saved(values, algo, gru)
+        return values if values.get("prioritized") else {k: v for k, v in values.items() if k not in PRIORITY_OPTIONS}
 
     def scope(self) -> str:
         if self.critic_scope != "auto":

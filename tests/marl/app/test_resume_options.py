@@ -158,6 +158,11 @@ def test_a_linear_lr_is_not_trained_past_its_end(tmp_path):
         (["--gru-hidden", "32"], "--gru-hidden 32: it applies to recurrent networks only"),
         (["--gru-nets", "both", "--gru-hidden", "32"], "--gru-hidden 32, --gru-nets both: they apply to recurrent"),
         (["--group", "agent.gru_nets=critic"], "--group agent.gru_nets=critic: group 'agent' has MLPs"),
+        (["--algo", "iql", "--priority-alpha", "0.9"], "--priority-alpha 0.9: it applies to prioritized replay only"),
+        (
+            ["--algo", "masac", "--priority-beta", "0.5", "--priority-reduce", "mean"],
+            "--priority-beta 0.5, --priority-r",
+        ),
         (["--algo", "vdn", "--mixing-embed-dim", "64"], "mixing_embed_dim is an option of qmix"),
         (["--algo", "iql", "--group", "agent.mixing_embed_dim=64"], "invalid option for group 'agent': mixing_"),
         (
@@ -194,6 +199,14 @@ def test_their_defaults_and_their_right_uses_are_taken():
     assert vdn.for_group("b")[0].mixing_embed_dim == 16
     gru_group = TrainConfig(model=ModelConfig(gru_hidden=32), group_overrides={"b": {"model": "gru"}})
     assert gru_group.for_group("b")[1].gru_hidden == 32  # the run's GRU size, for its one recurrent group
+
+
+def test_priority_options_are_taken_with_prioritized_replay_and_saved_ones_without_it_load():
+    assert QConfig(prioritized=True, priority_alpha=0.9, priority_reduce="mean").priority_alpha == 0.9
+    # An earlier version took them without --prioritized, where they had no effect: its checkpoints still load.
+    saved = TrainConfig(algo=QConfig(algo="vdn")).to_dict()
+    saved["algo"]["priority_beta"] = 0.9
+    assert TrainConfig.from_dict(saved).algo.priority_beta == QConfig.priority_beta
 
 
 def test_a_saved_mlp_run_with_gru_options_loads_at_their_defaults():
