@@ -363,6 +363,9 @@ def print_summary(trainer, rows: list[dict]) -> None:
     for g in trainer.env.groups:
         key = f"{g}/episode_return"
         finals = [final_return([{**r, **r["members"][k]} for r in rows], key) for k in range(len(members))]
+        if not any(math.isfinite(value) for value in finals):  # as the single run's summary says it, not "nan"
+            lines.append(f"{g:<14} final return: no episode ended in the {len(rows)} iteration(s)")
+            continue
         by_values: dict[tuple, list[tuple[int, float]]] = {}
         for member, value in zip(members, finals):
             by_values.setdefault(member.values, []).append((member.seed, value))

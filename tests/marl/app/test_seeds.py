@@ -398,6 +398,14 @@ def test_a_population_keeps_a_member_trained_on_alone_as_its_own_run(tmp_path, c
     assert f"that run is kept in {tmp_path / 'run-seed_1-alone-2'}" in capsys.readouterr().out
 
 
+def test_the_summary_says_when_no_episode_ended_rather_than_nan(tmp_path, capsys):
+    # max_steps 100 (navigation's own) and 2 iterations of 8 steps: no episode ends in any member.
+    argv = [arg for arg in tiny_argv(tmp_path) if arg not in ("--env-option", "max_steps=4")]
+    assert main(["train", *argv, "--num-seeds", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "agent          final return: no episode ended in the 2 iteration(s)" in out and "return nan" not in out
+
+
 def tiny_argv(tmp_path) -> list[str]:
     return [
         *("--num-envs", "8", "--rollout-length", "8", "--minibatch-size", "32", "--total-frames", "128"),
