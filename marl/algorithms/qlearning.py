@@ -156,6 +156,12 @@ class QConfig(OffPolicyConfig):
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.burn_in < 0:
             raise ValueError(f"burn_in must be >= 0, got {self.burn_in}")
+        if self.target_update != "hard" and self.target_update_every != type(self).target_update_every:
+            raise ValueError(
+                f"--target-update-every {self.target_update_every}: it applies to --target-update hard only; "
+                f"these targets move by tau every step ({self.target_update}): pass --target-update hard too, or "
+                "leave it out"
+            )
 
     def check_train(self, config: TrainConfig) -> None:
         super().check_train(config)
@@ -164,8 +170,11 @@ class QConfig(OffPolicyConfig):
 
     @classmethod
     def saved(cls, values: dict, algo: str, gru: bool) -> dict:
-        # An earlier version also accepted mixing_embed_dim for IQL and VDN, which have no mixer.
+        # An earlier version also accepted mixing_embed_dim for IQL and VDN, which have no mixer, and
+        # target_update_every with Polyak targets (a group's overrides without target_update are left as saved).
         values = super().saved(values, algo, gru)
+        if values.get("target_update", "hard") != "hard":
+            values = {k: v for k, v in values.items() if k != "target_update_every"}
         return values if algo == "qmix" else {k: v for k, v in values.items() if k != "mixing_embed_dim"}
 
     def _check_chunks(self, config: TrainConfig) -> None:

@@ -163,6 +163,7 @@ def test_a_linear_lr_is_not_trained_past_its_end(tmp_path):
             ["--algo", "masac", "--priority-beta", "0.5", "--priority-reduce", "mean"],
             "--priority-beta 0.5, --priority-r",
         ),
+        (["--algo", "iql", "--target-update-every", "50"], "--target-update-every 50: it applies to --target-update h"),
         (["--algo", "vdn", "--mixing-embed-dim", "64"], "mixing_embed_dim is an option of qmix"),
         (["--algo", "iql", "--group", "agent.mixing_embed_dim=64"], "invalid option for group 'agent': mixing_"),
         (
@@ -201,12 +202,15 @@ def test_their_defaults_and_their_right_uses_are_taken():
     assert gru_group.for_group("b")[1].gru_hidden == 32  # the run's GRU size, for its one recurrent group
 
 
-def test_priority_options_are_taken_with_prioritized_replay_and_saved_ones_without_it_load():
+def test_replay_and_target_options_are_taken_in_their_mode_and_saved_ones_without_it_load():
     assert QConfig(prioritized=True, priority_alpha=0.9, priority_reduce="mean").priority_alpha == 0.9
     # An earlier version took them without --prioritized, where they had no effect: its checkpoints still load.
     saved = TrainConfig(algo=QConfig(algo="vdn")).to_dict()
     saved["algo"]["priority_beta"] = 0.9
     assert TrainConfig.from_dict(saved).algo.priority_beta == QConfig.priority_beta
+    saved["algo"]["target_update_every"] = 50  # and target_update_every with Polyak targets
+    assert TrainConfig.from_dict(saved).algo.target_update_every == QConfig.target_update_every
+    assert QConfig(target_update="hard", target_update_every=50).target_update_every == 50
 
 
 def test_a_saved_mlp_run_with_gru_options_loads_at_their_defaults():
