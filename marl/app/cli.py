@@ -527,7 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--checkpoint", required=True, help="a checkpoint.pt written by marl train")
     evaluate.add_argument("--episodes", type=int, default=100, help="episodes to average over")
     evaluate.add_argument("--render", metavar="GIF", help="write the first episode of env 0 to this GIF")
-    evaluate.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    evaluate.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto (CUDA when present)")
     evaluate.add_argument("--num-envs", type=int, default=None, help="envs run at once; default: min(episodes, 256)")
     evaluate.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs")
     evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
@@ -543,7 +543,13 @@ def build_parser() -> argparse.ArgumentParser:
     from marl.app.plot import X_AXES
 
     plot = subparsers.add_parser("plot", help="plot the learning curves of one or more runs to an image")
-    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders (holding metrics.csv), overlaid")
+    plot.add_argument(
+        "run_dirs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="run folders of marl train, overlaid: a run's curves (its metrics.csv), or a population's (--seeds: "
+        "the mean over its members with a 95%% CI band, from its aggregate.csv)",
+    )
     plot.add_argument(
         "--out",
         default=None,

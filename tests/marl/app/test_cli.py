@@ -389,6 +389,18 @@ def test_help_shows_no_empty_defaults(command, says, capsys):
     assert says in " ".join(out.split())
 
 
+def test_plot_and_eval_help_say_what_they_take(capsys):
+    # plot's said only "run folders (holding metrics.csv)": a population's folder, which it plots, holds none.
+    with pytest.raises(SystemExit):
+        main(["plot", "--help"])
+    assert "a population's (--seeds: the mean over its members with a 95% CI band" in " ".join(
+        capsys.readouterr().out.split()
+    )
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    assert "cpu, cuda, cuda:N, or auto" in " ".join(capsys.readouterr().out.split())
+
+
 def test_the_console_script_imports_modules_of_the_current_folder(tmp_path):
     # `python -m marl` puts the current folder on sys.path; the `marl` script must too, or the README's
     # `marl train --imports my_envs` fails with "No module named 'my_envs'".
