@@ -96,9 +96,11 @@ class OffPolicyConfig(AlgorithmConfig):
     )
 
     def check(self) -> None:
-        for name in ("gamma", "tau", "priority_beta"):
+        for name in ("gamma", "priority_beta"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if not 0 < self.tau <= 1:  # 0 would keep the target networks at their initial weights for good
+            raise ValueError(f"tau must be in (0, 1], got {self.tau}: a target network moves this fraction a step")
         for name in ("lr", "adam_eps"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")

@@ -164,6 +164,7 @@ def test_a_linear_lr_is_not_trained_past_its_end(tmp_path):
             "--priority-beta 0.5, --priority-r",
         ),
         (["--algo", "iql", "--target-update-every", "50"], "--target-update-every 50: it applies to --target-update h"),
+        (["--algo", "masac", "--tau", "0"], "tau must be in (0, 1], got 0.0"),
         (["--algo", "vdn", "--mixing-embed-dim", "64"], "mixing_embed_dim is an option of qmix"),
         (["--algo", "iql", "--group", "agent.mixing_embed_dim=64"], "invalid option for group 'agent': mixing_"),
         (
