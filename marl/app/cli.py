@@ -31,6 +31,7 @@ from marl.config import SECTIONS, TrainConfig, field_names, group_fields, import
 
 # Options that are not plain fields on the command line.
 SPECIAL = {"env_options", "group_overrides"}
+SPECIAL_FLAGS = {"env_options": "--env-option", "group_overrides": "--group"}
 RESUMABLE = {"total_frames", "schedule_frames", "checkpoint_every", "progress", "tensorboard", "device", "save_buffer"}
 RESUMABLE |= {"wandb", "wandb_project", "wandb_entity", "wandb_mode", "wandb_name"}  # logging only
 
@@ -355,8 +356,9 @@ def _make_trainer(args: argparse.Namespace):
         not_allowed = sorted(changed - RESUMABLE)
         if not_allowed:
             raise ValueError(
-                f"marl train --resume keeps the run's configuration; only {sorted(RESUMABLE)} can change, "
-                f"got {not_allowed}"
+                f"marl train --resume keeps the run's configuration: "
+                f"{', '.join(SPECIAL_FLAGS.get(name, _flag(name)) for name in not_allowed)} cannot "
+                f"change; only {', '.join(map(_flag, sorted(RESUMABLE)))} can"
             )
         return Trainer.resume(args.resume, frames_left=True, **{k: getattr(args, k) for k in changed})
     return Trainer(config_from_args(args))

@@ -222,6 +222,14 @@ def test_a_saved_mlp_run_with_gru_options_loads_at_their_defaults():
     assert config.model.gru_hidden == 64 and config.group_overrides == {"agent": {}}
 
 
+def test_a_resume_with_other_options_names_them_as_flags(tmp_path, capsys):
+    # It said "only ['checkpoint_every', ...] can change, got ['env_options', 'lr']": field names, not flags.
+    checkpoint = trained(tmp_path, capsys, 512)
+    assert main(["train", "--resume", str(checkpoint), "--lr", "0.1", "--env-option", "n_agents=4"]) == 2
+    err = capsys.readouterr().err
+    assert "keeps the run's configuration: --env-option, --lr cannot change; only --checkpoint-every," in err
+
+
 def test_help_says_what_resume_does_with_the_schedules(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
