@@ -278,7 +278,7 @@ class Collector:
             mask = obs[g].get("action_mask")
             if g in self.hidden:
                 _write(leaf["hidden"], t, self.hidden[g])
-                dist, next_hidden[g] = policy(observation, mask, self.hidden[g])
+                dist, next_hidden[g] = _recurrent_output(g, policy(observation, mask, self.hidden[g]), self.hidden[g])
             else:
                 dist = policy(observation, mask)
             if not hasattr(dist, "env_action"):  # e.g. a torch.distributions one: its sample takes a shape
@@ -325,6 +325,21 @@ class Collector:
             for g, hidden in next_hidden.items():  # a finished episode's state is not the next one's
                 self.hidden[g].copy_(hidden.masked_fill(done[:, None, None], 0.0))
         return obs
+
+
+def _recurrent_output(g: str, out, hidden: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
+    """A recurrent policy's `(distribution, next hidden)`, refused unless the next state is shaped as `hidden`
+    `[B, n, h]`: a lone distribution failed to unpack, and a state of another shape broadcast into the held one."""
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], torch.Tensor) and out[1].shape == hidden.shape:
+        return out
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], torch.Tensor):
+        got = f"a next hidden of shape {tuple(out[1].shape)}"
+    else:
+        got = f"{type(out).__name__} {out!r}"[:120] if isinstance(out, tuple) else f"a {type(out).__name__}"
+    raise TypeError(
+        f"group {g!r} is recurrent (Acting.hidden names it): its acting policy is called (observation, action mask, "
+        f"hidden) and must return (distribution, next hidden {tuple(hidden.shape)}), got {got}"
+    )
 
 
 def _leaves(tree: dict) -> list[torch.Tensor]:

@@ -18,6 +18,7 @@ from marl.algorithms.qlearning import QConfig, QMIXConfig
 from marl.app.cli import main
 from marl.app.trainer import Trainer
 from marl.config import AlgorithmConfig, EnvSettings, RunConfig, TrainConfig
+from marl.core.rollout import Acting
 
 REINFORCE = "tests.marl.algorithms.reinforce"
 SMALL = ["--num-envs", "16", "--rollout-length", "8", "--hidden", "16", "16", "--no-progress", "--no-tensorboard"]
@@ -320,6 +321,66 @@ def test_acting_other_than_acting_policies_is_refused_naming_what_collection_nee
     trainer = _reinforce_trainer(tmp_path)
     trainer.collector.policies["agent"] = lambda observation, mask: torch.distributions.Normal(observation, 1.0)
     with pytest.raises(TypeError, match=r"group 'agent': the acting policy returned a Normal, not a distribution of"):
+        trainer.train_iteration()
+
+
+@pytest.mark.parametrize(
+    ("acting", "error", "says"),
+    [
+        (
+            lambda self: Acting(list(self.policies.values())),
+            TypeError,
+            r"Reinforce.acting.policies must be a dict \{group: policy\} for the groups \['agent'\], got list",
+        ),
+        (
+            lambda self: Acting({**self.policies, "ghost": self.policies["agent"]}),
+            ValueError,
+            r"has the groups \['agent', 'ghost'\], expected one policy for each of the env's groups \['agent'\]",
+        ),
+        (
+            lambda self: Acting(self.policies, hidden={"agent": (2, 8)}),
+            ValueError,
+            r"Reinforce.acting.hidden\['agent'\] = \(2, 8\); expected \(3, h\)",
+        ),
+        (
+            lambda self: Acting(self.policies, hidden={"ghost": (3, 8)}),
+            ValueError,
+            r"Reinforce.acting.hidden\['ghost'\] = \(3, 8\); expected a group of \['agent'\]",
+        ),
+    ],
+    ids=["list", "unknown-group", "hidden-shape", "hidden-group"],
+)
+def test_acting_policies_and_hidden_other_than_the_envs_groups_are_refused(tmp_path, monkeypatch, acting, error, says):
+    """A list of policies failed in collection with "cannot convert dictionary update sequence element #0 to a
+    sequence", a policy for a group the env lacks with a bare KeyError 'ghost'."""
+    from tests.marl.algorithms.reinforce import Reinforce
+
+    monkeypatch.setattr(Reinforce, "acting", property(acting))
+    with pytest.raises(error, match=says):
+        _reinforce_trainer(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("policy", "says"),
+    [
+        (lambda policy: lambda o, m, h: policy(o, m), r"got a TanhNormal"),
+        (lambda policy: lambda o, m, h: (policy(o, m), h[:1]), r"got a next hidden of shape \(1, 3, 8\)"),
+    ],
+    ids=["no-state", "state-shape"],
+)
+def test_a_recurrent_acting_policy_must_return_its_next_state_shaped_as_the_held_one(
+    tmp_path, monkeypatch, policy, says
+):
+    """A policy named in `Acting.hidden` that returned only a distribution failed in collection with "cannot
+    unpack non-iterable TanhNormal object"; one whose next state was [1, n, h] was broadcast into every env's."""
+    from tests.marl.algorithms.reinforce import Reinforce
+
+    monkeypatch.setattr(Reinforce, "acting", property(lambda self: Acting(self.policies, hidden={"agent": (3, 8)})))
+    trainer = _reinforce_trainer(tmp_path)
+    trainer.collector.policies["agent"] = policy(trainer.collector.policies["agent"])
+    with pytest.raises(
+        TypeError, match=r"group 'agent' is recurrent .*\(distribution, next hidden \(256, 3, 8\)\), " + says
+    ):
         trainer.train_iteration()
 
 
