@@ -195,6 +195,12 @@ class MultiAgentGRU(nn.Module):
         """`x` `[L, *M, n, d]` from `h0` `[*M, n, h]`; `reset` `[L, *M]` bool zeroes the state before
         step t. Returns every step's output (= its next state) `[L, *M, n, h]`."""
         self._check(x, h0, time=True)
+        if reset.shape != x.shape[:-2] or reset.dtype != torch.bool:
+            # Else a reset of another shape ([L], [M, L]) was reshaped onto the steps and envs, with no error.
+            raise ValueError(
+                f"MultiAgentGRU.scan expects reset [L, *M] = {list(x.shape[:-2])} bool (true where the state is "
+                f"zeroed before the step), got {reset.dtype} {tuple(reset.shape)}"
+            )
         L, batch = x.shape[0], x.shape[1:-2]
         gi = self._input_product(x)  # [k, L * R, 3h]
         gi = gi.view(gi.shape[0], L, -1, gi.shape[-1])  # [k, L, R, 3h]: rows keep time-major order

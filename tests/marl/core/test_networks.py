@@ -189,3 +189,26 @@ def test_gru_shapes_are_checked():
         gru(torch.randn(5, 2, 3), torch.randn(5, 2, 3))
     with pytest.raises(ValueError, match=r"expects inputs \[L, \*M, 2, 3\]"):
         gru.scan(torch.randn(7, 5, 3, 3), torch.randn(5, 3, 4), torch.zeros(7, 5, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("share_params", [True, False], ids=["shared", "per-agent"])
+@pytest.mark.parametrize(
+    "reset",
+    [
+        torch.zeros(7, dtype=torch.bool),
+        torch.zeros(7, 1, dtype=torch.bool),
+        torch.zeros(5, 7, dtype=torch.bool),
+        torch.zeros(7, 5, 2, dtype=torch.bool),
+        torch.zeros(7, 5),
+    ],
+    ids=["[L]", "[L, 1]", "[M, L]", "[L, M, n]", "float"],
+)
+def test_gru_scan_refuses_a_reset_of_another_shape_or_dtype(share_params, reset):
+    """A reset [L] or [M, L] scanned per-agent parameters with no error, each flag reshaped onto another step
+    and env; shared ones failed inside torch ("The size of tensor a ... must match the size of tensor b ...")."""
+    gru = MultiAgentGRU(3, 4, n_agents=2, share_params=share_params)
+    says = r"MultiAgentGRU.scan expects reset \[L, \*M\] = \[7, 5\] bool .*, got torch\.\w+ \(" + ", ".join(
+        map(str, reset.shape)
+    )
+    with pytest.raises(ValueError, match=says):
+        gru.scan(torch.randn(7, 5, 2, 3), torch.zeros(5, 2, 4), reset)
