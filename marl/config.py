@@ -329,7 +329,15 @@ class TrainConfig:
         if not isinstance(overrides, Mapping) or not all(isinstance(o, Mapping) for o in overrides.values()):
             raise TypeError(f"group_overrides must be a dict {{group: {{field: value}}}}, got {overrides!r}")
         for group, overrides in self.group_overrides.items():
-            fields = group_fields(self.group_algorithm(group))
+            cls = self.group_algorithm(group)
+            fields = group_fields(cls)
+            run_wide = sorted(set(overrides) & set(cls.run_wide))
+            if run_wide:  # known fields, which "unknown field(s)" would have called misspelt
+                raise ValueError(
+                    f"{run_wide} in the overrides for group {group!r}: {cls.__qualname__}'s run-wide field(s) "
+                    f"{list(cls.run_wide)} are one value for every group; set them for the whole run "
+                    f"(--{run_wide[0].replace('_', '-')}), not per group"
+                )
             unknown = set(overrides) - fields
             if unknown:
                 raise ValueError(

@@ -113,6 +113,11 @@ def test_options_reach_the_config():
             "minibatch_size=64 is larger",
         ),
         (["train", "--group", "agent.lrr=1"], "unknown field(s) ['lrr'] in the overrides for group 'agent'"),
+        # A run-wide field is known: it was called "unknown field(s) ['epochs']", as if misspelt.
+        (
+            ["train", "--group", "agent.epochs=2"],
+            "['epochs'] in the overrides for group 'agent': PPOConfig's run-wide field(s) ['epochs', 'minibatch_size',",
+        ),
         (["train", "--algo", "ippo", "--overlap-critic"], "overlap_critic needs compile"),
         (
             ["train", "--group", "agent.std=net"],
