@@ -690,7 +690,11 @@ def sum_tree_write_(tree: torch.Tensor, start: int, value: torch.Tensor, *, back
     _check_tree("sum_tree_write_", tree)
     _check_vector("sum_tree_write_", "value", value, tree, "value")
     num_leaves, count = _layout_of_size(tree.shape[-1]).sizes[0], value.shape[-1]
-    if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= num_leaves - count:
+    if isinstance(start, bool) or not isinstance(start, int):  # a tensor's "leaves tensor(6) .. do not fit" misled
+        raise ValueError(
+            f"sum_tree_write_: start must be a Python int (the first leaf written), got {type(start).__name__} {start!r}"
+        )
+    if not 0 <= start <= num_leaves - count:
         raise ValueError(
             f"sum_tree_write_: leaves {start!r} .. {start!r} + {count} do not fit in the tree's "
             f"{num_leaves} leaves; expected an int start with 0 <= start <= {num_leaves - count}"

@@ -376,6 +376,10 @@ def test_bad_inputs_are_clear_errors():
         sum_tree_update_(tree, index.to("meta"), value)
     with pytest.raises(ValueError, match=r"leaves 31 \.\. 31 \+ 2 do not fit in the tree's 32 leaves"):
         sum_tree_write_(tree, 31, value)
+    with pytest.raises(
+        ValueError, match=r"start must be a Python int \(the first leaf written\), got Tensor tensor\(6\)"
+    ):
+        sum_tree_write_(tree, torch.tensor(6), value)
     with pytest.raises(ValueError, match=r"capacity must be a positive int, got 0"):
         sum_tree_zeros(0)
     trees = sum_tree_zeros(8, members=3)
