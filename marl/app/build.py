@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 import torch
 
@@ -12,7 +11,7 @@ from envs.specs import Box
 from marl import algorithms
 from marl.config import TrainConfig, import_modules
 from marl.core.groups import GroupedEnv
-from marl.core.rollout import Acting
+from marl.core.rollout import check_acting
 
 
 def resolve_device(device: str) -> torch.device:
@@ -101,48 +100,5 @@ def build_algorithm(config: TrainConfig, env, device: torch.device, world, gener
     """`config.algo`'s algorithm for `env`, its overrides checked against the env's groups."""
     check_group_overrides(config, env.groups)
     algorithm = algorithms.build(config, env, device, world, generator)
-    check_acting(algorithm, env.groups)
+    check_acting(algorithm.acting, env.groups, f"{type(algorithm).__qualname__}.acting")
     return algorithm
-
-
-def check_acting(algorithm, groups) -> None:
-    """Refuse an algorithm's `acting` that collection and `marl eval` cannot act with, naming what they need:
-    else a list of policies failed in `dict()`, a group the env lacks with a bare KeyError, and a recurrent
-    state of another shape inside torch."""
-    where = f"{type(algorithm).__qualname__}.acting"
-    acting = algorithm.acting
-    if not isinstance(acting, Acting):  # else collection fails reading `.policies` of it
-        raise TypeError(
-            f"{where} must be a marl.core.rollout.Acting (its policies per group: "
-            f"Acting(policies)), got {type(acting).__name__}"
-        )
-    if not isinstance(acting.policies, Mapping):
-        raise TypeError(
-            f"{where}.policies must be a dict {{group: policy}} for the groups {list(groups)}, "
-            f"got {type(acting.policies).__name__}"
-        )
-    if set(acting.policies) != set(groups):
-        raise ValueError(
-            f"{where}.policies has the groups {sorted(acting.policies)}, expected one policy for each of the env's "
-            f"groups {sorted(groups)}"
-        )
-    if not isinstance(acting.hidden, Mapping):
-        raise TypeError(f"{where}.hidden must be a dict {{group: (n_agents, h)}}, got {type(acting.hidden).__name__}")
-    for g, shape in acting.hidden.items():
-        n = groups[g].n_agents if g in groups else None
-        if (
-            n is None
-            or not isinstance(shape, (tuple, list))
-            or len(shape) != 2
-            or shape[0] != n
-            or not _positive_int(shape[1])
-        ):
-            expected = f"({n}, h)" if n else f"a group of {sorted(groups)}"
-            raise ValueError(
-                f"{where}.hidden[{g!r}] = {shape!r}; expected {expected}: the shape of one env's recurrent state "
-                "(n_agents, h)"
-            )
-
-
-def _positive_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0

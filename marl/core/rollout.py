@@ -46,6 +46,47 @@ class Acting:
     episode_starts: bool = False
 
 
+def check_acting(acting: Acting, groups: Mapping, where: str = "acting") -> None:
+    """Refuse an `acting` that collection and `marl eval` cannot act with for `groups`, naming what they need:
+    else a list of policies failed in `dict()`, a group the env lacks with a bare KeyError, and a recurrent
+    state of another shape inside torch. `where` names it in the errors (an algorithm's `acting`)."""
+    if not isinstance(acting, Acting):  # else collection fails reading `.policies` of it
+        raise TypeError(
+            f"{where} must be a marl.core.rollout.Acting (its policies per group: "
+            f"Acting(policies)), got {type(acting).__name__}"
+        )
+    if not isinstance(acting.policies, Mapping):
+        raise TypeError(
+            f"{where}.policies must be a dict {{group: policy}} for the groups {list(groups)}, "
+            f"got {type(acting.policies).__name__}"
+        )
+    if set(acting.policies) != set(groups):
+        raise ValueError(
+            f"{where}.policies has the groups {sorted(acting.policies)}, expected one policy for each of the env's "
+            f"groups {sorted(groups)}"
+        )
+    if not isinstance(acting.hidden, Mapping):
+        raise TypeError(f"{where}.hidden must be a dict {{group: (n_agents, h)}}, got {type(acting.hidden).__name__}")
+    for g, shape in acting.hidden.items():
+        n = groups[g].n_agents if g in groups else None
+        if (
+            n is None
+            or not isinstance(shape, (tuple, list))
+            or len(shape) != 2
+            or shape[0] != n
+            or not _positive_int(shape[1])
+        ):
+            expected = f"({n}, h)" if n else f"a group of {sorted(groups)}"
+            raise ValueError(
+                f"{where}.hidden[{g!r}] = {shape!r}; expected {expected}: the shape of one env's recurrent state "
+                "(n_agents, h)"
+            )
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 def transition_layout(
     groups: Mapping,
     state_spec=None,
@@ -180,6 +221,15 @@ class Collector:
         compile: bool = False,
         unroll: int = 1,
     ) -> None:
+        check_acting(acting, env.groups, "Collector: acting")
+        if isinstance(rollout_length, bool) or not isinstance(rollout_length, int) or rollout_length < 1:
+            raise ValueError(f"Collector: rollout_length must be a positive int, got {rollout_length!r}")
+        generators = generator if isinstance(generator, list) else [generator]
+        if not all(g is None or isinstance(g, torch.Generator) for g in generators):
+            raise TypeError(
+                f"Collector: generator must be a torch.Generator on {env.device} (a list of them, one per member), "
+                f"or None; got {generator!r}"
+            )
         self.env, self.acting, self.T, self.generator = env, acting, rollout_length, generator
         self.policies = dict(acting.policies)
         self.device = env.device
