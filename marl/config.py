@@ -522,6 +522,13 @@ def import_modules(modules: tuple[str, ...]) -> None:
     import importlib
 
     for module in modules:
+        if module.endswith(".py") or "/" in module or "\\" in module or module.startswith("."):
+            # A file's path: "no module 'my_algos.py' is found here" (while it is), or a relative import's TypeError.
+            name = module.removeprefix("./").removesuffix(".py").replace("/", ".").replace("\\", ".")
+            raise ImportError(
+                f"--imports {module}: --imports takes module names, as Python's import does, not files: pass "
+                f"--imports {name} (from the folder that holds {name.split('.')[0]}, or with it on PYTHONPATH)"
+            )
         try:
             importlib.import_module(module)
         except ImportError as error:

@@ -119,6 +119,10 @@ def test_options_reach_the_config():
             "['epochs'] in the overrides for group 'agent': PPOConfig's run-wide field(s) ['epochs', 'minibatch_size',",
         ),
         (["train", "--algo", "ippo", "--overlap-critic"], "overlap_critic needs compile"),
+        # A file's path: "no module 'my_algos.py' is found here" (in the folder holding it), or a traceback of a
+        # relative import's TypeError.
+        (["train", "--imports", "my_algos.py"], "--imports takes module names, as Python's import does, not files"),
+        (["train", "--imports", "./algos/my_algos.py"], "not files: pass --imports algos.my_algos (from the folder"),
         (
             ["train", "--group", "agent.std=net"],
             "option std='net' for group 'agent' has type str, expected 'param' | 'state'",
