@@ -440,7 +440,8 @@ class TrainConfig:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The config in plain Python values, as a checkpoint holds it (`from_dict` reads it back)."""
+        return _plain(dataclasses.asdict(self))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
@@ -576,6 +577,22 @@ def field_names(cls) -> set[str]:
 def _field_default(cls, name: str) -> Any:
     """The default of the dataclass `cls`'s field `name`."""
     return _options.field_default(next(f for f in dataclasses.fields(cls) if f.name == name))
+
+
+def _plain(value: Any) -> Any:
+    """`value` with every number or string of a subclass (numpy's float64 and str_, which pass as float and
+    str given in Python) as its plain type: saved as such, a checkpoint's config did not load back ("it holds
+    Python objects other than tensors and plain containers"), after the whole run had trained."""
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    if type(value) in (bool, int, float, str):
+        return value
+    for plain in (int, float, str):
+        if isinstance(value, plain):
+            return plain(value)
+    return value
 
 
 def _as_dict(config) -> dict[str, Any]:

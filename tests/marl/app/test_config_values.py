@@ -10,6 +10,7 @@ from envs.native.navigation import NavigationConfig
 from marl.algorithms.ppo import PPOConfig
 from marl.algorithms.qlearning import QConfig
 from marl.app.cli import main
+from marl.app.trainer import Trainer
 from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
 
 NAN, INF = float("nan"), float("inf")
@@ -122,3 +123,28 @@ def test_the_trainer_refuses_what_is_not_a_train_config(config, message):
 
     with pytest.raises(TypeError, match=r"^Trainer takes a marl.config.TrainConfig .*" + message):
         Trainer(config)
+
+
+def test_numpy_values_given_in_python_give_a_checkpoint_that_loads(tmp_path):
+    """numpy's float64 and str_ pass as float and str (`lr=np.logspace(-4, -2, 3)[i]`): the run trained, and
+    its checkpoint's config held them, so that it did not load back ("... is not a vecmarl checkpoint: it
+    holds Python objects other than tensors and plain containers"), neither to resume nor to evaluate."""
+    np = pytest.importorskip("numpy")
+    config = TrainConfig(
+        env=EnvSettings(env="spread", num_envs=4, env_options={"local_ratio": np.float64(0.25)}),
+        algo=PPOConfig(lr=np.float64(1e-3), minibatch_size=32),
+        model=ModelConfig(activation=np.str_("relu"), hidden=(8,)),
+        run=RunConfig(total_frames=64, rollout_length=8, progress=False, tensorboard=False, device="cpu"),
+        group_overrides={"agent": {"gamma": np.float64(0.9)}},
+    )
+    trainer = Trainer(config, run_dir=tmp_path / "run")
+    trainer.train_iteration()
+    resumed = Trainer.resume(trainer.save())
+    saved = resumed.config  # its run section pins the schedules' length (Trainer.resume)
+    assert (saved.env, saved.algo, saved.model, saved.group_overrides) == (
+        config.env,
+        config.algo,
+        config.model,
+        config.group_overrides,
+    )
+    assert type(saved.algo.lr) is float and type(saved.model.activation) is str
