@@ -224,7 +224,7 @@ class UpdateStep:
         if self.prepare is not None:
             with torch.no_grad():
                 inputs = self.prepare(*inputs)
-        total, terms, *aux = self._loss(*inputs, **self.loss_kwargs)
+        total, terms, *aux = _checked_loss_output(self._loss(*inputs, **self.loss_kwargs), self.trainables)
         for t in self.trainables.values():
             t.optimizer.zero_grad(set_to_none=True)
         total.backward()
@@ -284,7 +284,8 @@ class UpdateStep:
         # and AOTAutograd restarted the whole trace to specialise it).
         def loss(p, inputs, weight=1.0):
             if self.members is None:
-                total, *rest = functional_call(self.module, p, inputs, self.loss_kwargs, tie_weights=False)
+                out = functional_call(self.module, p, inputs, self.loss_kwargs, tie_weights=False)
+                total, *rest = _checked_loss_output(out, self.trainables)
                 return total * weight, rest
             total, *rest = self.members(self.member_loss, *inputs, params=p)
             return total.sum() * weight, rest  # each member's gradient is its own loss's
@@ -319,6 +320,31 @@ class UpdateStep:
         if self.after_step is not None:
             self.after_step(aux)
         return out, aux
+
+
+def _checked_loss_output(out, groups: Mapping) -> tuple:
+    """The loss's `(total, {group: terms [K]}, *aux)` for one run, refused naming that layout: a user's loss
+    returning a 0-d term (`loss.detach()`) failed in torch.cat ("zero-dimensional tensor (at position 0)
+    cannot be concatenated"), a missing group with a bare KeyError, the total alone in tuple unpacking."""
+    layout = "(total 0-d tensor, {group: terms, a 1-d tensor [K]})"
+    if not (isinstance(out, tuple) and len(out) >= 2):
+        raise TypeError(f"UpdateStep: the loss must return {layout}, got {type(out).__name__}")
+    total, terms = out[0], out[1]
+    if not (isinstance(total, torch.Tensor) and total.dim() == 0):
+        got = f"shape {tuple(total.shape)}" if isinstance(total, torch.Tensor) else type(total).__name__
+        raise TypeError(f"UpdateStep: the loss must return {layout}; its total has {got}, expected a 0-d tensor")
+    missing = [g for g in groups if not isinstance(terms, Mapping) or g not in terms]
+    if missing:
+        got = sorted(terms) if isinstance(terms, Mapping) else type(terms).__name__
+        raise TypeError(f"UpdateStep: the loss must return {layout} for the groups {list(groups)}; got terms {got}")
+    for g in groups:
+        if not (isinstance(terms[g], torch.Tensor) and terms[g].dim() == 1):
+            got = f"shape {tuple(terms[g].shape)}" if isinstance(terms[g], torch.Tensor) else type(terms[g]).__name__
+            raise TypeError(
+                f"UpdateStep: the loss must return {layout}; group {g!r}'s terms have {got}, expected a 1-d "
+                "tensor (torch.stack of the terms, or one term's .reshape(1))"
+            )
+    return out
 
 
 def _stepped(group: str, trainable: Trainable, nets: tuple[str, ...] | None) -> list[int]:

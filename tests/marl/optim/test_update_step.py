@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from marl.algorithms.ppo import LOSS_TERMS, PPOConfig
+from marl.app.distributed import World
 from marl.app.trainer import Trainer
 from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
 from marl.core.members import clip_members_, member_lr_step
@@ -114,6 +115,33 @@ def test_the_optimiser_must_hold_the_nets_parameters_in_order():
     wrong = adam([*critic.parameters(), *policy.parameters()], lr=1e-3, eps=1e-5)
     with pytest.raises(ValueError, match="group 'g': the optimiser must hold its nets' parameters, in order"):
         UpdateStep({"g": Trainable(nets, wrong, 1.0)}, lambda: None, torch.device("cpu"), world=None)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["eager", "fused"])
+@pytest.mark.parametrize(
+    ("returned", "says"),
+    [
+        (lambda loss: loss, r"must return \(total 0-d tensor, \{group: terms, a 1-d tensor \[K\]\}\), got Tensor"),
+        (lambda loss: (loss.expand(3), {"g": loss.detach().reshape(1)}), r"its total has shape \(3,\), expected a 0-d"),
+        (lambda loss: (loss, {}), r"for the groups \['g'\]; got terms \[\]"),
+        (lambda loss: (loss, {"g": loss.detach()}), r"group 'g''s terms have shape \(\), expected a 1-d tensor"),
+        (lambda loss: (loss, {"g": 1.0}), r"group 'g''s terms have float, expected a 1-d tensor"),
+    ],
+    ids=["total-only", "total-not-0-d", "group-missing", "0-d-term", "float-term"],
+)
+def test_a_loss_of_another_layout_is_refused_naming_it(fused, returned, says):
+    """A user's loss returning `{group: loss.detach()}` (0-d) failed in torch.cat with "zero-dimensional tensor
+    (at position 0) cannot be concatenated", a missing group with a bare KeyError, the total alone with
+    "iteration over a 0-d tensor"."""
+    net = torch.nn.Linear(2, 1)
+    trainable = Trainable({"policy": net}, adam(net.parameters(), lr=1e-3, eps=1e-5), 1.0)
+    step = UpdateStep(
+        {"g": trainable}, lambda x: returned(net(x).square().mean()), torch.device("cpu"), world=World(), compile=fused
+    )
+    if fused:
+        step._fused_step = step._fused_step_eager  # the compiled step's code, run eagerly
+    with pytest.raises(TypeError, match=says):
+        step(torch.ones(4, 2))
 
 
 def test_written_out_adam_follows_torchs_fused_adam_over_many_steps():
