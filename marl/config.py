@@ -458,6 +458,14 @@ class TrainConfig:
         env_settings = dataclasses.replace(_options.build(EnvSettings, env, "env"), group_map=group_map)
         import_modules(env_settings.imports)  # the algorithm may be registered by one of them
         name = data["algo"]["algo"]
+        if name not in algorithms.names():  # else "pass --imports", which marl eval and --resume do not take
+            saved = ", ".join(env_settings.imports) or "none"
+            raise ValueError(
+                f"the checkpoint's run trained --algo {name}, which no module imported here registers (the run's "
+                f"--imports: {saved}): in Python, import the module that registers it before loading the "
+                f"checkpoint; a run trained from Python saves it with EnvSettings(imports=('my_module',)), which "
+                "marl eval and marl train --resume then import"
+            )
         algo_class, overrides = algorithms.config_class(name), data.get("group_overrides", {})
         model = {**data["model"], **({"hidden": tuple(data["model"]["hidden"])} if "hidden" in data["model"] else {})}
         gru = "gru" in (model.get("model"), *(o.get("model") for o in overrides.values()))

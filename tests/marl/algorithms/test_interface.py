@@ -324,6 +324,26 @@ def test_acting_other_than_acting_policies_is_refused_naming_what_collection_nee
         trainer.train_iteration()
 
 
+def test_a_run_of_an_algorithm_no_import_registers_says_how_to_load_it(tmp_path, monkeypatch, capsys):
+    """Trained from Python with the algorithm's module imported by the script (no EnvSettings.imports), the
+    run's checkpoint failed in marl eval and --resume with "register your own ... in a module passed with
+    --imports", an option neither takes."""
+    from marl.algorithms import base
+
+    trainer = _reinforce_trainer(tmp_path)
+    trainer.train_iteration()
+    checkpoint = trainer.save()
+    monkeypatch.delitem(base._ALGORITHMS, "reinforce")  # a fresh process, which imports no module registering it
+    says = (
+        "the checkpoint's run trained --algo reinforce, which no module imported here registers (the run's "
+        "--imports: none): in Python, import the module that registers it before loading the checkpoint; a run "
+        "trained from Python saves it with EnvSettings(imports=('my_module',))"
+    )
+    for argv in (["eval", "--checkpoint", str(checkpoint)], ["train", "--resume", str(checkpoint)]):
+        assert main(argv) == 2
+        assert says in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("acting", "error", "says"),
     [
