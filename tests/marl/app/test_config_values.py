@@ -4,6 +4,7 @@ every field of a config built in Python refuses a value of the wrong type, as th
 import dataclasses
 import re
 
+import numpy as np
 import pytest
 
 from envs.native.navigation import NavigationConfig
@@ -129,7 +130,6 @@ def test_numpy_values_given_in_python_give_a_checkpoint_that_loads(tmp_path):
     """numpy's float64 and str_ pass as float and str (`lr=np.logspace(-4, -2, 3)[i]`): the run trained, and
     its checkpoint's config held them, so that it did not load back ("... is not a vecmarl checkpoint: it
     holds Python objects other than tensors and plain containers"), neither to resume nor to evaluate."""
-    np = pytest.importorskip("numpy")
     config = TrainConfig(
         env=EnvSettings(env="spread", num_envs=4, env_options={"local_ratio": np.float64(0.25)}),
         algo=PPOConfig(lr=np.float64(1e-3), minibatch_size=32),
