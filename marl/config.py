@@ -142,6 +142,12 @@ def check_seed(seed: int) -> None:
         raise ValueError(f"seed must be in [0, 2**63 - 1], got {seed}")
 
 
+# The RunConfig fields a resumed run may change (`marl train --resume`, `Trainer.resume`): its length, where
+# and how it logs and checkpoints, its device. Any other change would make the resume inexact.
+RESUMABLE = frozenset({"total_frames", "schedule_frames", "checkpoint_every", "progress", "tensorboard", "device"})
+RESUMABLE |= {"save_buffer", "wandb", "wandb_project", "wandb_entity", "wandb_mode", "wandb_name"}
+
+
 @dataclass(frozen=True)
 class RunConfig:
     total_frames: int = 2_000_000

@@ -27,13 +27,11 @@ from typing import Any
 from envs import options as _options
 from envs.registry import RegistrationError
 from marl import algorithms
-from marl.config import SECTIONS, TrainConfig, field_names, group_fields, import_modules
+from marl.config import RESUMABLE, SECTIONS, TrainConfig, field_names, group_fields, import_modules
 
 # Options that are not plain fields on the command line.
 SPECIAL = {"env_options", "group_overrides"}
 SPECIAL_FLAGS = {"env_options": "--env-option", "group_overrides": "--group"}
-RESUMABLE = {"total_frames", "schedule_frames", "checkpoint_every", "progress", "tensorboard", "device", "save_buffer"}
-RESUMABLE |= {"wandb", "wandb_project", "wandb_entity", "wandb_mode", "wandb_name"}  # logging only
 
 
 def _parse_value(text: str) -> Any:

@@ -41,7 +41,7 @@ from marl.app.checkpoint import load_algorithm_state, load_checkpoint, save_chec
 from marl.app.logger import LogWriteError, NoLogger, RunLogger, drop_rows_after, writes_tensorboard
 from marl.app.paths import check_output_file, check_output_folder
 from marl.app.wandb_logging import WandbStartError, check_installed, wandb_run
-from marl.config import Member, RunConfig, TrainConfig
+from marl.config import RESUMABLE, Member, RunConfig, TrainConfig
 from marl.core.member_replay import MemberReplayBuffer
 from marl.core.replay import ReplayBuffer, format_bytes, replay_nbytes
 from marl.core.rollout import Collector
@@ -377,7 +377,14 @@ class Trainer:
         pinned here), unless `run_overrides` sets `schedule_frames`: a longer run trains on with exploration
         as annealed as it was, not raised again as a fraction of the new total. A run that has trained its
         `total_frames` resumes to a trainer whose `train()` trains nothing (to inspect it), or with
-        `frames_left` raises NothingToTrain before anything is built."""
+        `frames_left` raises NothingToTrain before anything is built. Other RunConfig fields (the rollout
+        length, the seeds, where it logs, compile) are refused, as `marl train --resume` refuses them: changed,
+        the run would not continue exactly."""
+        refused = sorted(set(run_overrides) - RESUMABLE)
+        if refused:
+            raise ValueError(
+                f"Trainer.resume keeps the run's configuration: {refused} cannot change; only {sorted(RESUMABLE)} can"
+            )
         state = load_checkpoint(path)
         config = TrainConfig.from_dict(state["config"])
         saved = config.run

@@ -106,6 +106,17 @@ def test_a_total_already_reached_is_one_line(tmp_path, capsys):
     assert Trainer.resume(checkpoint).train() == []  # in Python, a finished run resumes to be looked at
 
 
+@pytest.mark.parametrize("field, value", [("rollout_length", 16), ("seed", 3), ("log_dir", "elsewhere")])
+def test_trainer_resume_refuses_what_marl_train_resume_refuses(tmp_path, capsys, field, value):
+    # In Python these were taken: rollout_length=16 resumed with other iterations than the run's (inexact), and
+    # log_dir went into the config while the run went on writing to its own folder.
+    checkpoint = trained(tmp_path, capsys, 1024)
+    refused = rf"^Trainer.resume keeps the run's configuration: \['{field}'\] cannot change; only \[.*'total_frames'"
+    with pytest.raises(ValueError, match=refused):
+        Trainer.resume(checkpoint, total_frames=2048, **{field: value})
+    assert Trainer.resume(checkpoint, total_frames=2048, checkpoint_every=5).config.run.checkpoint_every == 5
+
+
 @pytest.mark.parametrize("locked", ["the folder", "metrics.csv"])
 def test_a_read_only_run_is_refused_in_one_line_before_training(tmp_path, capsys, read_only, locked):
     # Was a PermissionError traceback at the first iteration's log, or after training, at its checkpoint.
