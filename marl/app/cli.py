@@ -142,7 +142,7 @@ def _train_parser(subparsers) -> argparse.ArgumentParser:
         metavar="CHECKPOINT",
         help="continue the run saved in this checkpoint, with its options; only "
         + ", ".join(_flag(name) for name in sorted(RESUMABLE))
-        + " may be given. With a larger --total-frames it trains on from where it stopped; the schedules "
+        + " may change (others may be given at the run's own values). With a larger --total-frames it trains on from where it stopped; the schedules "
         "(epsilon, sigma, beta) keep the run's length, so that annealed values stay annealed, unless "
         "--schedule-frames stretches them (PPO's --lr-schedule linear is refused without it: lr would stay 0)",
     )
@@ -340,6 +340,38 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _at_saved_values(args: argparse.Namespace, names: set[str]) -> set[str]:
+    """Of the options `names` given with `--resume`, those at the run's own values: the run's command repeated
+    with --resume added changes nothing (it was refused, naming options that had not changed)."""
+    from marl.app.checkpoint import load_checkpoint
+
+    saved = TrainConfig.from_dict(load_checkpoint(args.resume)["config"])
+    values = {"group_overrides": saved.group_overrides}
+    for section in (saved.algo, saved.env, saved.model, saved.run):
+        values.update({f.name: getattr(section, f.name) for f in dataclasses.fields(section)})
+    given = {name: getattr(args, name) for name in names}
+    if "env_options" in given:
+        given["env_options"] = dict(given["env_options"])
+    if "group_overrides" in given:
+        overrides: dict[str, dict[str, Any]] = {}
+        for key, value in given["group_overrides"]:
+            group, _, field = key.partition(".")
+            overrides.setdefault(group, {})[field] = value
+        given["group_overrides"] = overrides
+    return {
+        name
+        for name, value in given.items()
+        if name in values and _lists_as_tuples(value) == _lists_as_tuples(values[name])
+    }
+
+
+def _lists_as_tuples(value: Any) -> Any:
+    """Lists as tuples, at any depth (argparse gives `--hidden 64 64` as a list, a config holds a tuple)."""
+    if isinstance(value, dict):
+        return {k: _lists_as_tuples(v) for k, v in value.items()}
+    return tuple(_lists_as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
 def algorithms_text(config, groups) -> str:
     """What trains `groups`, as the algorithm names it (PPO: MAPPO or IPPO per group's critic scope)."""
     return algorithms.label(config, groups)
@@ -351,6 +383,8 @@ def _make_trainer(args: argparse.Namespace):
     if args.resume:
         changed = {k for k in vars(args) if k not in {"command", "resume", "env_options", "group_overrides", "func"}}
         changed |= {k for k in ("env_options", "group_overrides") if getattr(args, k)}
+        if changed - RESUMABLE:
+            changed -= _at_saved_values(args, changed - RESUMABLE)
         not_allowed = sorted(changed - RESUMABLE)
         if not_allowed:
             raise ValueError(

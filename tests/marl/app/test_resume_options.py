@@ -300,3 +300,17 @@ def test_a_last_row_cut_short_by_a_crash_is_dropped_on_resume(tmp_path, capsys):
     lines = log.read_text().splitlines()
     assert "\n".join(lines[:4]) + "\n" == whole and len(lines) == 5
     assert [row["iteration"] for row in read_rows(log)] == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_the_runs_own_command_with_resume_added_trains_on(tmp_path, capsys):
+    # It was refused ("--algo, --batch-size, ... cannot change") though none of them had changed.
+    checkpoint = trained(tmp_path, capsys, 512)
+    own = [*VDN, "--log-dir", str(tmp_path), "--run-name", "run"]
+    own += ["--group", "agent.lr=0.0003"]  # the run's lr, but as an override, which the run had none of
+    assert main(["train", *own, "--resume", str(checkpoint), "--total-frames", "1024"]) == 2
+    assert "keeps the run's configuration: --group cannot change" in capsys.readouterr().err
+    assert main(["train", *own[:-2], "--resume", str(checkpoint), "--total-frames", "1024"]) == 0
+    assert "resuming" in capsys.readouterr().out
+    assert len(read_rows(checkpoint.parent / "metrics.csv")) == 2
+    assert main(["train", *own[:-2], "--hidden", "32", "--resume", str(checkpoint), "--total-frames", "2048"]) == 2
+    assert "keeps the run's configuration: --hidden cannot change" in capsys.readouterr().err
