@@ -361,34 +361,22 @@ class TrainConfig:
     def _check_recurrent(self) -> None:
         """`--model gru` only for groups on an algorithm that trains recurrent networks, and the options of
         recurrent training (`AlgorithmConfig.recurrent_options`) only with it."""
-        cls = type(self.algo)
-        given = [name for name in cls.recurrent_options if getattr(self.algo, name) != _field_default(cls, name)]
-        if given and not self.uses_gru():
-            flags = ", ".join(f"--{name.replace('_', '-')} {getattr(self.algo, name)}" for name in given)
-            raise ValueError(
-                f"{flags}: {'it applies' if len(given) == 1 else 'they apply'} to recurrent networks only, which "
-                f"train in chunks of steps; these networks are MLPs: pass --model gru too, or leave "
-                f"{'it' if len(given) == 1 else 'them'} out"
-            )
-        # ModelConfig's GRU fields: the run's, used where any group is recurrent; a group's own, where it is.
-        given = [
-            name for name in MODEL_RECURRENT_OPTIONS if getattr(self.model, name) != _field_default(ModelConfig, name)
-        ]
-        if given and not self.uses_gru():
-            flags = ", ".join(f"--{name.replace('_', '-')} {getattr(self.model, name)}" for name in given)
-            raise ValueError(
-                f"{flags}: {'it applies' if len(given) == 1 else 'they apply'} to recurrent networks only; these "
-                f"networks are MLPs: pass --model gru too, or leave {'it' if len(given) == 1 else 'them'} out"
-            )
-        for group, overrides in self.group_overrides.items():
-            given = [name for name in MODEL_RECURRENT_OPTIONS if name in overrides]
+        if not self.uses_gru():
+            given = changed_flags(self.algo, type(self.algo).recurrent_options)
+            if given:
+                applies = "recurrent networks only, which train in chunks of steps; these networks are MLPs"
+                raise options_without_effect(given, applies, "--model gru")
+            # ModelConfig's GRU fields: the run's, used where any group is recurrent.
+            given = changed_flags(self.model, MODEL_RECURRENT_OPTIONS)
+            if given:
+                raise options_without_effect(given, "recurrent networks only; these networks are MLPs", "--model gru")
+        for group, overrides in self.group_overrides.items():  # a group's own, where it is recurrent
+            given = [
+                f"--group {group}.{name}={overrides[name]}" for name in MODEL_RECURRENT_OPTIONS if name in overrides
+            ]
             if given and overrides.get("model", self.model.model) != "gru":
-                flags = ", ".join(f"--group {group}.{name}={overrides[name]}" for name in given)
-                raise ValueError(
-                    f"{flags}: group {group!r} has MLPs, and {'it applies' if len(given) == 1 else 'they apply'} to "
-                    f"recurrent networks only: pass --group {group}.model=gru too, or leave "
-                    f"{'it' if len(given) == 1 else 'them'} out"
-                )
+                has_mlps = f"group {group!r} has MLPs, and "
+                raise options_without_effect(given, "recurrent networks only", f"--group {group}.model=gru", has_mlps)
         refused = {}  # group (None: the run's) -> its algorithm's name
         if self.model.model == "gru" and not type(self.algo).recurrent:
             refused[None] = self.algo.algo
@@ -586,6 +574,24 @@ def _check_choices(config) -> None:
 def field_names(cls) -> set[str]:
     """The names of a dataclass's fields."""
     return {f.name for f in dataclasses.fields(cls)}
+
+
+def changed_flags(config, names: tuple[str, ...]) -> list[str]:
+    """`--name value` for each field of `names` that `config` holds at another value than its default."""
+    cls = type(config)
+    return [
+        f"--{n.replace('_', '-')} {getattr(config, n)}" for n in names if getattr(config, n) != _field_default(cls, n)
+    ]
+
+
+def options_without_effect(flags: list[str], applies: str, switch: str, context: str = "") -> ValueError:
+    """The error for options given without the `switch` that makes them do anything, in one form:
+    "FLAGS: [CONTEXT]it applies (they apply) to APPLIES: pass SWITCH too, or leave it (them) out"."""
+    one = len(flags) == 1
+    return ValueError(
+        f"{', '.join(flags)}: {context}{'it applies' if one else 'they apply'} to {applies}: pass {switch} too, or "
+        f"leave {'it' if one else 'them'} out"
+    )
 
 
 def _field_default(cls, name: str) -> Any:

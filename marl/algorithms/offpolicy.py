@@ -36,7 +36,7 @@ from torch import nn
 from torch.func import functional_call
 
 from marl.algorithms.base import Algorithm
-from marl.config import AlgorithmConfig, TrainConfig
+from marl.config import AlgorithmConfig, TrainConfig, changed_flags, options_without_effect
 from marl.core.distributions import RandomWhile
 from marl.core.models import CriticInput
 from marl.core.replay import Prioritized, ReplayBuffer, gather
@@ -112,13 +112,9 @@ class OffPolicyConfig(AlgorithmConfig):
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.batch_size > self.buffer_size:
             raise ValueError(f"batch_size ({self.batch_size}) must be at most buffer_size ({self.buffer_size})")
-        given = [name for name in PRIORITY_OPTIONS if getattr(self, name) != getattr(type(self), name)]
+        given = changed_flags(self, PRIORITY_OPTIONS)
         if given and not self.prioritized:
-            flags = ", ".join(f"--{name.replace('_', '-')} {getattr(self, name)}" for name in given)
-            raise ValueError(
-                f"{flags}: {'it applies' if len(given) == 1 else 'they apply'} to prioritized replay only; this "
-                f"buffer draws uniformly: pass --prioritized too, or leave {'it' if len(given) == 1 else 'them'} out"
-            )
+            raise options_without_effect(given, "prioritized replay only; this buffer draws uniformly", "--prioritized")
         if self.shared_value and self.scope() == "agent":
             raise ValueError(
                 f"shared_value needs a centralised critic: critic_scope group or global, not {self.algo}'s agent"

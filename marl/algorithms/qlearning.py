@@ -67,7 +67,7 @@ from marl.algorithms.offpolicy import (
     polyak_,
     td_targets,
 )
-from marl.config import TrainConfig
+from marl.config import TrainConfig, changed_flags, options_without_effect
 from marl.core.distributions import EpsilonGreedy, head_size
 from marl.core.models import action_features, flat_observation, observation_size
 from marl.core.networks import MultiAgentGRU, MultiAgentMLP
@@ -156,12 +156,10 @@ class QConfig(OffPolicyConfig):
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.burn_in < 0:
             raise ValueError(f"burn_in must be >= 0, got {self.burn_in}")
-        if self.target_update != "hard" and self.target_update_every != type(self).target_update_every:
-            raise ValueError(
-                f"--target-update-every {self.target_update_every}: it applies to --target-update hard only; "
-                f"these targets move by tau every step ({self.target_update}): pass --target-update hard too, or "
-                "leave it out"
-            )
+        given = changed_flags(self, ("target_update_every",))
+        if given and self.target_update != "hard":
+            applies = f"--target-update hard only; these targets move by tau every step ({self.target_update})"
+            raise options_without_effect(given, applies, "--target-update hard")
 
     def check_train(self, config: TrainConfig) -> None:
         super().check_train(config)

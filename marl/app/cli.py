@@ -142,9 +142,9 @@ def _train_parser(subparsers) -> argparse.ArgumentParser:
         metavar="CHECKPOINT",
         help="continue the run saved in this checkpoint, with its options; only "
         + ", ".join(_flag(name) for name in sorted(RESUMABLE))
-        + " may change (others may be given at the run's own values). With a larger --total-frames it trains on from where it stopped; the schedules "
-        "(epsilon, sigma, beta) keep the run's length, so that annealed values stay annealed, unless "
-        "--schedule-frames stretches them (PPO's --lr-schedule linear is refused without it: lr would stay 0)",
+        + " may change (others may be given at the run's own values). With a larger --total-frames it trains "
+        "on from where it stopped; the schedules (epsilon, sigma, beta) keep the run's length, so that annealed "
+        "values stay annealed, unless --schedule-frames stretches them (PPO's --lr-schedule linear is refused without it: lr would stay 0)",
     )
     return parser
 
@@ -207,12 +207,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     algo = given.get("algo", algorithms.DEFAULT)
     config = algorithms.config_class(algo)
     own = field_names(config)
-    overrides: dict[str, dict[str, Any]] = {}
-    for key, value in given.get("group_overrides", []):
-        if "." not in key:
-            raise ValueError(f"--group expects GROUP.FIELD=VALUE, got {key}={value}")
-        group, field = key.split(".", 1)
-        overrides.setdefault(group, {})[field] = value
+    overrides = _group_overrides(given.get("group_overrides", []))
     # Another algorithm's option (never a model option: registration refuses such names).
     others = {name for cls in _algorithm_configs() for name in field_names(cls) - own if name in given}
     if others:
@@ -225,6 +220,17 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     values = {name: given[name] for name in own if name in given}
     sections["algo"] = _options.build(config, {**values, "algo": algo}, "algo options")
     return TrainConfig(**sections, group_overrides=overrides)
+
+
+def _group_overrides(pairs: list[tuple[str, Any]]) -> dict[str, dict[str, Any]]:
+    """`--group GROUP.FIELD=VALUE` pairs as {group: {field: value}}."""
+    overrides: dict[str, dict[str, Any]] = {}
+    for key, value in pairs:
+        if "." not in key:
+            raise ValueError(f"--group expects GROUP.FIELD=VALUE, got {key}={value}")
+        group, field = key.split(".", 1)
+        overrides.setdefault(group, {})[field] = value
+    return overrides
 
 
 def _group_hint(names: list[str], given: dict[str, Any], overrides: dict[str, dict[str, Any]]) -> str:
@@ -353,11 +359,7 @@ def _at_saved_values(args: argparse.Namespace, names: set[str]) -> set[str]:
     if "env_options" in given:
         given["env_options"] = dict(given["env_options"])
     if "group_overrides" in given:
-        overrides: dict[str, dict[str, Any]] = {}
-        for key, value in given["group_overrides"]:
-            group, _, field = key.partition(".")
-            overrides.setdefault(group, {})[field] = value
-        given["group_overrides"] = overrides
+        given["group_overrides"] = _group_overrides(given["group_overrides"])
     return {
         name
         for name, value in given.items()
