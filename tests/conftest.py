@@ -164,8 +164,8 @@ def without_inductor(monkeypatch):
     code Inductor makes of them. Generating and building that code took four fifths of such a test's time
     (a PPO rollout and update step compiled five times as fast without it). Inductor's code is held to eager
     by the tests that leave this out: PPO's rollout (navigation) and update steps
-    (`test_compiled_training_matches_eager`), MASAC's with prioritized replay (`..._equals_the_eager_one[
-    masac-prioritized-inductor]`), the overlapped critic, spread's physics and the sum tree's torch path.
+    (`test_compiled_training_matches_eager`), the overlapped critic, spread's physics and the sum tree's
+    torch path (which an off-policy step with prioritized replay writes in place).
     The `gpu` tests compile for CUDA (Inductor, CUDA graphs), which this leaves alone.
 
     What the compiled steps mark static for CUDA graphs is marked here too, and at the end of the test

@@ -121,15 +121,17 @@ def test_update_writes_only_the_updated_part(backend):
     assert tree[-1] == capacity - 3 + 2 + 3 + 4  # three of the ones replaced
 
 
-# Each capacity compiles a graph of its own: the root alone over the leaves, and a level of inner rows between
-# them (a deeper tree, 40,000 leaves, compiles the same loop once more, for over twice the time).
-@pytest.mark.parametrize("capacity", [3, 1025], ids=lambda c: f"cap{c}")
-def test_the_torch_path_compiled_matches_reference(capacity):
-    # Traced into a compiled graph (an off-policy step's), the torch path writes the flat tree in place: the
-    # same trees and finds as the plain loops, repeated indices included, each step seeing the last one's.
+# Each tree size compiles a graph of its own (a deeper tree, 40,000 leaves, compiles the loop over its inner
+# rows once more, for over twice the time): one tree of 3 leaves, the root alone over them, and two members'
+# trees of 1025 leaves, with a row of inner nodes between. A single tree and trees of members take the same
+# code, the first with no member offsets.
+@pytest.mark.parametrize(("capacity", "members"), [(3, None), (1025, 2)], ids=["cap3", "cap1025-members2"])
+def test_the_torch_path_compiled_matches_reference(capacity, members):
+    # Traced into a compiled graph (an off-policy step's), the torch path writes the flat tree(s) in place:
+    # the same trees and finds as the plain loops, repeated indices included, each step seeing the last one's.
     torch._dynamo.reset()
     generator = torch.Generator().manual_seed(capacity)
-    tree, reference = sum_tree_zeros(capacity), sum_tree_zeros(capacity)
+    tree, reference = sum_tree_zeros(capacity, members=members), sum_tree_zeros(capacity, members=members)
 
     def step(tree, index, value, fraction):
         sum_tree_update_(tree, index, value, backend="torch")
@@ -137,8 +139,11 @@ def test_the_torch_path_compiled_matches_reference(capacity):
 
     compiled = torch.compile(step, dynamic=False)
     for _ in range(3):
-        index, value = random_updates(capacity, 64, generator)  # repeats: 64 draws of 3 leaves at least
-        fraction = torch.rand(64, dtype=torch.float64, generator=generator)
+        if members is None:
+            index, value = random_updates(capacity, 64, generator)  # repeats: 64 draws of 3 leaves at least
+        else:
+            index, value = member_updates(capacity, members, 64, generator)
+        fraction = torch.rand(*index.shape, dtype=torch.float64, generator=generator)
         found, leaf = compiled(tree, index, value, fraction)
         sum_tree_update_(reference, index, value, backend="reference")
         expected = sum_tree_find(reference, fraction, backend="reference")
@@ -256,27 +261,6 @@ def test_trees_of_members_keep_their_own_maxima_and_never_find_their_zero_leaves
     for backend in BACKENDS:
         index, leaf = sum_tree_find(trees, fraction, backend=backend)
         assert (value.gather(1, index) > 0).all() and (leaf > 0).all(), backend
-
-
-def test_the_torch_path_compiled_on_trees_of_members_matches_reference():
-    capacity = 1025
-    torch._dynamo.reset()
-    generator = torch.Generator().manual_seed(capacity)
-    trees, reference = sum_tree_zeros(capacity, members=2), sum_tree_zeros(capacity, members=2)
-
-    def step(trees, index, value, fraction):
-        sum_tree_update_(trees, index, value, backend="torch")
-        return sum_tree_find(trees, fraction, backend="torch")
-
-    compiled = torch.compile(step, dynamic=False)
-    for _ in range(2):
-        index, value = member_updates(capacity, 2, 64, generator)
-        fraction = torch.rand(2, 64, dtype=torch.float64, generator=generator)
-        found, leaf = compiled(trees, index, value, fraction)
-        sum_tree_update_(reference, index, value, backend="reference")
-        expected = sum_tree_find(reference, fraction, backend="reference")
-        assert torch.equal(trees, reference)
-        assert torch.equal(found, expected[0]) and torch.equal(leaf, expected[1])
 
 
 def naive_float32_find(leaves: list[float], fraction: float) -> int:
