@@ -51,8 +51,8 @@ from marl.optim.update_step import Trainable, UpdateStep, adam
 
 LOSS_TERMS = ("loss", "policy_loss", "value_loss", "entropy_loss", "approx_kl", "clip_fraction", "entropy")
 # What the update reads of a group's rollout.
-UPDATE_KEYS = ("observation", "action_mask", "action", "log_prob", "advantage", "value", "value_target")
-CRITIC_KEYS = ("observation", "value", "value_target")  # what a critic's step reads of a group's batch
+UPDATE_KEYS = ("observation", "action_mask", "action", "log_prob", "advantage", "old_value", "value_target")
+CRITIC_KEYS = ("observation", "old_value", "value_target")  # what a critic's step reads of a group's batch
 NETS = ("policy", "critic")  # a group's nets, in its optimiser's order
 # With recurrent nets, what a chunk holds once (not per step): its starting states, and whether its burn-in
 # steps lie in the rollout.
@@ -421,7 +421,9 @@ class PPO(Algorithm):
     def advantages(self, batch: TensorDict) -> dict[str, torch.Tensor]:
         """Values of the observations and of the true next observations, then GAE, written into `batch`
         (`value`, `advantage`, `value_target`, `[T, B, n]` in reward units); the critics' running moments
-        take the targets in. Returns each group's explained variance."""
+        take the targets in. `old_value` `[T, B, n]` is `value` in the critic's normalised units of before
+        that: the prediction the critic made, the centre of the value clip. Returns each group's explained
+        variance."""
         groups = list(self.env.groups)
         obs, state = observations(batch, groups)
         next_obs, next_state = observations(batch, groups, next=True)
@@ -447,7 +449,10 @@ class PPO(Algorithm):
                 gamma=learner.algo.gamma,
                 lmbda=learner.algo.lmbda,
             )
-            data.update({"value": value, "advantage": advantage, "value_target": target})
+            # Normalised before the moments take the targets in: in the new moments the clip's centre lay
+            # away from the critic's output (on the first iteration by the targets' mean over their std).
+            old_value = critic.normalize_values(value)
+            data.update({"value": value, "old_value": old_value, "advantage": advantage, "value_target": target})
             wide = target.double()
             moments = torch.stack([wide.new_full((), wide.numel()), wide.sum(), wide.square().sum()])
             learner.critic.update_moments(*self.world.sum(moments))
@@ -459,13 +464,14 @@ class PPO(Algorithm):
     ) -> tuple[dict[str, dict[str, torch.Tensor]], torch.Tensor | None]:
         """What the update reads of `batch`: per group its `UPDATE_KEYS` as plain tensors `[T * B, ...]`
         (a minibatch gather and the loss then compile into one graph), values and targets in the critic's
-        normalised units (its moments are fixed for the update); and the state `[T * B, ...]` or None.
+        normalised units (the targets in its moments as they are for the update, `old_value` as `advantages`
+        wrote it); and the state `[T * B, ...]` or None.
         Without `flatten`: `[T, B, ...]`, with the stored hidden states of recurrent nets too."""
         keys = UPDATE_KEYS if flatten else (*UPDATE_KEYS, "hidden", "critic_hidden")
         flat = {g: {k: v for k, v in batch[g].items() if k in keys} for g in self.learners}
         for g, data in flat.items():
             critic = self.learners[g].critic
-            data["value"], data["value_target"] = map(critic.normalize_values, (data["value"], data["value_target"]))
+            data["value_target"] = critic.normalize_values(data["value_target"])
             if flatten:
                 flat[g] = {k: v.flatten(0, 1) for k, v in data.items()}
         state = batch["state"] if "state" in batch.keys() else None
@@ -583,7 +589,7 @@ class PPO(Algorithm):
                 parts.append(
                     value_terms(
                         self._value(learner, data, obs, state, burn_in),  # normalised units, as the next two
-                        main["value"],
+                        main["old_value"],
                         main["value_target"],
                         clip_eps=a.clip_eps,
                         clip_value=a.clip_value,

@@ -162,6 +162,12 @@ class SeededPPO(Seeded):
     def _critic_buffer(self, g: str, name: str) -> torch.Tensor:
         return self.members.buffers[f"{g}.critic.{name}"]  # [S]
 
+    def _normalized(self, g: str, value: torch.Tensor) -> torch.Tensor:
+        """Values `[S, ...]` of group `g` in each member's critic's normalised units (its moments now)."""
+        mean, std = self._critic_buffer(g, "target_mean"), self._critic_buffer(g, "target_var").sqrt()
+        shape = (self.count, *(1,) * (value.dim() - 1))
+        return (value - mean.view(shape)) / std.view(shape)
+
     @torch.no_grad()
     def advantages(self, batch: TensorDict) -> dict[str, torch.Tensor]:
         """`PPO.advantages` for every member: values, GAE (per env, so over the whole `[T, S * B]` batch),
@@ -185,7 +191,9 @@ class SeededPPO(Seeded):
                 values = self._in_chunks(value, obs, state)  # [S, T, B, n]
                 next_values = self._in_chunks(value, next_obs, next_state)
             advantage, target = self._gae(learner.algo, data, join(values, 1), join(next_values, 1))
+            # As `PPO.advantages`: `old_value` in each member's normalised units before its moments move.
             data.update({"value": join(values, 1), "advantage": advantage, "value_target": target})
+            data["old_value"] = join(self._normalized(g, values), 1)
             wide = split(target.double(), S, 1).flatten(1)  # [S, T * B * n]
             moments = (wide.new_full((S,), wide.shape[1]), wide.sum(1), wide.square().sum(1))
             self.members.broadcast(learner.critic.update_moments, *moments)
@@ -256,10 +264,7 @@ class SeededPPO(Seeded):
 
         flat = {g: {k: per_member(v) for k, v in batch[g].items() if k in keys} for g in self.template.learners}
         for g, data in flat.items():
-            mean, std = self._critic_buffer(g, "target_mean"), self._critic_buffer(g, "target_var").sqrt()
-            for key in ("value", "value_target"):
-                shape = (S, *(1,) * (data[key].dim() - 1))
-                data[key] = (data[key] - mean.view(shape)) / std.view(shape)
+            data["value_target"] = self._normalized(g, data["value_target"])
         state = per_member(batch["state"]) if "state" in batch.keys() else None
         if not sequences:
             return flat, state

@@ -4,6 +4,9 @@ import pytest
 import torch
 
 from marl.algorithms.ppo import explained_variance, ppo_loss
+from marl.app.trainer import Trainer
+from marl.core.rollout import observations
+from tests.marl.app.test_training import small_config
 
 
 def reference_ppo(
@@ -100,3 +103,22 @@ def test_a_minibatch_of_one_advantage_is_left_unnormalised():
     expected = reference_ppo(*tensors, 0.2, True, 0.01, 0.5, False)
     for name, value in expected.items():
         assert terms[name].item() == pytest.approx(value, rel=1e-5, abs=1e-6), name
+
+
+def test_the_value_clip_is_centred_on_the_critics_prediction_when_it_collected(tmp_path):
+    # PPO's value clip is a trust region around the prediction the critic made for the rollout: before any
+    # step the critic's output is that centre. The value targets' running moments are updated before the
+    # epochs; the centre re-expressed in the new moments lay away from the critic's output (on the first
+    # iteration by about the targets' mean over their std), so the clipped branch, saturated, won the max
+    # and the critic had no gradient from those frames (12% of them in the defaults' first iteration, most
+    # where the returns sit far from 0).
+    trainer = Trainer(small_config(tmp_path, device="cpu"))
+    algorithm = trainer.algorithm
+    batch = trainer.collector.collect()
+    algorithm.advantages(batch)  # the first iteration: the moments move from (0, 1) to the targets'
+    flat, _ = algorithm.update_inputs(batch)
+    learner = algorithm.learners["agent"]
+    obs, state = observations(batch, list(trainer.env.groups))
+    with torch.no_grad():
+        prediction = learner.critic(learner.critic_input(obs, state)).flatten(0, 1)  # normalised units
+    torch.testing.assert_close(flat["agent"]["old_value"], prediction, rtol=1e-5, atol=1e-5)
