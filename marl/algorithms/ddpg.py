@@ -191,7 +191,7 @@ class DDPG(OffPolicy):
     def losses(self, batch, weight, noise, t, next_actions, storage, index):
         groups = self.env.groups
         obs, next_obs, state, next_state = split(batch, groups)
-        stored = {g: action_features(batch[g]["action"], spec, squashed=False) for g, spec in groups.items()}
+        stored = self.stored_actions(batch)
         next_actions = {g: features for g, (features, _) in next_actions.items()}
         total, terms, priority = 0.0, {}, {}
         for g, lr in self.learners.items():

@@ -41,6 +41,8 @@ class Mixed(OffPolicy):
             members.setdefault(cls, []).append(g)
         self.members = [cls(config, env, device, world, generator, groups=groups) for cls, groups in members.items()]
         self.owner = {g: m for m in self.members for g in m.groups}
+        for m in self.members:  # a critic reads another module's group's stored actions as that module stores them
+            m.stored_squashed = {g: self.owner[g].squashed for g in env.groups}
         self.learners = {g: self.owner[g].learners[g] for g in env.groups}
         self.trainables = {g: self.owner[g].trainables[g] for g in env.groups}
         self._build_step()

@@ -38,7 +38,7 @@ from torch.func import functional_call
 from marl.algorithms.base import Algorithm
 from marl.config import AlgorithmConfig, TrainConfig, changed_flags, options_without_effect
 from marl.core.distributions import RandomWhile
-from marl.core.models import CriticInput
+from marl.core.models import CriticInput, action_features
 from marl.core.replay import Prioritized, ReplayBuffer, gather
 from marl.core.rollout import Acting
 from marl.optim.update_step import UpdateStep
@@ -203,6 +203,9 @@ class OffPolicy(Algorithm):
     chunked = False
     """Whether the optimiser steps train on chunks of consecutive steps (Q-learning's recurrent nets: `draw`
     draws them, `chunks()` says how many of how many steps), else on env steps."""
+    squashed: ClassVar[bool] = False
+    """Whether this algorithm stores a Box group's action as the Gaussian's sample before the tanh (SAC's
+    `TanhNormal`) rather than as the env's action (DDPG's): how critics read it (`stored_actions`)."""
 
     def __init__(
         self, config: TrainConfig, env, device: torch.device, world, generator: torch.Generator, groups=None
@@ -211,6 +214,8 @@ class OffPolicy(Algorithm):
         self.groups = {g: env.groups[g] for g in (env.groups if groups is None else groups)}
         self.member = groups is not None
         self.owner = {g: self for g in self.groups}
+        # How each of the env's groups' stored actions read (a mixed run's `Mixed` sets its members' own).
+        self.stored_squashed = {g: self.squashed for g in env.groups}
         for group, spec in self.groups.items():
             self.check_group(group, spec)
         self.warm = torch.zeros((), dtype=torch.bool, device=device)  # acting at random (warm-up)
@@ -354,6 +359,12 @@ class OffPolicy(Algorithm):
         of the buffer's `storage` (`weight`: their importance weights or None), with step `t`'s noise."""
         batch = gather(storage, index)
         return self.losses(batch, weight, noise, t, self.next_actions(batch, noise, t), storage, index)
+
+    def stored_actions(self, batch: dict) -> dict[str, torch.Tensor]:
+        """Every group's stored actions of the gathered `batch` as critics' inputs (`action_features`), each
+        read as the algorithm that trains the group stores it."""
+        groups = self.env.groups
+        return {g: action_features(batch[g]["action"], spec, self.stored_squashed[g]) for g, spec in groups.items()}
 
     def next_actions(self, batch: dict, noise: dict, t: torch.Tensor) -> dict[str, tuple]:
         """Per group of this algorithm `(features, extra)`: the features (`action_features`) of the

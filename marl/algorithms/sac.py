@@ -46,7 +46,7 @@ from marl.algorithms.offpolicy import (
 )
 from marl.config import TrainConfig
 from marl.core.distributions import draw_noise
-from marl.core.models import CriticInput, Policy, QCritic, action_features, action_size
+from marl.core.models import CriticInput, Policy, QCritic, action_size
 from marl.optim.update_step import Trainable, adam
 
 TERMS = ("loss", "critic_loss", "policy_loss", "alpha_loss", "alpha", "q_value", "td_error", "entropy")
@@ -184,6 +184,7 @@ class SAC(OffPolicy):
 
     Config = SACConfig
     term_names = TERMS
+    squashed = True
 
     def check_group(self, group: str, spec) -> None:
         if not isinstance(spec.action, (Box, Discrete)):
@@ -268,7 +269,7 @@ class SAC(OffPolicy):
     def losses(self, batch, weight, noise, t, after, storage, index):
         groups = self.env.groups
         obs, next_obs, state, next_state = split(batch, groups)
-        stored = {g: action_features(batch[g]["action"], spec, squashed=True) for g, spec in groups.items()}
+        stored = self.stored_actions(batch)
         # Each group's policy at s (with gradients): the actions' features and log-probabilities
         # (continuous), or the log-probabilities (discrete).
         now = {}

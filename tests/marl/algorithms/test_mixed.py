@@ -115,3 +115,33 @@ def test_groups_that_cannot_take_their_algorithm_are_refused_clearly(tmp_path):
         QLearning,
         SAC,
     }
+
+
+def test_a_critic_sees_each_groups_stored_action_as_the_env_action_it_sent_whichever_algorithm_acted(tmp_path):
+    # SAC stores the Gaussian's sample before the tanh, DDPG the env's action: a critic of either reads another
+    # group's stored action as that group's algorithm stores it, scaled to [-1, 1] as the env received it.
+    config = small_config(tmp_path, "masac", "navigation", group_map="per_agent")
+    config = type(config)(**{**vars(config), "group_overrides": {"agent_1": {"algo": "maddpg"}}})
+    trainer = Trainer(config, run_dir=tmp_path / "run")
+    trainer.algorithm.begin_iteration(0, config.run.total_frames)
+    trainer.buffer.extend(trainer.collector.collect())
+    mixed = trainer.algorithm
+    seen = {}
+    for g in ("agent_0", "agent_1"):  # masac's and maddpg's: record what their critics are given
+        learner = mixed.learners[g]
+        inputs, calls = learner.critic_input, seen.setdefault(g, [])
+        learner.critic_input = lambda obs, state, actions, inputs=inputs, calls=calls: (
+            calls.append(actions) or inputs(obs, state, actions)
+        )
+    index = torch.arange(16)
+    mixed.loss(trainer.buffer.storage, index, None, mixed.draw_noise(1, 16), torch.zeros(1, dtype=torch.long))
+    batch = gather(trainer.buffer.storage, index)
+    low, high = (b.flatten() for b in trainer.env.groups["agent_1"].action.bounds("cpu"))
+    sent = {  # the env action each group sent, scaled to [-1, 1]
+        "agent_0": torch.tanh(batch["agent_0"]["action"]),
+        "agent_1": (batch["agent_1"]["action"] - low) / (high - low) * 2 - 1,
+    }
+    for g in ("agent_0", "agent_1"):
+        stored = seen[g][1]  # the critic's call at the stored actions (after the target's at s')
+        for other, expected in sent.items():
+            torch.testing.assert_close(stored[other], expected, msg=f"{g}'s critic, {other}'s action")
