@@ -219,12 +219,17 @@ class SAC(OffPolicy):
                 agent_ids=seen.agent_ids,
             )
             policy, critic = policy.to(device), critic.to(device)
-            temperature = Temperature(algo.alpha_init).to(device)
+            # Without learn_alpha the temperature is no parameter of the optimiser: alpha stays alpha_init.
+            temperature = Temperature(algo.alpha_init).to(device).requires_grad_(algo.learn_alpha)
             if continuous:
                 target_entropy = -algo.target_entropy_scale * action_size(spec)
             else:
                 target_entropy = algo.discrete_target_entropy * math.log(spec.action.n)
-            parameters = [*policy.parameters(), *critic.parameters(), *temperature.parameters()]
+            parameters = [
+                *policy.parameters(),
+                *critic.parameters(),
+                *(temperature.parameters() if algo.learn_alpha else ()),
+            ]
             optimizer = adam(parameters, lr=algo.lr, eps=algo.adam_eps)
             self.learners[g] = SACLearner(
                 algo, policy, critic, seen, frozen_copy(critic), temperature, target_entropy, optimizer
@@ -234,7 +239,13 @@ class SAC(OffPolicy):
         }
         self.trainables = {
             g: Trainable(
-                {"policy": lr.policy, "critic": lr.critic, "alpha": lr.temperature}, lr.optimizer, lr.algo.max_grad_norm
+                {
+                    "policy": lr.policy,
+                    "critic": lr.critic,
+                    **({"alpha": lr.temperature} if lr.algo.learn_alpha else {}),
+                },
+                lr.optimizer,
+                lr.algo.max_grad_norm,
             )
             for g, lr in self.learners.items()
         }

@@ -137,6 +137,16 @@ def test_the_temperature_moves_towards_the_target_entropy():
         assert math.copysign(1, -grad.item()) == direction
 
 
+@pytest.mark.parametrize("env", ["navigation", "speaker_listener"])  # continuous; one discrete group too
+def test_without_learn_alpha_the_temperature_stays_at_alpha_init(tmp_path, env):
+    trainer = Trainer(small_config(tmp_path, "masac", env, learn_alpha=False, alpha_init=0.05), run_dir=tmp_path / "r")
+    rows = [trainer.train_iteration() for _ in range(2)]
+    for g, learner in trainer.algorithm.learners.items():
+        assert learner.temperature.log_alpha.item() == torch.tensor(math.log(0.05)).item(), g  # as it started
+        assert rows[-1][f"{g}/alpha"] == pytest.approx(0.05), g
+        assert math.isfinite(rows[-1][f"{g}/critic_loss"]), g
+
+
 def test_tanh_normal_log_prob_is_the_numerical_change_of_variables():
     """log p(a) of the squashed action equals log N(u) - log |da/du| with da/du by finite differences,
     and the density integrates to 1 over the action's bounds."""
