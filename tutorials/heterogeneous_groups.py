@@ -68,8 +68,8 @@ except ValueError as error:
 # listener hears the word, sees the landmarks and moves. The reward is shared. Each group gets its own
 # policy head (categorical for the speaker, tanh-Gaussian for the listener) and, here, its own
 # hidden sizes (the speaker's task is simpler: 32x32): `group_overrides` (`--group speaker.hidden=[32,32]`
-# on the command line) changes any algorithm or network field for one group, but the run-wide ones that
-# every group shares (`marl train --help` lists them under `--group`).
+# on the command line) changes any algorithm or network field for one group, except the run-wide ones
+# that every group shares (`marl train --help` lists them under `--group`).
 
 # %%
 frames = 20_000 if QUICK else 2_000_000

@@ -79,7 +79,7 @@ def config(env: str, algo, frames: int, name: str, **run) -> TrainConfig:
 # centralised critic needs). Here one rollout of 64 steps of 64 envs, acted by an untrained MASAC policy.
 
 # %%
-# A replay buffer as large as the run (the default holds 1M env steps: 452 MB for navigation).
+# A replay buffer as large as the run (the default holds 1M env steps: 452 MiB for navigation).
 frames = (2 if QUICK else 16) * ITERATION
 masac = Trainer(config("navigation", SACConfig(algo="masac", buffer_size=frames), frames, "navigation-masac"))
 env = envs.make("navigation", num_envs=64, device=device, seed=1)
@@ -118,9 +118,9 @@ print(f"slot 0: drawn {ratio:.0f}x as often as the others' mean, importance weig
 #
 # MASAC (soft actor-critic with a centralised critic over every agent's observations and actions) takes
 # 256 optimiser steps per iteration of 16,384 frames, each on 256 env steps drawn from the buffer;
-# MAPPO takes 4 epochs of minibatches of 4,096 over its batch, once. MASAC needs fewer frames to learn; each frame costs it more
-# arithmetic. Which one wins in seconds depends on how fast the env is: on the device a native env's
-# frames are cheap, a slow simulator's are not.
+# MAPPO takes 4 epochs of minibatches of 4,096 over its batch, once. MASAC needs fewer frames to learn;
+# each frame costs it more arithmetic. Which one wins in seconds depends on how fast the env is: on the
+# device a native env's frames are cheap, a slow simulator's are not.
 
 # %%
 mappo = Trainer(config("navigation", PPOConfig(algo="mappo"), 2 * frames, "navigation-mappo"))

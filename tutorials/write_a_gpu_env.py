@@ -62,10 +62,10 @@ device = "cuda" if torch.cuda.is_available() else "cpu"
 #
 # - **Draw random numbers for the whole batch, from `self.rng`.** The env's own random stream is what
 #   `reset(seed=...)` seeds, so a seed reproduces a run; it is made of plain tensor ops, so the step
-#   still compiles into one graph (`self.rng.rand`, `randn`, `randint`). Drawing `[B, n, 2]` numbers on every reset, even
-#   when one env resets, keeps the amount of randomness independent of the data: no shape depends on
-#   how many envs are done (which would need a host sync to know), and no env's start depends on which
-#   *other* envs happened to reset at the same time.
+#   still compiles into one graph (`self.rng.rand`, `randn`, `randint`). Drawing `[B, n, 2]` numbers on
+#   every reset, even when one env resets, keeps the amount of randomness independent of the data: no
+#   shape depends on how many envs are done (which would need a host sync to know), and no env's start
+#   depends on which *other* envs happened to reset at the same time.
 # - **Select with `torch.where`, never with boolean indexing.** `pos[mask] = fresh[mask]` has a shape
 #   that depends on the mask's values, so the host must wait for the device to count them.
 # - **Reduce over the agent dim, never the batch dim.** Each env is a world of its own.
