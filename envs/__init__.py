@@ -7,6 +7,11 @@ next, obs = env.step(env.sample_actions())
 
 Adapters: `envs.make("vmas/<scenario>", ...)` and `envs.make("pettingzoo/<module>.<env>", ...)` (their
 simulators are imported only when such an env is made); `envs.to_pettingzoo(env)` exports any env.
+
+Modules: base (MultiAgentEnv, EnvConfig: step counting, truncation, auto-reset, seeding, output checks),
+specs, registry (make, register), options, random (counter-based streams), sync (forbid_host_sync), check
+(check_env), compile, cudagraphs, render (frames, GIFs, demos); native/ (the four envs and their physics),
+adapters/ (vmas, pettingzoo, export), bench/.
 """
 
 import warnings

@@ -1,5 +1,6 @@
 """Numerical kernels for reinforcement learning: each op has a Triton kernel, a fast torch path and a
-plain reference loop, behind one public function taking time-major `[T, *batch]` tensors."""
+plain reference loop, behind one public function taking time-major `[T, *batch]` tensors. Modules: gae,
+returns (discounted and TD(lambda) returns), sum_tree (prioritized replay's sum tree); bench/ times them."""
 
 from .gae import gae
 from .returns import discounted_returns, td_lambda_returns
