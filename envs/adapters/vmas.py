@@ -33,6 +33,12 @@ autograd), so the live world's tensors become inference tensors: code that steps
 `env.vmas_env` itself must do so under `torch.inference_mode()` too. What the adapter returns are
 ordinary tensors.
 
+Rendering. `render(i)` is VMAS's own `render(mode="rgb_array", env_index=i)`, a `[H, W, 3]` uint8
+frame drawn by pyglet with OpenGL: headless where EGL finds a device (a GPU driver's, or Mesa's
+software one: `apt-get install libegl1 libegl-mesa0`), else in a window on the X display `DISPLAY`
+names. Where neither is there, `renders` is False and `render` says what to install
+(`render_problem`), so `marl eval --render` refuses before the episode runs.
+
 Checkpoints. `state_dict()` and `load_state_dict()` raise `NotImplementedError`: VMAS's simulator
 state lives in its Python objects (bodies, joints, scenario buffers, scripted controllers), not in
 tensors of the adapter, so `marl train --resume` continues the training with new episodes.
@@ -47,13 +53,17 @@ and `reset(seed=s)` start where VMAS's `make_env(..., seed=s)` and `reset(seed=s
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
+import functools
 import os
+import sys
 import traceback
 import warnings
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDictBase
 
@@ -67,6 +77,7 @@ from envs.specs import Discrete
 from envs.sync import allow_host_sync
 
 INSTALL = 'pip install "vecmarl[vmas]"'
+INSTALL_GL = "on Debian or Ubuntu: apt-get install libegl1 libegl-mesa0 libgl1 libglu1-mesa"
 OWN_OPTIONS = ("max_steps", "continuous_actions", "multidiscrete_actions")
 # vmas.make_env's own arguments, which the adapter sets: passed on, they would not reach the scenario.
 VMAS_ENV_ARGUMENTS = {
@@ -103,6 +114,11 @@ class VmasEnv(MultiAgentEnv):
     config: VmasConfig
     name = "vmas"
     traceable = False  # VMAS's physics branches on data in Python (as `make_vmas` says to compile=True)
+
+    @property
+    def renders(self) -> bool:
+        """Whether `render()` gives images: VMAS can draw on this machine (see `render_problem`)."""
+        return render_problem() is None
 
     # ---- the contract's hooks ----------------------------------------------------------------------
 
@@ -190,6 +206,18 @@ class VmasEnv(MultiAgentEnv):
 
     def _observe(self) -> dict[str, torch.Tensor]:
         return self._obs
+
+    def _render(self, index: int) -> np.ndarray:
+        problem = render_problem()
+        if problem is not None:
+            raise NotImplementedError(f"{self.name} cannot render on this machine: {problem}")
+        if self.vmas_env.viewer is not None:
+            # VMAS clears the current OpenGL context before it switches to its own: after another VMAS
+            # env has drawn, the frame would be drawn over this env's last one, not on a clear canvas.
+            self.vmas_env.viewer.window.switch_to()
+        with self._calling_vmas():
+            frame = self.vmas_env.render(mode="rgb_array", env_index=index)
+        return np.ascontiguousarray(frame)  # VMAS's is a view of OpenGL's rows, flipped
 
     def reset_data(self, seed: int | None = None, *, mask: torch.Tensor | None = None) -> dict:
         if seed is not None:
@@ -310,6 +338,55 @@ def import_vmas():
     except ImportError as error:
         raise ImportError(f"the VMAS adapter needs vmas ({error}); install it with: {INSTALL}") from error
     return vmas
+
+
+def render_problem() -> str | None:
+    """Why VMAS cannot draw a frame on this machine, or None where it can.
+
+    VMAS draws with pyglet and OpenGL: headless where EGL lists a device (a GPU driver's, or Mesa's
+    software one), else in a window on the X display that `DISPLAY` names (`Environment.render`)."""
+    missing = _missing_libraries()
+    if missing:
+        return f"VMAS draws with pyglet and OpenGL, and {' and '.join(missing)} cannot be loaded ({INSTALL_GL})"
+    if sys.platform != "linux" or _egl_devices() > 0 or os.environ.get("DISPLAY"):
+        return None  # macOS and Windows draw in a window of their own display
+    return (
+        "VMAS draws headless only where EGL lists a device, and here "
+        + ("EGL lists none" if _egl_devices() == 0 else "libEGL cannot be loaded")
+        + f", nor is there an X display (DISPLAY is not set): install EGL ({INSTALL_GL}; Mesa's is a software "
+        "device, a GPU driver has its own), or run under a virtual display (xvfb-run -s '-screen 0 1400x900x24' COMMAND)"
+    )
+
+
+@functools.cache
+def _missing_libraries() -> tuple[str, ...]:
+    """pyglet, and the OpenGL libraries VMAS's drawing code imports, where they cannot be loaded."""
+    try:
+        import pyglet
+    except ImportError:
+        return ("pyglet",)
+    missing = []
+    for library in ("GL", "GLU") if sys.platform == "linux" else ():
+        try:
+            pyglet.lib.load_library(library)
+        except ImportError:
+            missing.append(f"lib{library}")
+    return tuple(missing)
+
+
+@functools.cache
+def _egl_devices() -> int | None:
+    """How many devices EGL lists (VMAS's own test of whether it can draw headless); None without libEGL."""
+    import pyglet
+
+    try:
+        pyglet.lib.load_library("EGL")
+        from pyglet.libs.egl import egl, eglext
+    except ImportError:
+        return None
+    devices = egl.EGLint()
+    eglext.eglQueryDevicesEXT(0, None, ctypes.byref(devices))
+    return devices.value
 
 
 def describe_error(error: Exception) -> str:

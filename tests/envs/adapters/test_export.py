@@ -197,10 +197,15 @@ def test_pettingzoo_envs_render_when_made_with_render_mode_rgb_array():
     assert_render_modes(envs.to_pettingzoo(made), ["rgb_array"])
 
 
-def test_vmas_envs_declare_no_render_mode():
+def test_vmas_envs_render_where_vmas_can_draw(monkeypatch):
     pytest.importorskip("vmas")
-    par_env = envs.to_pettingzoo(envs.make("vmas/navigation", num_envs=1, seed=0))
-    assert par_env.metadata["render_modes"] == [] and par_env.render_mode is None
+    from envs.adapters import vmas as vmas_adapter
+
+    if vmas_adapter.render_problem() is None:
+        assert_render_modes(envs.to_pettingzoo(envs.make("vmas/navigation", num_envs=1, seed=0)), ["rgb_array"])
+    monkeypatch.setattr(vmas_adapter, "_egl_devices", lambda: 0)  # neither EGL nor a display: VMAS cannot draw
+    monkeypatch.delenv("DISPLAY", raising=False)
+    assert_render_modes(envs.to_pettingzoo(envs.make("vmas/navigation", num_envs=1, seed=0)), [])
 
 
 @pytest.mark.parametrize(

@@ -5,10 +5,12 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 import envs
+from envs.adapters import vmas as vmas_adapter
 from tests.envs.row_invariant_random import RowInvariantRandom
 
 vmas = pytest.importorskip("vmas")
@@ -176,6 +178,64 @@ def test_returns_ordinary_tensors():
     weight = torch.ones(env.groups["agent"].observation.shape[0], requires_grad=True)
     (outputs[-1]["agent", "observation"] @ weight).sum().backward()  # saves the observation for backward
     outputs[-2]["terminated"].logical_not_()  # the last step's next data
+
+
+drawable = pytest.mark.skipif(vmas_adapter.render_problem() is not None, reason="VMAS cannot draw here")
+
+
+@drawable
+def test_render_gives_vmas_own_frames():
+    """Env 1's frames equal those VMAS's own `render(mode="rgb_array", env_index=1)` draws of a raw env
+    given the same seed and actions, and change as the agents move."""
+    action = {"agent": torch.ones(2, 2, 2)}  # full force along +x, +y: every agent moves
+
+    def frames(render, step) -> list[np.ndarray]:
+        out = []
+        for _ in range(3):
+            out.append(render())
+            step()
+        return out
+
+    env = envs.make("vmas/navigation", num_envs=2, seed=3, n_agents=2)
+    raw = vmas.make_env("navigation", num_envs=2, seed=3, n_agents=2)
+    # Each env drawn alone: VMAS draws right only while no other env draws in between (see the next test).
+    expected = frames(lambda: raw.render(mode="rgb_array", env_index=1), lambda: raw.step(raw_actions(action, env)))
+    assert env.renders
+    got = frames(lambda: env.render(1), lambda: env.step(action))
+    for frame, own in zip(got, expected):
+        assert isinstance(frame, np.ndarray) and frame.dtype == np.uint8 and frame.shape[2:] == (3,)
+        assert np.array_equal(frame, own)
+    assert not np.array_equal(got[0], got[1]) and not np.array_equal(got[1], got[2])
+
+
+@drawable
+def test_render_is_not_drawn_over_by_another_env():
+    """VMAS clears whichever OpenGL context is current before switching to its own: after another env
+    drew, raw VMAS draws the frame over its last one (translucent agents look opaque). The adapter's
+    frame of an unchanged env is the same before and after another env draws."""
+    a = envs.make("vmas/navigation", num_envs=2, seed=3, n_agents=2)
+    b = envs.make("vmas/navigation", num_envs=2, seed=4, n_agents=2)
+    a.render(0)
+    before = a.render(0)
+    b.render(0)
+    assert np.array_equal(a.render(0), before)
+
+
+def test_render_without_egl_or_display_says_what_is_needed(monkeypatch):
+    env = envs.make("vmas/navigation", num_envs=2, seed=0)
+    monkeypatch.setattr(vmas_adapter, "_egl_devices", lambda: 0)
+    monkeypatch.setenv("DISPLAY", ":99")  # VMAS draws in a window there
+    assert env.renders
+    monkeypatch.delenv("DISPLAY")
+    assert not env.renders
+    with pytest.raises(NotImplementedError) as error:
+        env.render(0)
+    assert str(error.value) == (
+        "vmas/navigation cannot render on this machine: VMAS draws headless only where EGL lists a device, and "
+        "here EGL lists none, nor is there an X display (DISPLAY is not set): install EGL (on Debian or Ubuntu: "
+        "apt-get install libegl1 libegl-mesa0 libgl1 libglu1-mesa; Mesa's is a software device, a GPU driver has "
+        "its own), or run under a virtual display (xvfb-run -s '-screen 0 1400x900x24' COMMAND)"
+    )
 
 
 def test_adapters_keep_their_own_random_streams():

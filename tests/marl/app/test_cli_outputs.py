@@ -177,6 +177,22 @@ def test_eval_render_of_a_pettingzoo_env_says_how_to_make_it_render(monkeypatch,
     )
 
 
+def test_eval_render_of_a_vmas_env_says_what_vmas_needs_to_draw(monkeypatch, capsys, tmp_path):
+    # It said only "does not render". VMAS draws headless through EGL, else on an X display: where it
+    # has neither, the message says so and what to install.
+    pytest.importorskip("vmas")
+    import envs.adapters.vmas
+
+    monkeypatch.setattr(envs.adapters.vmas, "_egl_devices", lambda: 0)
+    monkeypatch.delenv("DISPLAY", raising=False)
+    config = TrainConfig(env=EnvSettings(env="vmas/navigation"))
+    monkeypatch.setattr(marl.app.evaluate, "load_checkpoint", lambda path: {"config": config.to_dict()})
+    assert main(["eval", "--checkpoint", "c.pt", "--render", str(tmp_path / "e.gif")]) == 2
+    err = capsys.readouterr().err
+    assert "marl eval: error: vmas/navigation cannot render on this machine: VMAS draws headless only" in err
+    assert "nor is there an X display (DISPLAY is not set)" in err and "COMMAND): run marl eval without --render" in err
+
+
 # --- marl bench ----------------------------------------------------------------------------------
 
 SKIP_ALL = ["--quick", "--no-vmas", "--skip", "env", "replay", "gae", "train", "target"]
