@@ -216,7 +216,10 @@ class VmasEnv(MultiAgentEnv):
             # env has drawn, the frame would be drawn over this env's last one, not on a clear canvas.
             self.vmas_env.viewer.window.switch_to()
         with self._calling_vmas():
-            frame = self.vmas_env.render(mode="rgb_array", env_index=index)
+            try:
+                frame = self.vmas_env.render(mode="rgb_array", env_index=index)
+            except Exception as error:  # a bug of VMAS's drawing code, e.g. sampling's colour map (matplotlib 3.9)
+                raise RuntimeError(f"{self.name}: VMAS failed to draw a frame: {describe_error(error)}") from error
         return np.ascontiguousarray(frame)  # VMAS's is a view of OpenGL's rows, flipped
 
     def reset_data(self, seed: int | None = None, *, mask: torch.Tensor | None = None) -> dict:

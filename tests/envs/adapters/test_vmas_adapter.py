@@ -221,6 +221,20 @@ def test_render_is_not_drawn_over_by_another_env():
     assert np.array_equal(a.render(0), before)
 
 
+@drawable
+def test_a_frame_vmas_fails_to_draw_names_the_scenario_and_the_cause(monkeypatch):
+    """As VMAS's sampling scenario, whose colour map uses matplotlib.cm.get_cmap (gone in matplotlib 3.9):
+    the error was an AttributeError from deep in VMAS."""
+    env = envs.make("vmas/navigation", num_envs=2, seed=0)
+
+    def extra_render(env_index):
+        raise AttributeError("module 'matplotlib.cm' has no attribute 'get_cmap'")
+
+    monkeypatch.setattr(env.vmas_env.scenario, "extra_render", extra_render)
+    with pytest.raises(RuntimeError, match=r"^vmas/navigation: VMAS failed to draw a frame: AttributeError: module "):
+        env.render(0)
+
+
 def test_render_without_egl_or_display_says_what_is_needed(monkeypatch):
     env = envs.make("vmas/navigation", num_envs=2, seed=0)
     monkeypatch.setattr(vmas_adapter, "_egl_devices", lambda: 0)
