@@ -45,9 +45,11 @@ tensors of the adapter, so `marl train --resume` continues the training with new
 
 Randomness. VMAS draws from torch's, numpy's and Python's global generators, swapped in from one list
 shared by every VMAS env. Each adapter keeps its own copy of that list and swaps it in around its
-calls into VMAS, so adapters never share a random stream. Seeding follows VMAS: `make(..., seed=s)`
-and `reset(seed=s)` start where VMAS's `make_env(..., seed=s)` and `reset(seed=s)` do (for
-`s < 2**32`; VMAS also seeds numpy, so larger seeds are taken modulo 2**32).
+calls into VMAS, so adapters never share a random stream. The masked reset draws from a second
+stream (seeded from the env's seed), so that resetting some envs leaves what the others draw next
+unchanged. Seeding follows VMAS: `make(..., seed=s)` and `reset(seed=s)` start where VMAS's
+`make_env(..., seed=s)` and `reset(seed=s)` do (for `s < 2**32`; VMAS also seeds numpy, so larger
+seeds are taken modulo 2**32).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ import ctypes
 import dataclasses
 import functools
 import os
+import random
 import sys
 import traceback
 import warnings
@@ -138,7 +141,11 @@ class VmasEnv(MultiAgentEnv):
                 f"{self.name}: seed must be one int, got {self.seed!r}: VMAS draws every env's numbers from one "
                 "random stream, so one batch cannot hold several members' seeds"
             )
-        self._random = PrivateRandomState(vmas.simulator.environment.Environment.vmas_random_state, self.device)
+        shared = vmas.simulator.environment.Environment.vmas_random_state
+        self._random = PrivateRandomState(shared, self.device)
+        # The masked reset draws from a stream of its own: from the live world's, it would change what
+        # the envs it leaves alone draw next (asym_joint draws observation noise at every step).
+        self._scratch_random = PrivateRandomState(shared, self.device)
         self.vmas_env = self._build(vmas, self.num_envs, seed=self.seed % 2**32, check_kwargs=True)
         self._scratch = self._build(vmas, self.num_envs)
         probe = self._build(vmas, 2 if self.num_envs == 1 else 1)
@@ -171,7 +178,7 @@ class VmasEnv(MultiAgentEnv):
             if not bool(mask.any()):
                 return
             every = bool(mask.all())
-        with self._calling_vmas():
+        with self._calling_vmas(self._random if every else self._scratch_random):
             (self._scratch if not every else self.vmas_env).reset(return_observations=False)
             if not every:
                 copy_rows(self._slots, self.vmas_env.scenario, self._scratch.scenario, mask)
@@ -292,16 +299,18 @@ class VmasEnv(MultiAgentEnv):
         return {**chosen, **self.config.scenario_kwargs}
 
     @contextlib.contextmanager
-    def _calling_vmas(self):
-        """Around every call into VMAS: the adapter's own random streams, host syncs allowed (VMAS makes
-        them), and inference mode: VMAS's simulation needs no autograd, and its bookkeeping slows a
-        step of VMAS's many small ops."""
-        with self._random, allow_host_sync(), torch.inference_mode():
+    def _calling_vmas(self, stream: PrivateRandomState | None = None):
+        """Around every call into VMAS: the adapter's own random streams (`stream`, else the live
+        world's), host syncs allowed (VMAS makes them), and inference mode: VMAS's simulation needs no
+        autograd, and its bookkeeping slows a step of VMAS's many small ops."""
+        with stream or self._random, allow_host_sync(), torch.inference_mode():
             yield
 
     def _seed_vmas(self, seed: int) -> None:
         with self._random:
             self.vmas_env.seed(seed % 2**32)  # VMAS also seeds numpy, which takes 32-bit seeds
+        with self._scratch_random:  # another seed: the same one would repeat the live world's first starts
+            self._scratch.seed(random.Random(seed).getrandbits(32))
 
     def _by_group(self, per_agent: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         """VMAS's per-agent list of `[B, ...]` -> `{group: [B, n, ...]}`."""

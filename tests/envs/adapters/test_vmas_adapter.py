@@ -34,8 +34,11 @@ def one_thread():
         ("balance", {}),
         ("simple_tag", {"continuous_actions": False}),  # discrete; two agent types, different observations
         ("simple_spread", {"continuous_actions": False, "multidiscrete_actions": True}),
+        # Draws observation noise at every step: a masked reset drawing from the same stream changed the
+        # noise of the envs it left alone.
+        ("asym_joint", {}),
     ],
-    ids=["navigation", "balance", "simple_tag-discrete", "simple_spread-multidiscrete"],
+    ids=["navigation", "balance", "simple_tag-discrete", "simple_spread-multidiscrete", "asym_joint"],
 )
 def test_passes_check_env(scenario, options):
     envs.check_env(envs.make(f"vmas/{scenario}", num_envs=4, seed=0, max_steps=8, **options))
