@@ -359,14 +359,17 @@ def render_problem() -> str | None:
     software one), else in a window on the X display that `DISPLAY` names (`Environment.render`)."""
     missing = _missing_libraries()
     if missing:
-        return f"VMAS draws with pyglet and OpenGL, and {' and '.join(missing)} cannot be loaded ({INSTALL_GL})"
-    if sys.platform != "linux" or _egl_devices() > 0 or os.environ.get("DISPLAY"):
+        install = "pip install pyglet" if missing == ("pyglet",) else INSTALL_GL
+        return f"VMAS draws with pyglet and OpenGL, and {' and '.join(missing)} cannot be loaded ({install})"
+    devices = _egl_devices()
+    if sys.platform != "linux" or devices or os.environ.get("DISPLAY"):
         return None  # macOS and Windows draw in a window of their own display
     return (
         "VMAS draws headless only where EGL lists a device, and here "
-        + ("EGL lists none" if _egl_devices() == 0 else "libEGL cannot be loaded")
+        + ("EGL lists none" if devices == 0 else "libEGL cannot be loaded")
         + f", nor is there an X display (DISPLAY is not set): install EGL ({INSTALL_GL}; Mesa's is a software "
-        "device, a GPU driver has its own), or run under a virtual display (xvfb-run -s '-screen 0 1400x900x24' COMMAND)"
+        "device, a GPU driver has its own), or run under a virtual display "
+        "(xvfb-run -s '-screen 0 1400x900x24' COMMAND)"
     )
 
 

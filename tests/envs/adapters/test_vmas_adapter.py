@@ -238,9 +238,10 @@ def test_a_frame_vmas_fails_to_draw_names_the_scenario_and_the_cause(monkeypatch
         env.render(0)
 
 
-def test_render_without_egl_or_display_says_what_is_needed(monkeypatch):
+@pytest.mark.parametrize("devices, egl", [(0, "EGL lists none"), (None, "libEGL cannot be loaded")])
+def test_render_without_egl_or_display_says_what_is_needed(monkeypatch, devices, egl):
     env = envs.make("vmas/navigation", num_envs=2, seed=0)
-    monkeypatch.setattr(vmas_adapter, "_egl_devices", lambda: 0)
+    monkeypatch.setattr(vmas_adapter, "_egl_devices", lambda: devices)
     monkeypatch.setenv("DISPLAY", ":99")  # VMAS draws in a window there
     assert env.renders
     monkeypatch.delenv("DISPLAY")
@@ -248,8 +249,8 @@ def test_render_without_egl_or_display_says_what_is_needed(monkeypatch):
     with pytest.raises(NotImplementedError) as error:
         env.render(0)
     assert str(error.value) == (
-        "vmas/navigation cannot render on this machine: VMAS draws headless only where EGL lists a device, and "
-        "here EGL lists none, nor is there an X display (DISPLAY is not set): install EGL (on Debian or Ubuntu: "
+        f"vmas/navigation cannot render on this machine: VMAS draws headless only where EGL lists a device, and "
+        f"here {egl}, nor is there an X display (DISPLAY is not set): install EGL (on Debian or Ubuntu: "
         "apt-get install libegl1 libegl-mesa0 libgl1 libglu1-mesa; Mesa's is a software device, a GPU driver has "
         "its own), or run under a virtual display (xvfb-run -s '-screen 0 1400x900x24' COMMAND)"
     )
