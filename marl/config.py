@@ -237,6 +237,11 @@ class RunConfig:
             raise ValueError(f"seeds {list(self.seeds)} repeat {repeated}: each seed trains one run, list it once")
         if self.num_seeds < 1:
             raise ValueError(f"num_seeds must be >= 1, got {self.num_seeds}")
+        if self.seeds and self.seed != _field_default(RunConfig, "seed"):  # members() takes the list's seeds only
+            raise ValueError(
+                f"{changed_flags(self, ('seed',))[0]}: --seeds {' '.join(map(str, self.seeds))} names each run's "
+                "seed, and --seed would have no effect: leave it out (or pass --seed with --num-seeds: seed, seed + 1, ...)"
+            )
         if self.seeds and self.num_seeds not in (1, len(self.seeds)):
             raise ValueError(
                 f"num_seeds={self.num_seeds} but {len(self.seeds)} seeds were listed: pass --seeds or --num-seeds"
@@ -246,6 +251,15 @@ class RunConfig:
         grid = self.sweep_grid()
         if grid and len(self.members()) < 2:
             raise ValueError(f"--sweep {' '.join(self.sweep)} with one seed is one run: set the option itself instead")
+
+    @classmethod
+    def saved(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """The run options `values` as a checkpoint holds them, as this version takes them: options an earlier
+        version accepted where they had no effect, and which `__post_init__` now refuses, dropped (the run trained
+        at their defaults): `seed` beside `seeds`."""
+        if values.get("seeds"):
+            values = {k: v for k, v in values.items() if k != "seed"}
+        return values
 
     def schedule_span(self) -> int:
         """The frames the schedules anneal over: `schedule_frames`, else `total_frames`."""
@@ -473,10 +487,11 @@ class TrainConfig:
             else {k: v for k, v in o.items() if k not in MODEL_RECURRENT_OPTIONS}
             for group, o in overrides.items()
         }
+        run = RunConfig.saved(dict(data["run"]))
         for section, values, known in (
             ("algo", algo, algo_class),
             ("model", model, ModelConfig),
-            ("run", data["run"], RunConfig),
+            ("run", run, RunConfig),
         ):
             _check_saved_fields(section, values, known)
         overrides = {
@@ -489,7 +504,7 @@ class TrainConfig:
             env=env_settings,
             algo=_options.build(algo_class, algo, "algo config"),
             model=_options.build(ModelConfig, model, "model"),
-            run=_options.build(RunConfig, data["run"], "run config"),
+            run=_options.build(RunConfig, run, "run config"),
             group_overrides=overrides,
         )
 

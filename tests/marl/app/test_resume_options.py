@@ -175,6 +175,8 @@ def test_a_linear_lr_is_not_trained_past_its_end(tmp_path):
             "--priority-beta 0.5, --priority-r",
         ),
         (["--algo", "iql", "--target-update-every", "50"], "--target-update-every 50: it applies to --target-update h"),
+        # The runs of --seeds take the list's seeds: --seed changed nothing (their checkpoints were the same).
+        (["--seeds", "0", "1", "--seed", "5"], "--seed 5: --seeds 0 1 names each run's seed, and --seed would have"),
         (["--algo", "masac", "--tau", "0"], "tau must be in (0, 1], got 0.0"),
         (["--algo", "vdn", "--mixing-embed-dim", "64"], "mixing_embed_dim is an option of qmix"),
         (["--algo", "iql", "--group", "agent.mixing_embed_dim=64"], "invalid option for group 'agent': mixing_"),
@@ -231,6 +233,15 @@ def test_a_saved_mlp_run_with_gru_options_loads_at_their_defaults():
     saved["model"]["gru_hidden"], saved["group_overrides"] = 32, {"agent": {"gru_nets": "both"}}
     config = TrainConfig.from_dict(saved)
     assert config.model.gru_hidden == 64 and config.group_overrides == {"agent": {}}
+
+
+def test_a_saved_population_with_a_seed_loads_without_it():
+    # An earlier version took --seed beside --seeds, where it had no effect: its checkpoints still load.
+    saved = TrainConfig(run=RunConfig(seeds=(3, 4))).to_dict()
+    saved["run"]["seed"] = 5
+    run = TrainConfig.from_dict(saved).run
+    assert run.seed == RunConfig.seed and run.member_seeds() == (3, 4)
+    assert RunConfig(seed=5, num_seeds=2).member_seeds() == (5, 6)  # --seed with --num-seeds is its first
 
 
 def test_a_resume_with_other_options_names_them_as_flags(tmp_path, capsys):
