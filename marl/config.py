@@ -133,6 +133,7 @@ MODEL_RECURRENT_OPTIONS = ("gru_hidden", "gru_nets")
 
 
 WANDB_MODES = ("online", "offline", "disabled")
+WANDB_OPTIONS = ("wandb_project", "wandb_entity", "wandb_mode", "wandb_name")  # RunConfig's, which only --wandb uses
 MAX_SEED = 2**63 - 1  # torch's generators take a signed 64-bit seed; PettingZoo's envs refuse negative ones
 
 
@@ -228,6 +229,9 @@ class RunConfig:
             raise ValueError(
                 f"wandb_mode must be one of {list(WANDB_MODES)} (or empty: WANDB_MODE, else online), got {self.wandb_mode!r}"
             )
+        given = changed_flags(self, WANDB_OPTIONS)
+        if given and not self.wandb:
+            raise options_without_effect(given, "Weights & Biases logging only", "--wandb")
         check_seed(self.seed)
         object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
         for seed in self.seeds:
@@ -256,10 +260,10 @@ class RunConfig:
     def saved(cls, values: dict[str, Any]) -> dict[str, Any]:
         """The run options `values` as a checkpoint holds them, as this version takes them: options an earlier
         version accepted where they had no effect, and which `__post_init__` now refuses, dropped (the run trained
-        at their defaults): `seed` beside `seeds`."""
-        if values.get("seeds"):
-            values = {k: v for k, v in values.items() if k != "seed"}
-        return values
+        at their defaults): `seed` beside `seeds`, the W&B options without `wandb`."""
+        dropped = {"seed"} if values.get("seeds") else set()
+        dropped |= set() if values.get("wandb") else set(WANDB_OPTIONS)
+        return {k: v for k, v in values.items() if k not in dropped}
 
     def schedule_span(self) -> int:
         """The frames the schedules anneal over: `schedule_frames`, else `total_frames`."""

@@ -41,7 +41,7 @@ from marl.app.checkpoint import load_algorithm_state, load_checkpoint, save_chec
 from marl.app.logger import LogWriteError, NoLogger, RunLogger, drop_rows_after, writes_tensorboard
 from marl.app.paths import check_output_file, check_output_folder
 from marl.app.wandb_logging import WandbStartError, check_installed, wandb_run
-from marl.config import RESUMABLE, Member, RunConfig, TrainConfig
+from marl.config import RESUMABLE, WANDB_OPTIONS, Member, RunConfig, TrainConfig
 from marl.core.member_replay import MemberReplayBuffer
 from marl.core.replay import ReplayBuffer, format_bytes, replay_nbytes
 from marl.core.rollout import Collector
@@ -388,7 +388,12 @@ class Trainer:
         state = load_checkpoint(path)
         config = TrainConfig.from_dict(state["config"])
         saved = config.run
-        run = dataclasses.replace(saved, **{"schedule_frames": saved.schedule_span(), **run_overrides})
+        run = saved
+        if not run_overrides.get("wandb", saved.wandb):  # resumed without W&B: the run's W&B options go too
+            run = dataclasses.replace(
+                run, **{k: getattr(RunConfig, k) for k in WANDB_OPTIONS if k not in run_overrides}
+            )
+        run = dataclasses.replace(run, **{"schedule_frames": saved.schedule_span(), **run_overrides})
         config = dataclasses.replace(config, run=run)
         if frames_left and state["frames"] >= run.total_frames:
             raise NothingToTrain(

@@ -177,6 +177,8 @@ def test_a_linear_lr_is_not_trained_past_its_end(tmp_path):
         (["--algo", "iql", "--target-update-every", "50"], "--target-update-every 50: it applies to --target-update h"),
         # The runs of --seeds take the list's seeds: --seed changed nothing (their checkpoints were the same).
         (["--seeds", "0", "1", "--seed", "5"], "--seed 5: --seeds 0 1 names each run's seed, and --seed would have"),
+        (["--wandb-project", "mine"], "--wandb-project mine: it applies to Weights & Biases logging only: pass --w"),
+        (["--no-wandb", "--wandb-mode", "offline", "--wandb-name", "x"], "--wandb-mode offline, --wandb-name x: they"),
         (["--algo", "masac", "--tau", "0"], "tau must be in (0, 1], got 0.0"),
         (["--algo", "vdn", "--mixing-embed-dim", "64"], "mixing_embed_dim is an option of qmix"),
         (["--algo", "iql", "--group", "agent.mixing_embed_dim=64"], "invalid option for group 'agent': mixing_"),
@@ -242,6 +244,18 @@ def test_a_saved_population_with_a_seed_loads_without_it():
     run = TrainConfig.from_dict(saved).run
     assert run.seed == RunConfig.seed and run.member_seeds() == (3, 4)
     assert RunConfig(seed=5, num_seeds=2).member_seeds() == (5, 6)  # --seed with --num-seeds is its first
+
+
+def test_wandb_options_saved_without_wandb_load_and_a_resume_without_wandb_drops_them(tmp_path, capsys):
+    checkpoint = trained(tmp_path, capsys, 512)
+    state = load_checkpoint(checkpoint)
+    state["config"]["run"]["wandb_entity"] = "me"  # an earlier version took it without --wandb: no effect
+    save_checkpoint(checkpoint, state)
+    assert TrainConfig.from_dict(state["config"]).run.wandb_entity == ""
+    state["config"]["run"].update(wandb=True, wandb_project="mine")  # a W&B run, resumed without W&B
+    save_checkpoint(checkpoint, state)
+    run = Trainer.resume(checkpoint, total_frames=1024, wandb=False).config.run
+    assert (run.wandb, run.wandb_project, run.wandb_entity) == (False, "vecmarl", "")
 
 
 def test_a_resume_with_other_options_names_them_as_flags(tmp_path, capsys):
