@@ -229,6 +229,11 @@ class RunConfig:
             raise ValueError(
                 f"wandb_mode must be one of {list(WANDB_MODES)} (or empty: WANDB_MODE, else online), got {self.wandb_mode!r}"
             )
+        if not _one_folder(self.run_name):  # LOG_DIR/RUN_NAME: "../x" or "/x" would write outside LOG_DIR
+            raise ValueError(
+                f"run_name {self.run_name!r} must name one folder under the log dir ({self.log_dir}): no '/', '\\', "
+                "'.' or '..'; to write elsewhere, pass --log-dir PARENT --run-name NAME"
+            )
         given = changed_flags(self, WANDB_OPTIONS)
         if given and not self.wandb:
             raise options_without_effect(given, "Weights & Biases logging only", "--wandb")
@@ -260,8 +265,10 @@ class RunConfig:
     def saved(cls, values: dict[str, Any]) -> dict[str, Any]:
         """The run options `values` as a checkpoint holds them, as this version takes them: options an earlier
         version accepted where they had no effect, and which `__post_init__` now refuses, dropped (the run trained
-        at their defaults): `seed` beside `seeds`, the W&B options without `wandb`."""
+        at their defaults): `seed` beside `seeds`, the W&B options without `wandb`; and a `run_name` that is not
+        one folder's (a resume writes next to its checkpoint, whatever the name)."""
         dropped = {"seed"} if values.get("seeds") else set()
+        dropped |= set() if _one_folder(values.get("run_name", "")) else {"run_name"}
         dropped |= set() if values.get("wandb") else set(WANDB_OPTIONS)
         return {k: v for k, v in values.items() if k not in dropped}
 
@@ -302,6 +309,11 @@ class RunConfig:
         grid = self.sweep_grid()
         combos = list(itertools.product(*grid.values()))
         return tuple(Member(seed, tuple(zip(grid, combo))) for seed in seeds for combo in combos)
+
+
+def _one_folder(name: str) -> bool:
+    """Whether `name` is empty (the default run name) or names one folder inside another, not a path."""
+    return name not in (".", "..") and "/" not in name and "\\" not in name
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import pytest
 
 from marl.app.cli import main
 from marl.app.trainer import Trainer
+from marl.config import TrainConfig
 from tests.marl.app.test_training import small_config
 
 
@@ -44,6 +45,20 @@ def test_the_cli_refuses_a_used_run_name_in_one_line(tmp_path, capsys):
     assert main(["train", "--log-dir", str(tmp_path), "--run-name", "used", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "marl train: error: run folder" in err and "already holds a run" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", ["../escaped", "a/b", "/tmp/abs", "a\\b", "..", "."])
+def test_a_run_name_that_is_not_one_folder_is_refused(tmp_path, capsys, name):
+    # LOG_DIR/RUN_NAME: "../escaped" wrote beside the log dir, "/tmp/abs" anywhere, ".." into the log dir's parent.
+    log_dir = tmp_path / "runs"
+    argv = ["train", "--log-dir", str(log_dir), "--run-name", name, "--total-frames", "1", "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"run_name {name!r} must name one folder under the log dir ({log_dir})" in err
+    assert len(err.splitlines()) == 1 and not any(tmp_path.iterdir())
+    config = small_config(tmp_path).to_dict()  # an earlier version took it: its checkpoints still load
+    config["run"]["run_name"] = name
+    assert TrainConfig.from_dict(config).run.run_name == ""
 
 
 def iterations(run_dir) -> list[int]:
