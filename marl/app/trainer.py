@@ -38,7 +38,7 @@ from marl import algorithms
 from marl.app import distributed, seeds
 from marl.app.build import build_algorithm, check_group_overrides, make_env, resolve_device
 from marl.app.checkpoint import load_algorithm_state, load_checkpoint, save_checkpoint
-from marl.app.logger import LogWriteError, NoLogger, RunLogger, drop_rows_after, writes_tensorboard
+from marl.app.logger import LogWriteError, NoLogger, RunLogger, drop_rows_after, read_rows, writes_tensorboard
 from marl.app.paths import check_output_file, check_output_folder
 from marl.app.wandb_logging import WandbStartError, check_installed, wandb_run
 from marl.config import RESUMABLE, WANDB_OPTIONS, Member, RunConfig, TrainConfig
@@ -405,6 +405,7 @@ class Trainer:
         if state["frames"] < run.total_frames:  # it will write there (a run resumed to be inspected will not)
             tensorboard = writes_tensorboard(run.tensorboard)
             trainer.world.check_on_main(lambda: check_resumed_run_dir(trainer.run_dir, trainer.members, tensorboard))
+            trainer.world.check_on_main(lambda: check_logs_of(path, trainer.run_dir, trainer.members, state))
         initial = [p.detach().clone() for p in trainer.algorithm.parameters()]  # checked at build
         trainer.load_state_dict(state)
         trainer.saved_run = saved
@@ -587,6 +588,29 @@ def check_resumed_run_dir(run_dir: Path, members: Sequence[Member], tensorboard:
     for log in seeds.logs(run_dir, members):
         if log.exists():  # else it is made in a folder checked above
             check_output_file(log, what)
+
+
+def check_logs_of(checkpoint: str | Path, run_dir: Path, members: Sequence[Member], state: dict) -> None:
+    """A resume writes next to its checkpoint: it drops the logs' rows after the checkpoint's iteration, appends
+    its own and rewrites checkpoint.pt. Refuse logs of another run (the checkpoint copied into its folder), which
+    it would cut and mix with its own: a log is the checkpoint's run's when its row of the checkpoint's iteration
+    holds the checkpoint's frames and time_s (its seconds of training, a float the CSV holds exactly). A log
+    without rows is the new one of a checkpoint copied alone into a folder."""
+    it, frames, elapsed = state["iteration"], state["frames"], state["elapsed"]
+    for log in seeds.logs(run_dir, members):
+        rows = read_rows(log)
+        if not rows or "iteration" not in rows[0]:  # none yet; or not a marl train log, which the resume names
+            continue
+        row = next((r for r in reversed(rows) if r["iteration"] == it), None)
+        if row is not None and (row["frames"], row.get("time_s", elapsed)) == (frames, elapsed):
+            continue
+        logged = f"{row['frames']:,.0f} frames, {row.get('time_s', math.nan):.6g} s" if row else "no row"
+        raise ValueError(
+            f"{checkpoint} is not the checkpoint of the run logged in {log}: its iteration {it} was at {frames:,} "
+            f"frames, {elapsed:.6g} s of training; the log holds {logged} for it. A resume would cut that log after "
+            f"iteration {it} and append to it: resume a run from its own folder, or copy the checkpoint alone into an "
+            "empty folder to train on from it there"
+        )
 
 
 def default_run_dir(config: TrainConfig) -> Path:

@@ -258,6 +258,27 @@ def test_wandb_options_saved_without_wandb_load_and_a_resume_without_wandb_drops
     assert (run.wandb, run.wandb_project, run.wandb_entity) == (False, "vecmarl", "")
 
 
+def test_a_checkpoint_copied_into_another_runs_folder_is_refused_there_and_resumes_alone(tmp_path, capsys):
+    # The resume wrote next to its checkpoint: it dropped run b's rows after a's iteration 2, appended a's, and
+    # overwrote b's checkpoint.pt with a's run.
+    for name, frames in (("a", "1024"), ("b", "2048")):
+        argv = ["train", *VDN, "--log-dir", str(tmp_path), "--run-name", name, "--total-frames", frames]
+        assert main(argv) == 0
+    capsys.readouterr()
+    a, b, alone = tmp_path / "a", tmp_path / "b", tmp_path / "alone"
+    before = {name: (b / name).read_bytes() for name in ("metrics.csv", "checkpoint.pt")}
+    (b / "from_a.pt").write_bytes((a / "checkpoint.pt").read_bytes())
+    assert main(["train", "--resume", str(b / "from_a.pt"), "--total-frames", "2048"]) == 2
+    err = capsys.readouterr().err
+    assert f"{b / 'from_a.pt'} is not the checkpoint of the run logged in {b / 'metrics.csv'}" in err
+    assert len(err.splitlines()) == 1
+    assert {name: (b / name).read_bytes() for name in before} == before
+    alone.mkdir()  # alone in a folder of its own, it trains on there, a new log from its iteration on
+    (alone / "checkpoint.pt").write_bytes((a / "checkpoint.pt").read_bytes())
+    assert main(["train", "--resume", str(alone / "checkpoint.pt"), "--total-frames", "2048"]) == 0
+    assert [row["iteration"] for row in read_rows(alone / "metrics.csv")] == [3, 4]
+
+
 def test_a_resume_with_other_options_names_them_as_flags(tmp_path, capsys):
     # It said "only ['checkpoint_every', ...] can change, got ['env_options', 'lr']": field names, not flags.
     checkpoint = trained(tmp_path, capsys, 512)
