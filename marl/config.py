@@ -225,6 +225,9 @@ class RunConfig:
             raise ValueError(
                 f"compile_unroll ({self.compile_unroll}) must divide rollout_length ({self.rollout_length})"
             )
+        given = changed_flags(self, ("compile_unroll",))
+        if given and not self.compile:  # eager steps one by one: grouping them into calls changes nothing
+            raise options_without_effect(given, "the compiled rollout only, as steps per compiled call", "--compile")
         if self.wandb_mode not in ("", *WANDB_MODES):
             raise ValueError(
                 f"wandb_mode must be one of {list(WANDB_MODES)} (or empty: WANDB_MODE, else online), got {self.wandb_mode!r}"
@@ -265,9 +268,10 @@ class RunConfig:
     def saved(cls, values: dict[str, Any]) -> dict[str, Any]:
         """The run options `values` as a checkpoint holds them, as this version takes them: options an earlier
         version accepted where they had no effect, and which `__post_init__` now refuses, dropped (the run trained
-        at their defaults): `seed` beside `seeds`, the W&B options without `wandb`; and a `run_name` that is not
-        one folder's (a resume writes next to its checkpoint, whatever the name)."""
+        at their defaults): `seed` beside `seeds`, the W&B options without `wandb`, a `run_name` that is not
+        one folder's (a resume writes next to its checkpoint, whatever the name); `compile_unroll` without `compile`."""
         dropped = {"seed"} if values.get("seeds") else set()
+        dropped |= set() if values.get("compile") else {"compile_unroll"}
         dropped |= set() if _one_folder(values.get("run_name", "")) else {"run_name"}
         dropped |= set() if values.get("wandb") else set(WANDB_OPTIONS)
         return {k: v for k, v in values.items() if k not in dropped}

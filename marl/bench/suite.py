@@ -134,7 +134,7 @@ def jaxmarl_ippo_config(num_envs: int, frames: int, compile: bool, device: str, 
             tensorboard=False,
             checkpoint_every=10**9,
             compile=compile,
-            compile_unroll=4,  # 16 envs: the compiled call's overhead would be a third of collection
+            compile_unroll=4 if compile else 1,  # 16 envs: the compiled call's overhead would be a third of collection
         ),
     )
 

@@ -12,6 +12,7 @@ from envs.native.navigation import scripted_action
 from marl.algorithms.ppo import PPOConfig
 from marl.app.trainer import NonFiniteLossError, Trainer, resolve_device
 from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
+from marl.core.rollout import Collector
 from tests.envs.broken_envs import Counter, NanRewardAtStep3
 
 
@@ -283,9 +284,17 @@ def test_unrolled_collection_fills_the_same_buffer(tmp_path):
     """`compile_unroll` only groups steps into calls: eagerly, 4 steps per call give the same buffer."""
     buffers = []
     for unroll in (1, 4):
-        trainer = Trainer(small_config(tmp_path, compile_unroll=unroll), run_dir=tmp_path / f"unroll-{unroll}")
-        buffers.append(trainer.collector.collect().clone())
+        trainer = Trainer(small_config(tmp_path), run_dir=tmp_path / f"unroll-{unroll}")
+        acting, generator = trainer.algorithm.acting, trainer.generator
+        collector = Collector(trainer.env, acting, 16, generator, seed=0, unroll=unroll)
+        buffers.append(collector.collect().clone())
     assert (buffers[0] == buffers[1]).all()
+    # So --compile-unroll without --compile would have no effect: it is refused.
+    with pytest.raises(ValueError, match="^--compile-unroll 4: it applies to the compiled rollout only, as st"):
+        small_config(tmp_path, compile_unroll=4)
+    saved = small_config(tmp_path).to_dict()  # an earlier version took it: its checkpoints still load
+    saved["run"]["compile_unroll"] = 4
+    assert TrainConfig.from_dict(saved).run.compile_unroll == 1
 
 
 def test_compile_unroll_must_divide_the_rollout(tmp_path):
