@@ -265,12 +265,14 @@ class RunConfig:
             raise ValueError(f"--sweep {' '.join(self.sweep)} with one seed is one run: set the option itself instead")
 
     @classmethod
-    def saved(cls, values: dict[str, Any]) -> dict[str, Any]:
+    def saved(cls, values: dict[str, Any], replay: bool) -> dict[str, Any]:
         """The run options `values` as a checkpoint holds them, as this version takes them: options an earlier
         version accepted where they had no effect, and which `__post_init__` now refuses, dropped (the run trained
         at their defaults): `seed` beside `seeds`, the W&B options without `wandb`, a `run_name` that is not
-        one folder's (a resume writes next to its checkpoint, whatever the name); `compile_unroll` without `compile`."""
+        one folder's (a resume writes next to its checkpoint, whatever the name); `compile_unroll` without `compile`;
+        `save_buffer` without a replay buffer (`replay`: whether the run's algorithm learns from one)."""
         dropped = {"seed"} if values.get("seeds") else set()
+        dropped |= set() if replay else {"save_buffer"}
         dropped |= set() if values.get("compile") else {"compile_unroll"}
         dropped |= set() if _one_folder(values.get("run_name", "")) else {"run_name"}
         dropped |= set() if values.get("wandb") else set(WANDB_OPTIONS)
@@ -384,6 +386,11 @@ class TrainConfig:
                     f"unknown field(s) {sorted(unknown)} in the overrides for group {group!r}; "
                     f"overridable fields: {sorted(fields)}"
                 )
+        if self.run.save_buffer and algorithms.get(self.algo.algo).collects != "transitions":
+            raise ValueError(
+                f"--save-buffer: it applies to algorithms that learn from a replay buffer; --algo {self.algo.algo} "
+                "learns from each iteration's rollout and has none: leave it out"
+            )
         self._check_recurrent()
         self.algo.check_train(self)
 
@@ -507,7 +514,7 @@ class TrainConfig:
             else {k: v for k, v in o.items() if k not in MODEL_RECURRENT_OPTIONS}
             for group, o in overrides.items()
         }
-        run = RunConfig.saved(dict(data["run"]))
+        run = RunConfig.saved(dict(data["run"]), algorithms.get(name).collects == "transitions")
         for section, values, known in (
             ("algo", algo, algo_class),
             ("model", model, ModelConfig),

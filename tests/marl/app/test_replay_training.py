@@ -101,7 +101,9 @@ def test_the_command_line_trains_it_and_refuses_a_buffer_too_large(tmp_path, cap
 
 
 def test_an_on_policy_run_has_no_buffer(tmp_path):
-    on_policy = dataclasses.replace(config(tmp_path, False), algo=PPOConfig(minibatch_size=64))
+    with pytest.raises(ValueError, match="^--save-buffer: it applies to algorithms that learn from a replay buffer"):
+        dataclasses.replace(config(tmp_path, False), algo=PPOConfig(minibatch_size=64))
+    on_policy = dataclasses.replace(config(tmp_path, False, save_buffer=False), algo=PPOConfig(minibatch_size=64))
     trainer = Trainer(on_policy, run_dir=tmp_path / "run")
     trainer.train_iteration()
     assert trainer.buffer is None and trainer.state_dict()["buffer"] is None

@@ -179,6 +179,7 @@ def test_a_linear_lr_is_not_trained_past_its_end(tmp_path):
         (["--seeds", "0", "1", "--seed", "5"], "--seed 5: --seeds 0 1 names each run's seed, and --seed would have"),
         (["--wandb-project", "mine"], "--wandb-project mine: it applies to Weights & Biases logging only: pass --w"),
         (["--no-wandb", "--wandb-mode", "offline", "--wandb-name", "x"], "--wandb-mode offline, --wandb-name x: they"),
+        (["--save-buffer"], "--save-buffer: it applies to algorithms that learn from a replay buffer; --algo mappo"),
         (["--algo", "masac", "--tau", "0"], "tau must be in (0, 1], got 0.0"),
         (["--algo", "vdn", "--mixing-embed-dim", "64"], "mixing_embed_dim is an option of qmix"),
         (["--algo", "iql", "--group", "agent.mixing_embed_dim=64"], "invalid option for group 'agent': mixing_"),
@@ -224,6 +225,9 @@ def test_replay_and_target_options_are_taken_in_their_mode_and_saved_ones_withou
     saved = TrainConfig(algo=QConfig(algo="vdn")).to_dict()
     saved["algo"]["priority_beta"] = 0.9
     assert TrainConfig.from_dict(saved).algo.priority_beta == QConfig.priority_beta
+    ppo = TrainConfig(run=RunConfig(total_frames=99)).to_dict()
+    ppo["run"]["save_buffer"] = True  # and --save-buffer with PPO, which has no buffer
+    assert TrainConfig.from_dict(ppo).run == RunConfig(total_frames=99)
     saved["algo"]["target_update_every"] = 50  # and target_update_every with Polyak targets
     assert TrainConfig.from_dict(saved).algo.target_update_every == QConfig.target_update_every
     assert QConfig(target_update="hard", target_update_every=50).target_update_every == 50
