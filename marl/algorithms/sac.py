@@ -44,12 +44,13 @@ from marl.algorithms.offpolicy import (
     split,
     td_targets,
 )
-from marl.config import TrainConfig
+from marl.config import TrainConfig, changed_flags, options_without_effect
 from marl.core.distributions import draw_noise
 from marl.core.models import CriticInput, Policy, QCritic, action_size
 from marl.optim.update_step import Trainable, adam
 
 TERMS = ("loss", "critic_loss", "policy_loss", "alpha_loss", "alpha", "q_value", "td_error", "entropy")
+TARGET_ENTROPY_OPTIONS = ("target_entropy_scale", "discrete_target_entropy")  # which only learn_alpha uses
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,18 @@ class SACConfig(OffPolicyConfig):
             raise ValueError(f"alpha_init must be > 0, got {self.alpha_init}")
         if not 0 <= self.discrete_target_entropy <= 1:
             raise ValueError(f"discrete_target_entropy must be in [0, 1], got {self.discrete_target_entropy}")
+        given = changed_flags(self, TARGET_ENTROPY_OPTIONS)
+        if given and not self.learn_alpha:
+            raise options_without_effect(
+                given, "the tuning of alpha only; here alpha stays alpha_init", "--learn-alpha"
+            )
+
+    @classmethod
+    def saved(cls, values: dict, algo: str, gru: bool) -> dict:
+        # An earlier version also accepted the target entropy without learn_alpha (which it ignored, tuning alpha).
+        values = super().saved(values, algo, gru)
+        learn = values.get("learn_alpha", True)
+        return values if learn else {k: v for k, v in values.items() if k not in TARGET_ENTROPY_OPTIONS}
 
 
 class Temperature(nn.Module):

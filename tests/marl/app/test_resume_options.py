@@ -7,6 +7,7 @@ import pytest
 
 from marl.algorithms.ppo import PPOConfig
 from marl.algorithms.qlearning import QConfig, QMIXConfig
+from marl.algorithms.sac import SACConfig
 from marl.app.checkpoint import load_checkpoint, save_checkpoint
 from marl.app.cli import main
 from marl.app.logger import read_rows
@@ -180,6 +181,10 @@ def test_a_linear_lr_is_not_trained_past_its_end(tmp_path):
         (["--wandb-project", "mine"], "--wandb-project mine: it applies to Weights & Biases logging only: pass --w"),
         (["--no-wandb", "--wandb-mode", "offline", "--wandb-name", "x"], "--wandb-mode offline, --wandb-name x: they"),
         (["--save-buffer"], "--save-buffer: it applies to algorithms that learn from a replay buffer; --algo mappo"),
+        (
+            ["--algo", "isac", "--no-learn-alpha", "--discrete-target-entropy", "0.5"],
+            "--discrete-target-entropy 0.5: it applies to the tuning of alpha only; here alpha stays alpha_init: pass --l",
+        ),
         (["--algo", "masac", "--tau", "0"], "tau must be in (0, 1], got 0.0"),
         (["--algo", "vdn", "--mixing-embed-dim", "64"], "mixing_embed_dim is an option of qmix"),
         (["--algo", "iql", "--group", "agent.mixing_embed_dim=64"], "invalid option for group 'agent': mixing_"),
@@ -228,6 +233,9 @@ def test_replay_and_target_options_are_taken_in_their_mode_and_saved_ones_withou
     ppo = TrainConfig(run=RunConfig(total_frames=99)).to_dict()
     ppo["run"]["save_buffer"] = True  # and --save-buffer with PPO, which has no buffer
     assert TrainConfig.from_dict(ppo).run == RunConfig(total_frames=99)
+    sac = TrainConfig(algo=SACConfig(learn_alpha=False)).to_dict()
+    sac["algo"]["target_entropy_scale"] = 2.0  # and the target entropy with a fixed alpha
+    assert TrainConfig.from_dict(sac).algo == SACConfig(learn_alpha=False)
     saved["algo"]["target_update_every"] = 50  # and target_update_every with Polyak targets
     assert TrainConfig.from_dict(saved).algo.target_update_every == QConfig.target_update_every
     assert QConfig(target_update="hard", target_update_every=50).target_update_every == 50
