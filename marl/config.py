@@ -65,6 +65,9 @@ class AlgorithmConfig:
     not_shared: ClassVar[tuple[str, ...]] = ()
     """Fields a group on this config does not take from a run on another algorithm's (`TrainConfig.for_group`):
     the run sets them for its own kind of algorithm (e.g. the critic's scope, which Q-learning has no use for)."""
+    policy_std: ClassVar[bool] = True
+    """Whether its policies sample continuous actions with a std (`--std`, `--log-std-init`): without one, those
+    are refused (`TrainConfig._check_std`), as they would have no effect."""
     recurrent_options: ClassVar[tuple[str, ...]] = ()
     """Fields only recurrent networks use (`--model gru`): without them a value other than the default is
     refused (`TrainConfig._check_recurrent`), as it would have no effect."""
@@ -130,6 +133,8 @@ class ModelConfig:
 
 # ModelConfig's fields that only `model="gru"` uses: refused, as they would have no effect, without it.
 MODEL_RECURRENT_OPTIONS = ("gru_hidden", "gru_nets")
+# ModelConfig's fields that only policies with a std use (`AlgorithmConfig.policy_std`).
+MODEL_STD_OPTIONS = ("log_std_init", "std")
 
 
 WANDB_MODES = ("online", "offline", "disabled")
@@ -392,6 +397,7 @@ class TrainConfig:
                 "learns from each iteration's rollout and has none: leave it out"
             )
         self._check_recurrent()
+        self._check_std()
         self.algo.check_train(self)
 
     def uses_gru(self) -> bool:
@@ -435,6 +441,26 @@ class TrainConfig:
                 f"--model gru{where}: --algo {name} trains MLPs only; recurrent networks train with "
                 f"--algo {' or '.join(able)} (or pass --model mlp)"
             )
+
+    def _check_std(self) -> None:
+        """`--std` and `--log-std-init` (the run's, or a group's) only where a group's policy has a std."""
+        from marl import algorithms
+
+        has_std = [n for n in algorithms.names() if algorithms.config_class(n).policy_std]
+        groups = {g: self.group_algorithm(g) for g in self.group_overrides}
+        given = changed_flags(self.model, MODEL_STD_OPTIONS)
+        if given and not any(cls.policy_std for cls in (type(self.algo), *groups.values())):
+            raise ValueError(
+                f"{', '.join(given)}: --algo {self.algo.algo}'s policies have no std to set (those of --algo "
+                f"{', '.join(has_std)} have one): leave {'it' if len(given) == 1 else 'them'} out"
+            )
+        for group, overrides in self.group_overrides.items():
+            given = [f"--group {group}.{name}={overrides[name]}" for name in MODEL_STD_OPTIONS if name in overrides]
+            if given and not groups[group].policy_std:
+                name = overrides.get("algo", self.algo.algo)
+                raise ValueError(
+                    f"{', '.join(given)}: the {name} policy of group {group!r} has no std to set: leave it out"
+                )
 
     def group_algorithm(self, group: str) -> type[AlgorithmConfig]:
         """The config class of `group`'s algorithm: the run's, unless `--group NAME.algo=OTHER` names an
@@ -513,6 +539,18 @@ class TrainConfig:
             if o.get("model", model.get("model")) == "gru"
             else {k: v for k, v in o.items() if k not in MODEL_RECURRENT_OPTIONS}
             for group, o in overrides.items()
+        }
+        # And --std, --log-std-init with policies that have no std (DDPG's, Q-learning's).
+        std = {
+            g: algorithms.config_class(o.get("algo", name)).policy_std
+            for g, o in overrides.items()
+            if o.get("algo", name) in algorithms.names()
+        }
+        if not (algo_class.policy_std or any(std.values())):
+            model = {k: v for k, v in model.items() if k not in MODEL_STD_OPTIONS}
+        overrides = {
+            g: o if std.get(g, True) else {k: v for k, v in o.items() if k not in MODEL_STD_OPTIONS}
+            for g, o in overrides.items()
         }
         run = RunConfig.saved(dict(data["run"]), algorithms.get(name).collects == "transitions")
         for section, values, known in (

@@ -19,7 +19,7 @@ Actions enter the critic scaled to [-1, 1].
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
@@ -47,6 +47,8 @@ TERMS = ("loss", "critic_loss", "policy_loss", "q_value", "td_error", "sigma")
 @dataclass(frozen=True)
 class DDPGConfig(OffPolicyConfig):
     """MADDPG and IDDPG: deterministic policies explored with Gaussian noise, learned through action values."""
+
+    policy_std: ClassVar[bool] = False  # deterministic policies, explored with Gaussian noise of sigma
 
     algo: Literal["maddpg", "iddpg"] = "maddpg"
     """maddpg: a centralised critic (every group's observations and actions); iddpg: each agent's own."""

@@ -82,6 +82,8 @@ HYPERNET_INIT_SCALE = 0.01  # QMixer's output layers at init, relative to torch'
 class QConfig(OffPolicyConfig):
     """IQL, VDN and QMIX: ε-greedy Q-learning per agent, alone or mixed into the group's value."""
 
+    policy_std: ClassVar[bool] = False  # greedy in the Q values, explored with epsilon
+
     algo: Literal["qmix", "vdn", "iql"] = "vdn"
     """iql: each agent learns its own Q; vdn: the group's Q is the sum of its agents'; qmix: a monotonic
     mixing network of the env's state (or the group's observations) combines them."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from marl.algorithms.ddpg import DDPGConfig
 from marl.algorithms.ppo import PPOConfig
 from marl.algorithms.qlearning import QConfig, QMIXConfig
 from marl.algorithms.sac import SACConfig
@@ -185,6 +186,18 @@ def test_a_linear_lr_is_not_trained_past_its_end(tmp_path):
             ["--algo", "isac", "--no-learn-alpha", "--discrete-target-entropy", "0.5"],
             "--discrete-target-entropy 0.5: it applies to the tuning of alpha only; here alpha stays alpha_init: pass --l",
         ),
+        (
+            ["--algo", "iql", "--log-std-init", "-1"],
+            "--log-std-init -1.0: --algo iql's policies have no std to set (those of",
+        ),
+        (
+            ["--algo", "maddpg", "--std", "state"],
+            "--std state: --algo maddpg's policies have no std to set (those of --algo ",
+        ),
+        (
+            ["--algo", "masac", "--group", "a.algo=iql", "--group", "a.std=state"],
+            "--group a.std=state: the iql policy of group 'a' has no std",
+        ),
         (["--algo", "masac", "--tau", "0"], "tau must be in (0, 1], got 0.0"),
         (["--algo", "vdn", "--mixing-embed-dim", "64"], "mixing_embed_dim is an option of qmix"),
         (["--algo", "iql", "--group", "agent.mixing_embed_dim=64"], "invalid option for group 'agent': mixing_"),
@@ -236,6 +249,10 @@ def test_replay_and_target_options_are_taken_in_their_mode_and_saved_ones_withou
     sac = TrainConfig(algo=SACConfig(learn_alpha=False)).to_dict()
     sac["algo"]["target_entropy_scale"] = 2.0  # and the target entropy with a fixed alpha
     assert TrainConfig.from_dict(sac).algo == SACConfig(learn_alpha=False)
+    ddpg = TrainConfig(algo=DDPGConfig()).to_dict()
+    ddpg["model"]["std"] = "state"  # and --std with DDPG's deterministic policies
+    assert TrainConfig.from_dict(ddpg).model == ModelConfig()
+    TrainConfig(model=ModelConfig(std="state"), algo=DDPGConfig(), group_overrides={"b": {"algo": "masac"}})  # b's
     saved["algo"]["target_update_every"] = 50  # and target_update_every with Polyak targets
     assert TrainConfig.from_dict(saved).algo.target_update_every == QConfig.target_update_every
     assert QConfig(target_update="hard", target_update_every=50).target_update_every == 50
