@@ -9,7 +9,7 @@ import torch
 import envs
 from envs.specs import Box
 from marl import algorithms
-from marl.config import TrainConfig, import_modules
+from marl.config import MODEL_STD_OPTIONS, TrainConfig, changed_flags, import_modules
 from marl.core.groups import GroupedEnv
 from marl.core.rollout import check_acting
 
@@ -94,6 +94,19 @@ def check_group_overrides(config: TrainConfig, groups) -> None:
                 f"group {group!r} has {type(action).__name__} actions, which have no std: the override(s) "
                 f"{ignored} apply to continuous (Box) actions only; leave them out for {group!r}"
             )
+
+
+def check_std_used(config: TrainConfig, groups) -> None:
+    """A new run's `--std` and `--log-std-init` only where a group has continuous (Box) actions: discrete ones
+    have no std (a group's own are checked by `check_group_overrides`). Not on loading: a checkpoint of an earlier
+    version that holds them resumes and evaluates as trained."""
+    given = changed_flags(config.model, MODEL_STD_OPTIONS)
+    if given and not any(isinstance(spec.action, Box) for spec in groups.values()):
+        raise ValueError(
+            f"{', '.join(given)}: {config.env.env}'s groups ({', '.join(groups)}) have discrete actions, which have "
+            f"no std: {'it applies' if len(given) == 1 else 'they apply'} to continuous (Box) actions only; leave "
+            f"{'it' if len(given) == 1 else 'them'} out"
+        )
 
 
 def build_algorithm(config: TrainConfig, env, device: torch.device, world, generator: torch.Generator):

@@ -198,6 +198,10 @@ def test_a_linear_lr_is_not_trained_past_its_end(tmp_path):
             ["--algo", "masac", "--group", "a.algo=iql", "--group", "a.std=state"],
             "--group a.std=state: the iql policy of group 'a' has no std",
         ),
+        (
+            ["--log-std-init", "1", "--minibatch-size", "64"],
+            "--log-std-init 1.0: spread's groups (agent) have discrete actions, which have no",
+        ),
         (["--algo", "masac", "--tau", "0"], "tau must be in (0, 1], got 0.0"),
         (["--algo", "vdn", "--mixing-embed-dim", "64"], "mixing_embed_dim is an option of qmix"),
         (["--algo", "iql", "--group", "agent.mixing_embed_dim=64"], "invalid option for group 'agent': mixing_"),
@@ -306,6 +310,18 @@ def test_a_checkpoint_copied_into_another_runs_folder_is_refused_there_and_resum
     (alone / "checkpoint.pt").write_bytes((a / "checkpoint.pt").read_bytes())
     assert main(["train", "--resume", str(alone / "checkpoint.pt"), "--total-frames", "2048"]) == 0
     assert [row["iteration"] for row in read_rows(alone / "metrics.csv")] == [3, 4]
+
+
+def test_a_saved_std_of_discrete_actions_resumes(tmp_path, capsys):
+    # An earlier version took --log-std-init with discrete actions only (no effect): such a run still resumes.
+    argv = ["train", "--env", "spread", "--num-envs", "8", "--rollout-length", "8", "--minibatch-size", "32"]
+    argv += ["--hidden", "8", "--no-progress", "--no-tensorboard", "--log-dir", str(tmp_path), "--run-name", "run"]
+    assert main([*argv, "--total-frames", "64"]) == 0
+    checkpoint = tmp_path / "run" / "checkpoint.pt"
+    state = load_checkpoint(checkpoint)
+    state["config"]["model"]["log_std_init"] = 1.0
+    save_checkpoint(checkpoint, state)
+    assert main(["train", "--resume", str(checkpoint), "--total-frames", "128"]) == 0
 
 
 def test_a_resume_with_other_options_names_them_as_flags(tmp_path, capsys):
