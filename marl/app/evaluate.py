@@ -41,6 +41,11 @@ def evaluate(
     check_seed(seed)
     if num_envs is not None and num_envs < 1:
         raise ValueError(f"num_envs must be >= 1 (or left out: min(episodes, 256)), got {num_envs}")
+    if num_envs is not None and num_envs > episodes:  # each env runs one episode a round: the others would idle
+        raise ValueError(
+            f"--num-envs {num_envs} with --episodes {episodes}: each env runs one episode at a time, so at most "
+            f"{episodes} run: pass --num-envs {episodes} or less, or more --episodes"
+        )
     if render:
         check_render_path(render)  # now, not after the whole evaluation
     device = canonical_device(resolve_device(device))  # an argument: checked before the checkpoint is read

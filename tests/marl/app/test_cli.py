@@ -135,6 +135,8 @@ def test_options_reach_the_config():
         ),
         (["eval", "--checkpoint", "/nonexistent/checkpoint.pt"], "no checkpoint at /nonexistent/checkpoint.pt"),
         (["eval", "--checkpoint", "c.pt", "--num-envs", "0"], "num_envs must be >= 1 (or left out"),
+        # Only as many envs as episodes ran: the others were never stepped.
+        (["eval", "--checkpoint", "c.pt", "--episodes", "10", "--num-envs", "64"], "--num-envs 64 with --episodes 10"),
         (
             ["eval", "--checkpoint", "c.pt", "--render", "/nonexistent/x.gif"],
             "cannot write /nonexistent/x.gif: the folder /nonexistent does not exist",
