@@ -140,10 +140,16 @@ class Trainer:
             if self.collector.compiled:
                 self.graphs_to_announce.add("rollout step")
             else:
-                why = (
-                    "the env checks values on the host" if self.env.traceable else "torch.compile cannot trace this env"
-                )
-                print(f"CUDA graphs: rollout step: not compiled ({why}: collected eagerly)")
+                print(f"CUDA graphs: rollout step: not compiled ({self._eager_reason()}: collected eagerly)")
+        if not resuming and config.run.compile_unroll > 1 and not self.collector.compiled:
+            raise ValueError(
+                f"--compile-unroll {config.run.compile_unroll}: the rollout of {config.env.env} is not compiled "
+                f"({self._eager_reason()}: collected eagerly, step by step), so it has no effect: leave it out"
+            )
+
+    def _eager_reason(self) -> str:
+        """Why the rollout of a run with --compile is collected eagerly (`Collector.compiled` is False)."""
+        return "the env checks values on the host" if self.env.traceable else "torch.compile cannot trace this env"
 
     def _replay_buffer(self) -> ReplayBuffer | None:
         """The algorithm's replay buffer (one per rank under torchrun), its size said before it is allocated;

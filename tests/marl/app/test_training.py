@@ -278,6 +278,12 @@ def test_compiled_training_collects_an_env_that_checks_values_eagerly(tmp_path, 
     assert not trainer.collector.compiled
     with pytest.raises(EnvOutputError, match=r"_step\(\)'s reward for group 'mover' contains NaN or inf in 1 of 16"):
         trainer.train_iteration()
+    # Collected eagerly, step by step, --compile-unroll would have no effect.
+    unrolled = dataclasses.replace(config, env=env, run=dataclasses.replace(config.run, compile_unroll=2))
+    with pytest.raises(
+        ValueError, match=r"^--compile-unroll 2: the rollout of nan_at_step3 is not compiled \(the env ch"
+    ):
+        Trainer(unrolled, run_dir=tmp_path / "unrolled")
 
 
 def test_unrolled_collection_fills_the_same_buffer(tmp_path):
