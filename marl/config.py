@@ -103,7 +103,7 @@ class ModelConfig:
     share_params: bool = True
     """Agents of a group share one network; else each has its own (stacked, one batched matmul)."""
     log_std_init: float = 0.0
-    """Initial log standard deviation of continuous actions (before tanh squashing)."""
+    """Initial log standard deviation of continuous actions (before tanh squashing; PPO's and SAC's policies)."""
     std: Literal["param", "state"] = "param"
     """Continuous actions' std: a learned parameter, the same in every state ("param"), or an output of
     the policy network through a biased softplus ("state", as BenchMARL's policies)."""
@@ -172,7 +172,7 @@ class RunConfig:
     seeds: tuple[int, ...] = ()
     """Train one run per seed in one process (`--seeds 0 1 2 3 4`; every built-in algorithm, groups on different
     off-policy ones too, with --model gru too where a single run takes it), each as a run with --seed that seed:
-    parameters stacked on a seed dim, all runs' envs in one batch; replaces --seed."""
+    parameters stacked on a seed dim, all runs' envs in one batch; replaces --seed (refused beside it)."""
     num_seeds: int = 1
     """Train this many seeds in one process: seed, seed + 1, ... (as --seeds)."""
     sweep: tuple[str, ...] = ()
@@ -184,7 +184,7 @@ class RunConfig:
     log_dir: str = "runs"
     """Each run writes metrics.csv, checkpoint.pt and TensorBoard events to LOG_DIR/RUN_NAME."""
     run_name: str = ""
-    """Name of the run's folder; default <env>-<algo>-seed<seed>-<time>."""
+    """Name of the run's folder, one folder in LOG_DIR (no '/', '..'); default <env>-<algo>-seed<seed>-<time>."""
     checkpoint_every: int = 10
     """Write a checkpoint every this many iterations (and at the end)."""
     compile: bool = False

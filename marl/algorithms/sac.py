@@ -80,9 +80,9 @@ class SACConfig(OffPolicyConfig):
     learn_alpha: bool = True
     """Tune alpha so that the policy's entropy tracks the target entropy; else alpha stays alpha_init."""
     target_entropy_scale: float = 1.0
-    """Continuous actions: the target entropy is -scale * (action dims)."""
+    """With --learn-alpha, continuous actions: the target entropy is -scale * (action dims)."""
     discrete_target_entropy: float = 0.2
-    """Discrete actions: the target entropy is this fraction of log(number of actions)."""
+    """With --learn-alpha, discrete actions: the target entropy is this fraction of log(number of actions)."""
 
     def check(self) -> None:
         super().check()

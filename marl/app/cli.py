@@ -564,7 +564,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--episodes", type=int, default=100, help="episodes to average over")
     evaluate.add_argument("--render", metavar="GIF", help="write the first episode of env 0 to this GIF")
     evaluate.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto (CUDA when present)")
-    evaluate.add_argument("--num-envs", type=int, default=None, help="envs run at once; default: min(episodes, 256)")
+    evaluate.add_argument(
+        "--num-envs", type=int, default=None, help="envs run at once, at most --episodes; default: min(episodes, 256)"
+    )
     evaluate.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs")
     evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
     evaluate.add_argument(
