@@ -414,6 +414,7 @@ class Trainer:
             tensorboard = writes_tensorboard(run.tensorboard)
             trainer.world.check_on_main(lambda: check_resumed_run_dir(trainer.run_dir, trainer.members, tensorboard))
             trainer.world.check_on_main(lambda: check_logs_of(path, trainer.run_dir, trainer.members, state))
+            trainer.world.check_on_main(lambda: check_kept_checkpoint(path, trainer.checkpoint_path))
         initial = [p.detach().clone() for p in trainer.algorithm.parameters()]  # checked at build
         trainer.load_state_dict(state)
         trainer.saved_run = saved
@@ -618,6 +619,17 @@ def check_logs_of(checkpoint: str | Path, run_dir: Path, members: Sequence[Membe
             f"frames, {elapsed:.6g} s of training; the log holds {logged} for it. A resume would cut that log after "
             f"iteration {it} and append to it: resume a run from its own folder, or copy the checkpoint alone into an "
             "empty folder to train on from it there"
+        )
+
+
+def check_kept_checkpoint(checkpoint: str | Path, own: Path) -> None:
+    """A resume from a checkpoint other than its folder's checkpoint.pt (a copy kept from an earlier iteration)
+    would overwrite that one, which may hold later training, with its first save: refused."""
+    if own.exists() and not own.samefile(checkpoint):
+        raise ValueError(
+            f"a resume from {checkpoint} writes its checkpoints to {own}, which holds another checkpoint it would "
+            f"overwrite: resume {own}, or copy {Path(checkpoint).name} alone into an empty folder to train on from it "
+            "there"
         )
 
 

@@ -324,6 +324,19 @@ def test_a_saved_std_of_discrete_actions_resumes(tmp_path, capsys):
     assert main(["train", "--resume", str(checkpoint), "--total-frames", "128"]) == 0
 
 
+def test_a_checkpoint_kept_beside_the_runs_own_is_not_resumed_over_it(tmp_path, capsys):
+    # Resumed from a copy kept at iteration 1, the run overwrote its checkpoint.pt of iteration 2.
+    checkpoint = trained(tmp_path, capsys, 512)
+    kept = checkpoint.with_name("iteration1.pt")
+    kept.write_bytes(checkpoint.read_bytes())
+    assert main(["train", "--resume", str(checkpoint), "--total-frames", "1024"]) == 0
+    latest = checkpoint.read_bytes()
+    assert main(["train", "--resume", str(kept), "--total-frames", "2048"]) == 2
+    err = capsys.readouterr().err
+    assert f"a resume from {kept} writes its checkpoints to {checkpoint}, which holds another checkpoint" in err
+    assert checkpoint.read_bytes() == latest and len(err.splitlines()) == 1
+
+
 def test_a_resume_with_other_options_names_them_as_flags(tmp_path, capsys):
     # It said "only ['checkpoint_every', ...] can change, got ['env_options', 'lr']": field names, not flags.
     checkpoint = trained(tmp_path, capsys, 512)
