@@ -189,10 +189,10 @@ class RunConfig:
     """Write a checkpoint every this many iterations (and at the end)."""
     compile: bool = False
     """torch.compile the rollout step of native envs (policy and physics; VMAS and PettingZoo envs are
-    collected eagerly) and each optimiser step as one graph (loss, gradients, clipping, Adam); CUDA graphs
-    on a GPU. The first iteration then spends a while compiling. Several seeds (--seeds) compile every
-    member's acting and envs into one rollout graph and every member's optimiser step into one graph
-    (under torchrun their optimiser steps run eagerly)."""
+    collected eagerly) and each optimiser step as one graph (loss, gradients, clipping, Adam; under
+    torchrun the loss only); CUDA graphs on a GPU. The first iteration then spends a while compiling.
+    Several seeds (--seeds) compile every member's acting and envs into one rollout graph and every
+    member's optimiser step into one graph."""
     compile_unroll: int = 1
     """With --compile, on native envs: env steps per compiled rollout call. Each call has a fixed cost
     (guards, wrapper), which matters at small batches; each doubling roughly doubles the rollout's

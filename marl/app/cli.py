@@ -214,7 +214,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         flags = ", ".join(_flag(name) for name in sorted(others))
         raise ValueError(
             f"{flags} {'is not an option' if len(others) == 1 else 'are not options'} of --algo {algo}; "
-            f"its options: {', '.join(_flag(n) for n in sorted(own - {'algo'}))}"
+            f"its options: {', '.join(_flag(n) for n in sorted(own - {'algo', *config.not_shared}))}"
             + _group_hint(sorted(others), given, overrides)
         )
     values = {name: given[name] for name in own if name in given}

@@ -509,3 +509,14 @@ def test_train_help_does_not_say_q_learning_takes_critic_options(algo, title, ca
         assert main(["train", "--algo", algo, "--env", "spread", flag, *([value] if value else [])]) == 2
         assert "leave them at their defaults" in capsys.readouterr().err
     assert ("--mixing-embed-dim" in section) == (algo == "qmix")
+
+
+@pytest.mark.parametrize("algo", ["iql", "qmix"])
+def test_another_algorithms_option_lists_only_options_q_learning_takes(algo, capsys):
+    # The list after "its options:" named --critic-scope and --shared-value, which Q-learning then refuses.
+    assert main(["train", "--algo", algo, "--env", "spread", "--clip-eps", "0.1"]) == 2
+    err = capsys.readouterr().err
+    listed = err.split("its options: ")[1].split(";")[0].split(", ")
+    assert "--gamma" in listed and "--double-q" in listed, listed
+    assert "--critic-scope" not in listed and "--shared-value" not in listed, listed
+    assert ("--mixing-embed-dim" in listed) == (algo == "qmix"), listed
