@@ -19,10 +19,14 @@ network (double Q, `double_q`) or of the target network, valued by the target ne
   hypernetworks of the env's state `s` (or, without one, the group's stacked observations), its target
   copy mixing the next values at `s'`.
 
-For VDN and QMIX the team's reward is the mean of its agents' rewards, and the team's episode has
-terminated when any agent's has (BenchMARL's conventions). TD(0): a truncated step bootstraps from its
+For VDN and QMIX the team's reward is the mean of its agents' rewards (BenchMARL's convention), and the
+team's episode has terminated when every one of its agents' has: when the env's episode has, whose flag
+PyMARL's and BenchMARL's targets read (or, for a group of some of the env's agents, when they have all left
+it). Where all agents end together, as in the native envs, that is any agent's. An agent that left earlier
+(`envs.adapters.pettingzoo`: terminated, reward 0, until its env resets) adds no next value to the team's:
+its `Q'_i` is 0 in VDN's sum and QMIX's mixer (`team_step`). TD(0): a truncated step bootstraps from its
 true next observation, a terminated one does not (`td_targets`). With `n_step` > 1 the reward is the
-discounted sum of the next n (`n_step_returns`, cut after a step where any of the group's agents is done,
+discounted sum of the next n (`n_step_returns`, cut after a step where all of the group's agents are done,
 or before a step not yet collected) and the bootstrap is `gamma^m` times the value at the last step's
 next observation.
 `loss = mean(w * (Q - y)^2)` (`critic_loss`), `w` the importance weights of prioritized replay, whose
@@ -353,16 +357,21 @@ def vdn_mix(q: torch.Tensor) -> torch.Tensor:
     return q.sum(-1)
 
 
-def team_step(reward: torch.Tensor, terminated: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The team's reward (the mean over the agents) and termination (any agent's) `[k, n] -> [k, 1]` each."""
-    return reward.mean(-1, keepdim=True), terminated.any(-1, keepdim=True)
+def team_step(
+    reward: torch.Tensor, terminated: torch.Tensor, next_q: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The team's reward (the mean over the agents) and termination (every agent's: the env's episode ended,
+    or the group's agents have all left it) `[k, n] -> [k, 1]` each, and the agents' next values `[k, n]` with
+    those of terminated agents zeroed: an agent that left earns nothing more, so its Q' must not enter the
+    team's bootstrap while the others play on. Where all agents end together this is any agent's termination."""
+    return reward.mean(-1, keepdim=True), terminated.all(-1, keepdim=True), next_q.masked_fill(terminated, 0.0)
 
 
 def n_step_returns(
     reward: torch.Tensor, done: torch.Tensor, available: torch.Tensor, gamma: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Discounted sums of up to n rewards of the same env, `[k, n_agents]`, from its steps `j = 0..n-1`:
-    `reward` `[n, k, n_agents]`, `done` `[n, k]` (any of the group's agents), `available` `[n, k]` (step j
+    `reward` `[n, k, n_agents]`, `done` `[n, k]` (all of the group's agents), `available` `[n, k]` (step j
     is in the buffer; step 0 always). Step j counts while every earlier step was neither done nor missing.
     Returns the sums, the steps counted `m` `[k]` (>= 1) and `gamma^m` `[k, 1]`."""
     counted = torch.cumprod(torch.cat([available[:1], available[1:] & ~done[:-1]]).float(), 0)  # [n, k]
@@ -593,7 +602,7 @@ class QLearning(OffPolicy):
             if lr.algo.algo == "iql":
                 value = q
             else:
-                reward, terminated = team_step(reward, terminated)
+                reward, terminated, next_q = team_step(reward, terminated, next_q)
                 if lr.mixer is None:
                     value, next_q = vdn_mix(q).unsqueeze(-1), vdn_mix(next_q).unsqueeze(-1)  # [k, 1]
                 else:
@@ -657,7 +666,9 @@ class QLearning(OffPolicy):
         ahead = (self.position - index - 1).remainder(capacity) + 1  # [k]
         available = offsets < ahead  # [n_step, k]
         reward = storage[(group, "reward")][slots]  # [n_step, k, n]
-        done = storage[(group, "done")][slots].any(-1)  # [n_step, k]
+        # The env's episode goes on until all its agents are done: one that left earlier reads terminated,
+        # with reward 0, until then, so the sums and bootstraps of every agent stay right past it.
+        done = storage[(group, "done")][slots].all(-1)  # [n_step, k]
         total, steps, discount = n_step_returns(reward, done, available, algo.gamma)
         last = slots.gather(0, (steps - 1).unsqueeze(0)).squeeze(0)  # [k]
         after = {group: {"next_observation": storage[(group, "next_observation")][last]}}

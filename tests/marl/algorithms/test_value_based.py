@@ -90,12 +90,15 @@ def test_qmix_is_monotonic_in_every_agents_value():
     assert (grad >= 0).all() and (grad > 0).any()
 
 
-def test_team_reward_is_the_mean_and_the_team_terminates_when_any_agent_does():
-    reward = torch.tensor([[1.0, 2.0, 6.0], [0.0, 0.0, -3.0]])
-    terminated = torch.tensor([[False, True, False], [False, False, False]])
-    team_reward, team_terminated = team_step(reward, terminated)
-    assert torch.equal(team_reward, torch.tensor([[3.0], [-1.0]]))
-    assert torch.equal(team_terminated, torch.tensor([[True], [False]]))
+def test_team_reward_is_the_mean_and_the_team_terminates_when_every_agent_has():
+    reward = torch.tensor([[1.0, 2.0, 6.0], [0.0, 0.0, -3.0], [4.0, 5.0, 0.0]])
+    terminated = torch.tensor([[False, True, False], [False, False, False], [True, True, True]])
+    next_q = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
+    team_reward, team_terminated, team_next_q = team_step(reward, terminated, next_q)
+    assert torch.equal(team_reward, torch.tensor([[3.0], [-1.0], [3.0]]))
+    assert torch.equal(team_terminated, torch.tensor([[False], [False], [True]]))
+    # An agent that has left adds no next value: agent 1 of row 0 (and all of row 2, which ends anyway).
+    assert torch.equal(team_next_q, torch.tensor([[1.0, 0.0, 3.0], [4.0, 5.0, 6.0], [0.0, 0.0, 0.0]]))
 
 
 # ---- targets by hand ------------------------------------------------------------------------------------
@@ -242,6 +245,61 @@ def test_n_step_targets_equal_a_walk_through_the_collected_steps(tmp_path, capac
             q = learner.policy.net(steps["observation"][first].unsqueeze(0))[0]
             q = q.gather(-1, steps["action"][first].unsqueeze(-1)).squeeze(-1)
             assert torch.allclose(priority["agent"][row], (q - target).abs(), atol=1e-5), (slot, first, m)
+
+
+@pytest.mark.parametrize("n_step", [1, 3])
+@pytest.mark.parametrize("algo", ["iql", "vdn", "qmix"])
+def test_the_team_plays_on_after_an_agent_leaves(tmp_path, algo, n_step):
+    """PettingZoo runners (`tests.envs.pz_toy`): runner_1 leaves after 2 steps, runner_0 ends the 4-step
+    episode. The team's targets, walked through the collected steps: its n-step sums run until the env's
+    episode ends, it bootstraps unless the episode ended there (terminated: max_steps is 100), and
+    runner_1's next value, once it has left, is 0 in the sum or the mixer (IQL: runner_0's n-step sums run
+    on past runner_1's leaving too)."""
+    pytest.importorskip("pettingzoo")
+    config = discrete_config(tmp_path, algo, "pettingzoo/tests.envs.pz_toy", n_step=n_step, gamma=0.9, double_q=False)
+    trainer = Trainer(config, run_dir=tmp_path / "run")
+    algorithm, learner = trainer.algorithm, trainer.algorithm.learners["runner"]
+    if learner.mixer is not None:  # undo the small init of the output layers: runner_1's Q' must show
+        for net in (learner.mixer, learner.target_mixer):
+            for p in net.parameters():
+                p.data.mul_(100)
+    batch = trainer.collector.collect()  # [8 steps, 8 envs]: slot t * 8 + env, two episodes per env
+    trainer.buffer.extend(batch)
+    algorithm.position = trainer.buffer.position
+    steps = {key: batch["runner"][key].flatten(0, 1) for key in ("observation", "next_observation", "action")}
+    steps |= {key: batch["runner"][key].flatten(0, 1).squeeze(-1) for key in ("reward", "terminated")}  # [64, 2]
+    env_done = torch.arange(64) // 8 % 4 == 3  # [64]: the episodes' last steps, all terminated
+    # runner_1 has left after its episode's steps 0 and 1, runner_0 after step 3.
+    assert torch.equal(steps["terminated"], torch.stack([env_done, torch.arange(64) // 8 % 4 >= 1], -1))
+    index = torch.tensor([0, 8 + 1, 2 * 8 + 2, 3 * 8 + 3, 4 * 8 + 4, 6 * 8 + 5, 7 * 8 + 6])  # each episode step
+    _, _, priority = algorithm.loss(trainer.buffer.storage, index, None, {}, torch.tensor([0]))
+
+    def mix(q, observation, mixer):  # [2] -> [] (IQL: [2] as it is)
+        if algo == "iql":
+            return q
+        return q.sum() if mixer is None else mixer(q.unsqueeze(0), observation.flatten().unsqueeze(0))[0]
+
+    with torch.no_grad():
+        for row, first in enumerate(index.tolist()):
+            total, m = torch.zeros(2), 0
+            for j in range(n_step):
+                step = first + 8 * j
+                if step >= 64:
+                    break
+                total += 0.9**j * steps["reward"][step]
+                m += 1
+                if env_done[step]:
+                    break
+            last = first + 8 * (m - 1)
+            next_q = learner.target_q(steps["next_observation"][last]).amax(-1)  # [2]
+            next_q = torch.where(steps["terminated"][last], 0.0, next_q)  # a runner that has left adds nothing
+            bootstrap = mix(next_q, steps["next_observation"][last], learner.target_mixer)
+            reward = total if algo == "iql" else total.mean()
+            target = reward + (0.0 if env_done[last] else 0.9**m * bootstrap)
+            q = learner.policy.net(steps["observation"][first]).gather(-1, steps["action"][first].unsqueeze(-1))
+            value = mix(q.squeeze(-1), steps["observation"][first], learner.mixer)
+            error = (value - target).abs().expand(2)  # a mixer's one error for both runners
+            assert torch.allclose(priority["runner"][row], error, atol=1e-5), (first, m)
 
 
 def test_the_mixer_sees_the_state_when_the_env_has_one(tmp_path):
