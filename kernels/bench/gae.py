@@ -279,16 +279,6 @@ def parse_sizes(text: str) -> list[tuple[int, ...]]:
     return sizes
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
-    return value
-
-
 def check_args(args: argparse.Namespace) -> tuple[torch.device, list[str]]:
     """The device and the backends to time, or a ValueError saying what is wrong, before anything runs."""
     from kernels._common import resolve_backend
@@ -311,14 +301,19 @@ def check_args(args: argparse.Namespace) -> tuple[torch.device, list[str]]:
             raise ValueError(f"--backends {args.backends}: {error}") from None
     if args.peak_gbps is not None and not args.peak_gbps > 0:
         raise ValueError(f"--peak-gbps {args.peak_gbps}: expected a positive number of GB/s")
-    if args.peer_python and not (Path(args.peer_python).is_file() and os.access(args.peer_python, os.X_OK)):
-        raise ValueError(f"--peer-python {args.peer_python}: not an executable file")
+    if args.peer_python:
+        # Imported here, not at the top: this file also runs as the peer's script, where only torch is importable.
+        from kernels.bench.options import check_peer_python
+
+        check_peer_python("--peer-python", args.peer_python, ("torchrl",))
     if args.json and not Path(args.json).resolve().parent.is_dir():
         raise ValueError(f"--json {args.json}: its folder does not exist")
     return device, backends
 
 
 def main(argv: list[str] | None = None) -> None:
+    from kernels.bench.options import positive_int  # here, not at the top: see check_args
+
     parser = argparse.ArgumentParser(prog="python -m kernels.bench.gae", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--sizes",

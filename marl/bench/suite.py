@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import statistics
 import subprocess
 import sys
@@ -52,6 +51,7 @@ import torch
 
 import envs
 from envs.bench import steps as env_bench
+from kernels.bench.options import check_peer_python
 from marl.algorithms.ppo import PPOConfig
 from marl.app.paths import check_output_file
 from marl.app.trainer import Trainer
@@ -294,30 +294,6 @@ PEER_PYTHONS = {
     "torchrl_python": ("--torchrl-python", ("torchrl",)),
     "benchmarl_python": ("--benchmarl-python", ("benchmarl", "torchrl", "vmas")),
 }
-
-# Prints a word of its own first: a program that is not Python (`/bin/true`, `/bin/echo`) cannot pass for one.
-_FIND_MODULES = (
-    "import importlib.util, sys; print('python-ok', *(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))"
-)
-
-
-def check_peer_python(flag: str, python: str, modules: tuple[str, ...]) -> None:
-    """Refuse a peer interpreter (`flag python`) that does not exist, is not a Python, or lacks one of
-    `modules`: a ValueError naming the flag, raised before the benchmark runs, not a traceback in it."""
-    found = shutil.which(python)
-    if found is None:
-        exists = Path(python).exists()
-        raise ValueError(f"{flag} {python}: " + ("not an executable file" if exists else "no such interpreter"))
-    try:
-        done = subprocess.run([found, "-c", _FIND_MODULES, *modules], capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise ValueError(f"{flag} {python}: could not run it ({error})") from None
-    words = done.stdout.split()
-    if done.returncode != 0 or words[:1] != ["python-ok"]:
-        said = done.stderr.strip()[-300:]
-        raise ValueError(f"{flag} {python}: it is not a working Python" + (f" ({said})" if said else ""))
-    if words[1:]:
-        raise ValueError(f"{flag} {python}: {', '.join(words[1:])} not installed in that interpreter")
 
 
 def check_args(args: argparse.Namespace) -> None:

@@ -1,5 +1,7 @@
 """`python -m kernels.bench.gae`: bad arguments are refused with a one-line usage error before anything is timed."""
 
+import sys
+
 import pytest
 import torch
 
@@ -13,7 +15,10 @@ BAD_ARGUMENTS = {
     "unknown-device": (["--device", "bogus"], "--device 'bogus': expected cpu, cuda or cuda:N"),
     "unknown-backend": (["--backends", "auto,gpu"], "--backends auto,gpu: backend='gpu' is not one of"),
     "negative-peak": (["--peak-gbps", "-5"], "--peak-gbps -5.0: expected a positive number of GB/s"),
-    "missing-peer": (["--peer-python", "/nonexistent/python"], "--peer-python /nonexistent/python: not an executable"),
+    "missing-peer": (
+        ["--peer-python", "/nonexistent/python"],
+        "--peer-python /nonexistent/python: no such interpreter",
+    ),
     "json-in-missing-folder": (
         ["--json", "/nonexistent/out.json"],
         "--json /nonexistent/out.json: its folder does not",
@@ -29,6 +34,19 @@ def test_bad_arguments_are_refused_before_anything_runs(argv, message, capsys, m
     assert exit.value.code == 2
     err = capsys.readouterr().err
     assert f"python -m kernels.bench.gae: error: {message}" in err and "Traceback" not in err
+
+
+def test_a_peer_python_without_torchrl_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    # This interpreter without its site-packages (`-S`): a Python, but one where torchrl cannot be found.
+    bare = tmp_path / "python"
+    bare.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    bare.chmod(0o755)
+    monkeypatch.setattr(bench, "bench_size", lambda *args: pytest.fail("bench_size ran"))
+    with pytest.raises(SystemExit) as exit:
+        bench.main(["--sizes", "4x2x3x1", "--peer-python", str(bare)])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: --peer-python {bare}: torchrl not installed in that interpreter" in err and "Traceback" not in err
 
 
 def test_cuda_where_there_is_none_is_refused(capsys, monkeypatch):
