@@ -23,6 +23,7 @@ that load from other processes hits them alike. The ratios are time per step aga
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -35,7 +36,8 @@ from collections.abc import Callable
 import torch
 
 import envs
-from envs.bench.steps import _sync
+from envs.bench.steps import _sync, check_device_and_json
+from kernels.bench.options import check_peer_python, positive_int
 
 N_AGENTS, MAX_STEPS, SEED, ACTION_SEED, ACTION_SETS, WARMUP = 3, 100, 0, 1, 8, 5
 
@@ -199,15 +201,29 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(
         prog="python -m envs.bench.adapters", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--num-envs", type=int, nargs="+", default=[256, 1024], help="batch sizes")
-    parser.add_argument("--steps", type=int, default=100, help="steps per timed run (one 100-step episode)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per instance; the median is reported")
-    parser.add_argument("--instances", type=int, default=5, help="envs built per side and size (see median_rates)")
+    parser.add_argument("--num-envs", type=positive_int, nargs="+", default=[256, 1024], help="batch sizes")
+    parser.add_argument("--steps", type=positive_int, default=100, help="steps per timed run (one 100-step episode)")
+    parser.add_argument(
+        "--repeats", type=positive_int, default=5, help="timed runs per instance; the median is reported"
+    )
+    parser.add_argument(
+        "--instances", type=positive_int, default=5, help="envs built per side and size (see median_rates)"
+    )
     parser.add_argument("--device", default="cpu", help="torch device for every side")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads for every side (default: torch's)")
+    parser.add_argument(
+        "--threads", type=positive_int, default=None, help="torch threads for every side (default: torch's)"
+    )
     parser.add_argument("--peer-python", default=None, help="a Python with torchrl and vmas, for the TorchRL column")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
+    check_device_and_json(parser, args)
+    if importlib.util.find_spec("vmas") is None:
+        parser.error("vmas is not installed here (pip install 'vecmarl[vmas]'): every side runs VMAS")
+    if args.peer_python:
+        try:
+            check_peer_python("--peer-python", args.peer_python, ("torchrl", "vmas"))
+        except ValueError as error:
+            parser.error(str(error))
 
     if args.threads:
         torch.set_num_threads(args.threads)

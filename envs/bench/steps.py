@@ -19,11 +19,13 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 import envs
 from envs.native.navigation import NavigationConfig
+from kernels.bench.options import positive_int
 
 SPREAD_STEPS = 25  # MPE's episode length
 
@@ -100,6 +102,21 @@ def _median_rate(run, work: int, repeats: int, device: str) -> float:
     return statistics.median(rates)
 
 
+def check_device_and_json(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, before anything is timed, a device that cannot run here and a `--json` that could not be
+    written at the end (the table would be lost with a traceback)."""
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        parser.error(f"--device {args.device!r}: expected cpu, cuda or cuda:N")
+    if device.type not in ("cpu", "cuda"):
+        parser.error(f"--device {args.device!r}: expected cpu, cuda or cuda:N")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: CUDA is not available here; use --device cpu")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        parser.error(f"--json {args.json}: its folder does not exist")
+
+
 def _sync(device: str) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
@@ -110,10 +127,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         prog="python -m envs.bench.steps", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--env", choices=["navigation", "spread"], default="navigation", help="which env to time")
-    parser.add_argument("--num-envs", type=int, nargs="+", default=[32, 256, 1024, 4096], help="batch sizes")
-    parser.add_argument("--n-agents", type=int, nargs="+", default=[3, 24], help="agents per env")
-    parser.add_argument("--steps", type=int, default=100, help="steps per timed run (one full episode by default)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per figure; the median is reported")
+    parser.add_argument("--num-envs", type=positive_int, nargs="+", default=[32, 256, 1024, 4096], help="batch sizes")
+    parser.add_argument("--n-agents", type=positive_int, nargs="+", default=[3, 24], help="agents per env")
+    parser.add_argument(
+        "--steps", type=positive_int, default=100, help="steps per timed run (one full episode by default)"
+    )
+    parser.add_argument("--repeats", type=positive_int, default=5, help="timed runs per figure; the median is reported")
     parser.add_argument("--device", default="cpu", help="torch device for both sides")
     parser.add_argument("--no-vmas", action="store_true", help="skip VMAS even when it is installed")
     parser.add_argument(
@@ -124,6 +143,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
+    check_device_and_json(parser, args)
 
     try:
         import vmas  # noqa: F401

@@ -2,6 +2,7 @@
 (the timings themselves are not tested)."""
 
 import json
+import sys
 
 import pytest
 
@@ -26,3 +27,37 @@ def test_rows_and_json(tmp_path, capsys):
     assert row["adapter_time_vs_raw_inference_mode"] == pytest.approx(rates[2] / rates[0])
     out = capsys.readouterr().out
     assert "command: python -m envs.bench.adapters --num-envs 4" in out and "vs inference" in out
+
+
+BAD_ARGUMENTS = {
+    "zero-repeats": (["--repeats", "0"], "argument --repeats: '0': expected a positive integer"),
+    "zero-instances": (["--instances", "0"], "argument --instances: '0': expected a positive integer"),
+    "negative-num-envs": (["--num-envs", "-4"], "argument --num-envs: '-4': expected a positive integer"),
+    "zero-steps": (["--steps", "0"], "argument --steps: '0': expected a positive integer"),
+    "missing-peer": (["--peer-python", "/nonexistent/python"], "--peer-python /nonexistent/python: no such"),
+    "unknown-device": (["--device", "tpu"], "--device 'tpu': expected cpu, cuda or cuda:N"),
+}
+
+
+@pytest.mark.parametrize("argv, message", BAD_ARGUMENTS.values(), ids=BAD_ARGUMENTS.keys())
+def test_bad_arguments_are_refused_before_anything_runs(argv, message, capsys, monkeypatch):
+    monkeypatch.setattr(bench_adapters, "median_rates", lambda *args: pytest.fail("median_rates ran"))
+    with pytest.raises(SystemExit) as exit:
+        bench_adapters.main(argv)
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert f"python -m envs.bench.adapters: error: {message}" in err and "Traceback" not in err
+
+
+def test_a_peer_python_without_torchrl_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    # This interpreter without its site-packages (`-S`): a Python, but one where torchrl cannot be found.
+    bare = tmp_path / "python"
+    bare.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    bare.chmod(0o755)
+    monkeypatch.setattr(bench_adapters, "median_rates", lambda *args: pytest.fail("median_rates ran"))
+    with pytest.raises(SystemExit) as exit:
+        bench_adapters.main(["--peer-python", str(bare)])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: --peer-python {bare}: torchrl, vmas not installed in that interpreter" in err
+    assert "Traceback" not in err

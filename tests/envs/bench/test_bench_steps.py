@@ -1,0 +1,31 @@
+"""`python -m envs.bench.steps`: bad arguments are refused in one usage line before anything is timed."""
+
+import pytest
+
+from envs.bench import steps as bench_steps
+
+BAD_ARGUMENTS = {
+    "zero-repeats": (["--repeats", "0"], "argument --repeats: '0': expected a positive integer"),
+    "negative-steps": (["--steps", "-1"], "argument --steps: '-1': expected a positive integer"),
+    "zero-num-envs": (["--num-envs", "8", "0"], "argument --num-envs: '0': expected a positive integer"),
+    "zero-agents": (["--n-agents", "0"], "argument --n-agents: '0': expected a positive integer"),
+    "unknown-device": (["--device", "tpu"], "--device 'tpu': expected cpu, cuda or cuda:N"),
+    "json-in-missing-folder": (["--json", "/nonexistent/out.json"], "--json /nonexistent/out.json: its folder"),
+}
+
+
+@pytest.mark.parametrize("argv, message", BAD_ARGUMENTS.values(), ids=BAD_ARGUMENTS.keys())
+def test_bad_arguments_are_refused_before_anything_runs(argv, message, capsys, monkeypatch):
+    monkeypatch.setattr(bench_steps, "time_vecmarl", lambda *args: pytest.fail("time_vecmarl ran"))
+    with pytest.raises(SystemExit) as exit:
+        bench_steps.main(["--no-vmas", *argv])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert f"python -m envs.bench.steps: error: {message}" in err and "Traceback" not in err
+
+
+def test_cuda_where_there_is_none_is_refused(capsys, monkeypatch):
+    monkeypatch.setattr(bench_steps.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        bench_steps.main(["--device", "cuda"])
+    assert "--device cuda: CUDA is not available here; use --device cpu" in capsys.readouterr().err
