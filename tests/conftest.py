@@ -1,6 +1,7 @@
 import argparse
 import os
 import stat
+import sys
 
 import pytest
 import torch  # importing torch (and asking it for CUDA) imports no triton: TRITON_INTERPRET below still applies
@@ -102,6 +103,16 @@ def parse_only(monkeypatch):
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_and_stop)
     return Parsed
+
+
+@pytest.fixture
+def python_without_packages(tmp_path) -> str:
+    """The path of a Python where no installed package can be found (this interpreter run with `-S`): what
+    a benchmark's `--peer-python` must refuse when it lacks the peer's library."""
+    path = tmp_path / "python"
+    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    path.chmod(0o755)
+    return str(path)
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 (the timings themselves are not tested)."""
 
 import json
-import sys
 
 import pytest
 
@@ -49,11 +48,8 @@ def test_bad_arguments_are_refused_before_anything_runs(argv, message, capsys, m
     assert f"python -m envs.bench.adapters: error: {message}" in err and "Traceback" not in err
 
 
-def test_a_peer_python_without_torchrl_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
-    # This interpreter without its site-packages (`-S`): a Python, but one where torchrl cannot be found.
-    bare = tmp_path / "python"
-    bare.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
-    bare.chmod(0o755)
+def test_a_peer_python_without_torchrl_is_refused_in_one_line(python_without_packages, capsys, monkeypatch):
+    bare = python_without_packages
     monkeypatch.setattr(bench_adapters, "median_rates", lambda *args: pytest.fail("median_rates ran"))
     with pytest.raises(SystemExit) as exit:
         bench_adapters.main(["--peer-python", str(bare)])

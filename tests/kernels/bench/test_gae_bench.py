@@ -1,7 +1,5 @@
 """`python -m kernels.bench.gae`: bad arguments are refused with a one-line usage error before anything is timed."""
 
-import sys
-
 import pytest
 import torch
 
@@ -36,11 +34,8 @@ def test_bad_arguments_are_refused_before_anything_runs(argv, message, capsys, m
     assert f"python -m kernels.bench.gae: error: {message}" in err and "Traceback" not in err
 
 
-def test_a_peer_python_without_torchrl_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
-    # This interpreter without its site-packages (`-S`): a Python, but one where torchrl cannot be found.
-    bare = tmp_path / "python"
-    bare.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
-    bare.chmod(0o755)
+def test_a_peer_python_without_torchrl_is_refused_in_one_line(python_without_packages, capsys, monkeypatch):
+    bare = python_without_packages
     monkeypatch.setattr(bench, "bench_size", lambda *args: pytest.fail("bench_size ran"))
     with pytest.raises(SystemExit) as exit:
         bench.main(["--sizes", "4x2x3x1", "--peer-python", str(bare)])
