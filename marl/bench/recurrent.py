@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from kernels.bench.gae import median_seconds
+from kernels.bench.options import positive_int
 from marl.app.trainer import Trainer
 from marl.config import ModelConfig, RunConfig, TrainConfig
 from marl.core.networks import MultiAgentGRU
@@ -73,20 +74,34 @@ def time_train(iterations: int, repeats: int, gru: ModelConfig, models: tuple[st
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--parts", nargs="+", choices=("time_pass", "train"), default=["time_pass", "train"])
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each (time pass: calls) to take the median of")
+    parser = argparse.ArgumentParser(prog="python -m marl.bench.recurrent", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=("time_pass", "train"),
+        default=["time_pass", "train"],
+        help="what to time: the GRU's time pass against torch.nn.GRU, and/or marl train with --model gru "
+        "against mlp (default: both)",
+    )
+    parser.add_argument(
+        "--repeats", type=positive_int, default=3, help="runs of each (time pass: calls) to take the median of"
+    )
     parser.add_argument("--iterations", type=int, default=4, help="train: iterations per run (the first not counted)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    parser.add_argument("--gru-hidden", type=int, default=ModelConfig.gru_hidden, help="--model gru's state size")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument(
+        "--gru-hidden", type=positive_int, default=ModelConfig.gru_hidden, help="--model gru's state size"
+    )
     parser.add_argument("--gru-nets", default=ModelConfig.gru_nets, help="--model gru's recurrent nets")
     args = parser.parse_args(argv)
-    if args.iterations < 2 or args.repeats < 1:
-        parser.error("--iterations must be >= 2 and --repeats >= 1")
+    if args.iterations < 2:
+        parser.error(f"argument --iterations: {args.iterations}: expected at least 2 (the first is not counted)")
     if args.threads:
         torch.set_num_threads(args.threads)
     algo = TrainConfig().algo
-    defaults = ModelConfig(model="gru", gru_hidden=args.gru_hidden, gru_nets=args.gru_nets)
+    try:
+        defaults = ModelConfig(model="gru", gru_hidden=args.gru_hidden, gru_nets=args.gru_nets)
+    except ValueError as error:
+        parser.error(f"argument --gru-nets: {error}")
     print(f"command: python -m marl.bench.recurrent {' '.join(argv if argv is not None else sys.argv[1:])}")
     print(f"device: cpu, {torch.get_num_threads()} thread(s), torch {torch.__version__}")
     if "time_pass" in args.parts:

@@ -368,14 +368,18 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] == ["--worker"]:
         worker(argv[1])
         return
+    from kernels.bench.options import positive_int  # here, not at the top: the peer runs this file alone
+
     parser = argparse.ArgumentParser(prog="python -m marl.bench.replay", description=__doc__.split("\n\n")[0])
     parser.add_argument("--peer-python", default=None, help="interpreter with torchrl installed (the peer)")
-    parser.add_argument("--capacity", type=int, default=1_000_000, help="env steps each buffer holds")
+    parser.add_argument("--capacity", type=positive_int, default=1_000_000, help="env steps each buffer holds")
     parser.add_argument("--extend", type=parse_shape, default=(32, 128), help="the [T, B] batch extended, TxB")
     parser.add_argument("--batch-sizes", type=parse_sizes, default=(128, 4096), help="batch sizes drawn")
-    parser.add_argument("--repeats", type=int, default=20, help="timed calls per row (the median is reported)")
-    parser.add_argument("--rounds", type=int, default=1, help="repeat everything; medians over rounds")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads on both sides (default: torch's)")
+    parser.add_argument("--repeats", type=positive_int, default=20, help="timed calls per row (the median is reported)")
+    parser.add_argument("--rounds", type=positive_int, default=1, help="repeat everything; medians over rounds")
+    parser.add_argument(
+        "--threads", type=positive_int, default=None, help="torch threads on both sides (default: torch's)"
+    )
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--json", default=None, help="also write the report here")
     parser.add_argument(

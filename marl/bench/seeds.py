@@ -36,6 +36,8 @@ from datetime import datetime, timezone
 
 import torch
 
+import envs
+from kernels.bench.options import positive_int
 from marl.algorithms import DEFAULT, default_config
 from marl.app.seeds import bootstrap_ci, final_return
 from marl.app.trainer import Trainer
@@ -164,26 +166,35 @@ def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m marl.bench.seeds", description=__doc__.split("\n\n")[0])
     parser.add_argument("--envs", nargs="+", default=["navigation"], help="envs, each with its defaults")
-    parser.add_argument("--seeds", type=int, default=5, help="seeds trained in one process (S)")
-    parser.add_argument("--frames", type=int, default=163_840, help="frames per seed (10 default iterations)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each kind (the median is reported)")
+    parser.add_argument("--seeds", type=positive_int, default=5, help="seeds trained in one process (S)")
+    parser.add_argument("--frames", type=positive_int, default=163_840, help="frames per seed (10 default iterations)")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="runs of each kind (the median is reported)")
     parser.add_argument("--wide", action="store_true", help="also one seed with S times the envs")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--json", default=None, help="also write the report here")
     parser.add_argument("--log-dir", default=None, help="keep the runs' folders here (default: a temporary one)")
-    parser.add_argument("--num-envs", type=int, default=Sizes.num_envs, help="envs per seed")
-    parser.add_argument("--rollout-length", type=int, default=Sizes.rollout_length, help="steps per iteration")
-    parser.add_argument("--minibatch-size", type=int, default=None, help="frames per minibatch (PPO's default)")
-    parser.add_argument("--hidden", type=int, nargs="+", default=list(Sizes.hidden), help="hidden layer sizes")
+    parser.add_argument("--num-envs", type=positive_int, default=Sizes.num_envs, help="envs per seed")
+    parser.add_argument("--rollout-length", type=positive_int, default=Sizes.rollout_length, help="steps per iteration")
+    parser.add_argument(
+        "--minibatch-size", type=positive_int, default=None, help="frames per minibatch (PPO's default)"
+    )
+    parser.add_argument("--hidden", type=positive_int, nargs="+", default=list(Sizes.hidden), help="hidden layer sizes")
     parser.add_argument(
         "--compile",
         action="store_true",
         help="every run with marl train --compile; the seconds timed are those after the first iteration (compiling)",
     )
     args = parser.parse_args(argv)
-    if args.seeds < 2 or args.repeats < 1 or args.frames < 1:
-        parser.error("--seeds must be >= 2, --repeats and --frames >= 1")
+    if args.seeds < 2:
+        parser.error(f"argument --seeds: {args.seeds}: expected at least 2 (they are timed against one seed)")
+    for name in args.envs:
+        # Built once, small, here: an unknown name or a missing adapter's library is one usage line, not a
+        # traceback after the first env's runs.
+        try:
+            envs.make(name, num_envs=1)
+        except (KeyError, ValueError, ImportError) as error:
+            parser.error(f"argument --envs: {str(error).strip(chr(34))}")
     if args.compile and args.frames <= args.num_envs * args.rollout_length:
         parser.error(
             f"--compile times the iterations after the first: --frames must exceed one iteration "

@@ -91,6 +91,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.bench.gae import median_seconds
+from kernels.bench.options import positive_int
 from marl import algorithms
 from marl.algorithms.ppo import PPOConfig
 from marl.bench.benchmarl import run_benchmarl
@@ -582,9 +583,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(
         prog="python -m marl.bench.train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--frames", type=int, default=30_000, help="frames per run with BenchMARL's settings")
-    parser.add_argument("--repeats", type=int, default=1, help="runs per row (seeds 0..N-1); medians are reported")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads for every side (default: torch's)")
+    parser.add_argument("--frames", type=positive_int, default=30_000, help="frames per run with BenchMARL's settings")
+    parser.add_argument(
+        "--repeats", type=positive_int, default=1, help="runs per row (seeds 0..N-1); medians are reported"
+    )
+    parser.add_argument(
+        "--threads", type=positive_int, default=None, help="torch threads for every side (default: torch's)"
+    )
     parser.add_argument(
         "--peer-python", default=None, help="a Python with benchmarl 1.5, torchrl 0.10 or 0.11 and vmas"
     )
@@ -630,6 +635,8 @@ def main(argv: list[str] | None = None) -> dict:
             check_peer_python("--peer-python", args.peer_python, PEER_PYTHONS["benchmarl_python"][1])
         except ValueError as error:
             parser.error(str(error))
+    if args.default_iterations < 0:
+        parser.error(f"argument --default-iterations: {args.default_iterations}: expected 0 (skip those rows) or more")
     for algo in args.algos:
         if algo not in ALGOS:
             parser.error(f"argument --algos: BenchMARL has no {algo!r} to compare with; choose from {', '.join(ALGOS)}")

@@ -1,0 +1,60 @@
+"""`python -m marl.bench.{replay,train,seeds,recurrent}`: a count of 0 or below, an unknown name or value is
+refused in one usage line naming the option, before anything is timed (no traceback, no table of nonsense)."""
+
+import pytest
+
+from marl.bench import recurrent, replay, seeds, train
+
+# module, where the timing starts (patched to fail: nothing may run), argv, the error after "error: "
+BAD_ARGUMENTS = {
+    "replay-zero-repeats": (replay, "bench_replay", ["--repeats", "0"], "argument --repeats: '0': expected a positive"),
+    "replay-zero-rounds": (replay, "bench_replay", ["--rounds", "0"], "argument --rounds: '0': expected a positive"),
+    "replay-zero-capacity": (replay, "bench_replay", ["--capacity", "0"], "argument --capacity: '0': expected a"),
+    "train-zero-repeats": (train, "run_case", ["--quick", "--repeats", "0"], "argument --repeats: '0': expected a"),
+    "train-zero-frames": (train, "run_case", ["--quick", "--frames", "0"], "argument --frames: '0': expected a"),
+    "train-zero-threads": (train, "run_case", ["--quick", "--threads", "0"], "argument --threads: '0': expected a"),
+    "train-negative-default-iterations": (
+        train,
+        "run_case",
+        ["--quick", "--default-iterations", "-1"],
+        "argument --default-iterations: -1: expected 0 (skip those rows) or more",
+    ),
+    "seeds-unknown-env": (seeds, "bench_seeds", ["--envs", "nope"], "argument --envs: unknown env 'nope'; known"),
+    "seeds-one-seed": (seeds, "bench_seeds", ["--seeds", "1"], "argument --seeds: 1: expected at least 2"),
+    "seeds-zero-threads": (seeds, "bench_seeds", ["--threads", "0"], "argument --threads: '0': expected a"),
+    "seeds-zero-num-envs": (seeds, "bench_seeds", ["--num-envs", "0"], "argument --num-envs: '0': expected a"),
+    "seeds-zero-hidden": (seeds, "bench_seeds", ["--hidden", "64", "0"], "argument --hidden: '0': expected a"),
+    "recurrent-one-iteration": (
+        recurrent,
+        "time_train",
+        ["--iterations", "1"],
+        "argument --iterations: 1: expected at least 2 (the first is not counted)",
+    ),
+    "recurrent-zero-repeats": (recurrent, "time_pass", ["--repeats", "0"], "argument --repeats: '0': expected a"),
+    "recurrent-zero-threads": (recurrent, "time_pass", ["--threads", "0"], "argument --threads: '0': expected a"),
+    "recurrent-unknown-gru-nets": (
+        recurrent,
+        "time_pass",
+        ["--gru-nets", "nope"],
+        "argument --gru-nets: gru_nets must be one of ['policy', 'critic', 'both'], got 'nope'",
+    ),
+}
+
+
+@pytest.mark.parametrize("module, timing, argv, message", BAD_ARGUMENTS.values(), ids=BAD_ARGUMENTS.keys())
+def test_bad_arguments_are_refused_before_anything_runs(module, timing, argv, message, monkeypatch, capsys):
+    monkeypatch.setattr(module, timing, lambda *args, **kwargs: pytest.fail(f"{timing} ran"))
+    monkeypatch.setattr(module.torch, "set_num_threads", lambda n: pytest.fail("set_num_threads ran"))
+    with pytest.raises(SystemExit) as exit:
+        module.main(argv)
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert f"python -m marl.bench.{module.__name__.split('.')[-1]}: error: {message}" in err
+    assert "Traceback" not in err
+
+
+def test_recurrent_help_names_its_command_and_explains_parts(capsys):
+    with pytest.raises(SystemExit):
+        recurrent.main(["--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m marl.bench.recurrent") and "what to time" in out
