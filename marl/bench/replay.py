@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--threads", type=positive_int, default=None, help="torch threads on both sides (default: torch's)"
     )
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (CUDA where available)")
     parser.add_argument("--json", default=None, help="also write the report here")
     parser.add_argument(
         "--profile",
@@ -388,6 +388,12 @@ def main(argv: list[str] | None = None) -> None:
         help="also profile vecmarl's prioritized sample + update of the largest batch (host time, kernel launches)",
     )
     args = parser.parse_args(argv)
+    from marl.app.build import resolve_device
+
+    try:
+        args.device = str(resolve_device(args.device))  # `auto` as what it resolves to
+    except ValueError as error:
+        parser.error(f"argument --device: {error}")
     if args.capacity < max(args.batch_sizes) or args.capacity < args.extend[0] * args.extend[1]:
         parser.error("--capacity must hold the largest batch size and the extended batch")
     if args.peer_python:

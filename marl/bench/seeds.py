@@ -39,6 +39,7 @@ import torch
 import envs
 from kernels.bench.options import positive_int
 from marl.algorithms import DEFAULT, default_config
+from marl.app.build import resolve_device
 from marl.app.seeds import bootstrap_ci, final_return
 from marl.app.trainer import Trainer
 from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=positive_int, default=3, help="runs of each kind (the median is reported)")
     parser.add_argument("--wide", action="store_true", help="also one seed with S times the envs")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (CUDA where available)")
     parser.add_argument("--json", default=None, help="also write the report here")
     parser.add_argument("--log-dir", default=None, help="keep the runs' folders here (default: a temporary one)")
     parser.add_argument("--num-envs", type=positive_int, default=Sizes.num_envs, help="envs per seed")
@@ -200,6 +201,16 @@ def main(argv: list[str] | None = None) -> dict:
             f"--compile times the iterations after the first: --frames must exceed one iteration "
             f"({args.num_envs * args.rollout_length:,} frames: --num-envs x --rollout-length)"
         )
+    try:
+        args.device = str(resolve_device(args.device))  # `auto` as what it resolves to
+    except ValueError as error:
+        parser.error(f"argument --device: {error}")
+    sizes = Sizes(args.num_envs, args.rollout_length, args.minibatch_size, tuple(args.hidden), args.compile)
+    try:  # the runs' configs, checked before the first run (e.g. a minibatch larger than an iteration)
+        for kind in KINDS:
+            config_for(args.envs[0], kind, args.seeds, args.frames, 0, args.device, "runs", sizes)
+    except ValueError as error:
+        parser.error(str(error))
     if args.threads:
         torch.set_num_threads(args.threads)
     from kernels.bench.gae import device_name
@@ -211,7 +222,6 @@ def main(argv: list[str] | None = None) -> dict:
         "threads": torch.get_num_threads(),
         "cpus": os.cpu_count(),
     }
-    sizes = Sizes(args.num_envs, args.rollout_length, args.minibatch_size, tuple(args.hidden), args.compile)
     report["sizes"] = dataclasses.asdict(sizes)
     report["rows"] = bench_seeds(
         args.envs, args.seeds, args.frames, args.repeats, args.device, args.wide, sizes, args.log_dir

@@ -38,6 +38,16 @@ BAD_ARGUMENTS = {
         ["--gru-nets", "nope"],
         "argument --gru-nets: gru_nets must be one of ['policy', 'critic', 'both'], got 'nope'",
     ),
+    # a device that cannot run here, and sizes no run can take (PPO's default minibatch of 4096 frames against
+    # an iteration of 16 x 8): each was a traceback from inside the first run
+    "replay-cuda": (replay, "bench_replay", ["--device", "cuda"], "argument --device: device cuda was asked for"),
+    "seeds-cuda": (seeds, "bench_seeds", ["--device", "cuda"], "argument --device: device cuda was asked for"),
+    "seeds-minibatch-over-an-iteration": (
+        seeds,
+        "bench_seeds",
+        ["--num-envs", "16", "--rollout-length", "8"],
+        "minibatch_size=4096 is larger than an iteration's num_envs * rollout_length = 128 frames",
+    ),
 }
 
 
@@ -45,6 +55,7 @@ BAD_ARGUMENTS = {
 def test_bad_arguments_are_refused_before_anything_runs(module, timing, argv, message, monkeypatch, capsys):
     monkeypatch.setattr(module, timing, lambda *args, **kwargs: pytest.fail(f"{timing} ran"))
     monkeypatch.setattr(module.torch, "set_num_threads", lambda n: pytest.fail("set_num_threads ran"))
+    monkeypatch.setattr(module.torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit) as exit:
         module.main(argv)
     assert exit.value.code == 2
