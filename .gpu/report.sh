@@ -6,6 +6,8 @@
 #   .gpu/report.sh run OUT [MINUTES]   on the GPU machine, with .whl/ beside it: install them into a scratch
 #                                      folder and run `python -m marl.bench.gpu_report` (8 minutes by default);
 #                                      OUT gets report.json, report.txt and logs.tar.gz (every step's log)
+#   .gpu/report.sh dry OUT [MINUTES]   anywhere, no GPU or wheels needed: say what `run` would install and run,
+#                                      and write OUT/report.txt listing the steps (`gpu_report --dry`)
 #
 # The machine's own torch, triton, numpy, scipy, cloudpickle, six and typing-extensions are used. The pins
 # below are the versions vecmarl was tested with on torch 2.11 and triton 3.6 (see the README's GPU
@@ -34,8 +36,33 @@ wheels() {
     echo "wheels: $(find "$WHEELS" -type f -name '*.whl' | wc -l) in $WHEELS/, $(du -sh "$WHEELS" | cut -f1)"
 }
 
+check_minutes() {
+    if ! [[ $1 =~ ^[0-9]*\.?[0-9]+$ ]] || ! awk "BEGIN { exit !($1 > 0) }"; then
+        echo "MINUTES $1: expected a positive number of minutes (the budget of every step together)" >&2
+        exit 2
+    fi
+}
+
+dry() {
+    local out=${1:?usage: .gpu/report.sh dry OUT [MINUTES]} minutes=${2:-8}
+    check_minutes "$minutes"
+    local found
+    found=$(find "$WHEELS" -maxdepth 1 -name '*.whl' 2>/dev/null | sort) || true # no folder yet: none
+    if [ -z "$found" ]; then
+        echo "dry run: no wheels in $WHEELS/ yet: 'run' would stop there ('.gpu/report.sh wheels' downloads them)"
+    else
+        echo "dry run: 'run' would install these $(echo "$found" | wc -l) wheels into a scratch folder (--no-deps):"
+        echo "$found" | sed 's|^|    |'
+    fi
+    echo "dry run: then $PYTHON -m marl.bench.gpu_report REPORT --minutes $minutes, and copy report.json, report.txt"
+    echo "         and logs.tar.gz from REPORT into OUT; its steps, not run here:"
+    "$PYTHON" -m marl.bench.gpu_report "$out" --minutes "$minutes" --dry
+    sed -n '/^| step/,$p' "$out/report.txt"
+}
+
 run() {
     local out=${1:?usage: .gpu/report.sh run OUT [MINUTES]} minutes=${2:-8}
+    check_minutes "$minutes"
     if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
         echo "no wheels in $WHEELS/: run '.gpu/report.sh wheels' before the GPU session and carry $WHEELS" >&2
         exit 2
@@ -61,8 +88,12 @@ run)
     shift
     run "$@"
     ;;
+dry)
+    shift
+    dry "$@"
+    ;;
 *)
-    echo "usage: .gpu/report.sh wheels | .gpu/report.sh run OUT [MINUTES]" >&2
+    echo "usage: .gpu/report.sh wheels | .gpu/report.sh run OUT [MINUTES] | .gpu/report.sh dry OUT [MINUTES]" >&2
     exit 2
     ;;
 esac
