@@ -325,11 +325,13 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
     command = "marl bench " + " ".join(argv if argv is not None else sys.argv[2:])
     print(f"command: {command}\ndevice: {device}, torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(
-        f"{'section':<10}{'benchmark':<36}{'size':<14}{'vecmarl':>14}  {'unit':<13}{'peer':<16}{'peer value':>12}{'ratio':>8}"
+        f"{'section':<10}{'benchmark':<36}{'size':<14}{'vecmarl':>14}  {'unit':<13}{'peer':<16}{'peer value':>12}"
+        f"{'ratio':>8}  median of"
     )
 
-    def emit(section, benchmark, size, value, unit, peer=None, peer_value=None, ratio=True):
-        """One row; `ratio=False` for quantities whose ratio means nothing (returns can be negative)."""
+    def emit(section, benchmark, size, value, unit, peer=None, peer_value=None, ratio=True, *, median_of):
+        """One row; `ratio=False` for quantities whose ratio means nothing (returns can be negative);
+        `median_of` says what each side's figure is the median of (`--quick` cuts some to one run)."""
         ratio = value / peer_value if peer_value and ratio else None
         rows.append(
             {
@@ -342,11 +344,12 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
                 "peer": peer,
                 "peer_value": peer_value,
                 "ratio": ratio,
+                "median_of": median_of,
             }
         )
         print(
             f"{section:<10}{benchmark:<36}{size:<14}{_number(value):>14}  {unit:<13}{peer or '-':<16}"
-            f"{(_number(peer_value) if peer_value is not None else '-'):>12}{(f'{ratio:.2f}x' if ratio else '-'):>8}",
+            f"{(_number(peer_value) if peer_value is not None else '-'):>12}{(f'{ratio:.2f}x' if ratio else '-'):>8}  {median_of}",
             flush=True,
         )
 
@@ -365,17 +368,21 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
                 for compiled in (False, True):
                     rate = env_bench.time_vecmarl(env_name, num_envs, 3, steps, repeats, device, compiled)
                     name = f"{env_name} env-steps{' (compile)' if compiled else ''}"
-                    emit("env", name, f"{num_envs} envs", rate, "env-steps/s", "VMAS" if vmas_rate else None, vmas_rate)
+                    row = ("env", name, f"{num_envs} envs", rate, "env-steps/s")
+                    runs = f"{repeats} runs of {steps} steps"
+                    emit(*row, "VMAS" if vmas_rate else None, vmas_rate, median_of=runs)
                     if jax_rate:
-                        emit("env", name, f"{num_envs} envs", rate, "env-steps/s", "JaxMARL", jax_rate)
+                        emit(*row, "JaxMARL", jax_rate, median_of=runs)
     if "gae" not in args.skip:
         from kernels.bench.gae import LABELS, bench_size
 
         sizes = [(100, 1024, 3, 1)] if quick else [(100, 1024, 3, 1), (128, 4096, 8, 1)]
+        rounds = 1 if quick else 3
+        calls = f"{repeats} calls" if rounds == 1 else f"{rounds} rounds of {repeats} calls"
         with tempfile.TemporaryDirectory() as workdir:
             for size in sizes:
                 results, _ = bench_size(
-                    size, torch.device(device), ["auto"], repeats, 1 if quick else 3, args.torchrl_python, Path(workdir)
+                    size, torch.device(device), ["auto"], repeats, rounds, args.torchrl_python, Path(workdir)
                 )
                 ours = next(r for r in results if r["call"].startswith("gae"))
                 label = "x".join(map(str, size))
@@ -389,13 +396,15 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
                     "Melem/s",
                     "TorchRL loop" if peer else None,
                     peer_rate,
+                    median_of=calls,
                 )
-                emit("gae", "gae effective bandwidth", label, ours["gb_per_s"], "GB/s")
+                emit("gae", "gae effective bandwidth", label, ours["gb_per_s"], "GB/s", median_of=calls)
     with tempfile.TemporaryDirectory() as log_dir:
         if "replay" not in args.skip:
             replay_rows(device, quick, repeats, args.torchrl_python, emit)
         if "train" not in args.skip:
             iterations = 2 if quick else 5
+            train_runs = 1 if quick else repeats
             for compiled in (False, True):
                 warmup = 2 if compiled else 1
                 suffix = " (compile)" if compiled else ""
@@ -406,14 +415,14 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
                         "train",
                         f"navigation MAPPO defaults{suffix}",
                         f"{num_envs} envs",
-                        train_rate(config, warmup, iterations, 1 if quick else repeats),
+                        train_rate(config, warmup, iterations, train_runs),
                         "frames/s",
+                        median_of=f"{train_runs} runs of {iterations} iterations",
                     )
                 for num_envs in (16, 1024):
                     config = jaxmarl_ippo_config(num_envs, 10**12, compiled, device, log_dir)
-                    rate = train_rate(
-                        config, warmup, iterations if num_envs == 1024 else 3 * iterations, 1 if quick else repeats
-                    )
+                    run_iterations = iterations if num_envs == 1024 else 3 * iterations
+                    rate = train_rate(config, warmup, run_iterations, train_runs)
                     emit(
                         "train",
                         f"spread IPPO ippo_ff_mpe{suffix}",
@@ -422,6 +431,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
                         "env-steps/s",
                         "JaxMARL (quoted)",  # not measured: see the module docstring
                         JAXMARL_IPPO_QUOTED,
+                        median_of=f"{train_runs} runs of {run_iterations} iterations",
                     )
         if "target" not in args.skip:
             cap = 300_000 if quick else 2_000_000  # frames; the run stops there if the target is not reached
@@ -433,7 +443,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
                 target = random_return + args.target * (scripted_return - random_return)
                 seconds, frames, reached = time_to_target(config, target)
                 name = f"{env_name} to {target:.2f} (got {reached:.2f})"
-                emit("target", name, f"{frames:,} frames", seconds, "s (nan: cap)")
+                emit("target", name, f"{frames:,} frames", seconds, "s (nan: cap)", median_of="1 run")
                 if math.isnan(seconds):
                     print(f"  nan: the return did not reach {target:.2f} within the cap of {cap:,} frames", flush=True)
     if "benchmarl" not in args.skip and args.benchmarl_python:
@@ -452,9 +462,8 @@ def replay_rows(device: str, quick: bool, repeats: int, torchrl_python: str | No
 
     capacity = 65_536 if quick else 1_000_000
     batch_sizes = (128,) if quick else (128, 4096)
-    report = bench_replay(
-        capacity, batch_sizes=batch_sizes, repeats=repeats * 4, device=device, peer_python=torchrl_python
-    )
+    calls = repeats * 4  # each call takes microseconds: more of them than of the other sections' runs
+    report = bench_replay(capacity, batch_sizes=batch_sizes, repeats=calls, device=device, peer_python=torchrl_python)
     for row in report["rows"]:
         theirs = 1e3 / row["torchrl_ms"] if row["torchrl_ms"] else None
         peer = "TorchRL" if theirs else None
@@ -466,6 +475,7 @@ def replay_rows(device: str, quick: bool, repeats: int, torchrl_python: str | No
             "calls/s",
             peer,
             theirs,
+            median_of=f"{calls} calls",
         )
 
 
@@ -487,8 +497,28 @@ def against_benchmarl(python: str, frames: int, repeats: int, emit) -> None:
             side: statistics.median([r["iterations"][-1]["episode_return"] for r in rs]) for side, rs in runs.items()
         }
         name, size = f"vmas/navigation {algo.upper()}", f"{frames:,} frames"
-        emit("benchmarl", f"{name} frames/s", size, rate["vecmarl"], "frames/s", "BenchMARL", rate["BenchMARL"])
-        emit("benchmarl", f"{name} return", size, ret["vecmarl"], "return", "BenchMARL", ret["BenchMARL"], ratio=False)
+        seeds = f"{repeats} runs (seeds)"
+        emit(
+            "benchmarl",
+            f"{name} frames/s",
+            size,
+            rate["vecmarl"],
+            "frames/s",
+            "BenchMARL",
+            rate["BenchMARL"],
+            median_of=seeds,
+        )
+        emit(
+            "benchmarl",
+            f"{name} return",
+            size,
+            ret["vecmarl"],
+            "return",
+            "BenchMARL",
+            ret["BenchMARL"],
+            ratio=False,
+            median_of=seeds,
+        )
 
 
 def _number(value: float) -> str:

@@ -26,12 +26,18 @@ def test_time_to_target_stops_at_the_target_or_the_cap(tmp_path):
 
 def test_gae_section_prints_and_writes_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    main(["bench", "--quick", "--device", "cpu", "--skip", "env", "replay", "train", "target", "--json", str(out)])
-    printed = capsys.readouterr().out
-    assert "gae elements" in printed and "100x1024x3x1" in printed
+    argv = ["bench", "--quick", "--device", "cpu", "--skip", "env", "replay", "train", "target", "--repeats", "2"]
+    main([*argv, "--json", str(out)])
+    printed = capsys.readouterr().out.splitlines()
     rows = json.loads(out.read_text())
     assert [r["benchmark"] for r in rows] == ["gae elements", "gae effective bandwidth"]
     assert all(r["vecmarl"] > 0 for r in rows)
+    # each row says what its figure is the median of, in the table and in the JSON
+    assert printed[2].split()[-2:] == ["median", "of"]
+    assert all(r["median_of"] == "2 calls" and r["device"] == "cpu" for r in rows)
+    for row, line in zip(rows, printed[3:], strict=True):
+        assert line.startswith("gae") and row["benchmark"] in line and "100x1024x3x1" in line
+        assert line.endswith("-  2 calls")
 
 
 def test_benchmarl_section_needs_a_python_with_benchmarl(tmp_path, capsys):

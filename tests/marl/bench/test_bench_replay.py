@@ -42,11 +42,12 @@ def test_the_suite_section_reports_calls_per_second(monkeypatch, capsys):
     rows = bench_main(["--quick", "--device", "cpu", "--skip", "env", "gae", "train", "target"])
     assert seen["capacity"] == 65_536 and seen["batch_sizes"] == (128,)
     (row,) = rows
-    assert (row["benchmark"], row["vecmarl"], row["peer_value"], row["ratio"]) == (
+    assert (row["benchmark"], row["vecmarl"], row["peer_value"], row["ratio"], row["median_of"]) == (
         "sample(128) uniform",
         2000.0,
         500.0,
         4.0,
+        "12 calls",  # --repeats 3, 4 calls each
     )
     assert "replay" in marl.bench.suite.__doc__
 
