@@ -181,8 +181,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     "num_envs": num_envs,
                     "n_agents": n_agents,
                     "device": args.device,
+                    "steps": args.steps,
+                    "repeats": args.repeats,
                     **{f"vecmarl_{c}_env_steps_per_s": ours[c] for c in columns},
                     "vmas_env_steps_per_s": theirs,
+                    **{f"vecmarl_{c}_vs_vmas": ours[c] / theirs if theirs else None for c in columns},
                 }
             )
     if args.json:

@@ -1,5 +1,7 @@
 """`python -m envs.bench.steps`: bad arguments are refused in one usage line before anything is timed."""
 
+import json
+
 import pytest
 
 from envs.bench import steps as bench_steps
@@ -29,3 +31,17 @@ def test_cuda_where_there_is_none_is_refused(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         bench_steps.main(["--device", "cuda"])
     assert "--device cuda: CUDA is not available here; use --device cpu" in capsys.readouterr().err
+
+
+def test_the_json_holds_the_printed_rows_with_their_ratios(tmp_path, capsys):
+    pytest.importorskip("vmas")
+    path = tmp_path / "rows.json"
+    argv = ["--num-envs", "4", "--n-agents", "2", "--steps", "3", "--repeats", "1", "--no-compile"]
+    rows = bench_steps.main([*argv, "--json", str(path)])
+    assert json.loads(path.read_text()) == rows
+    (row,) = rows
+    assert (row["num_envs"], row["n_agents"], row["steps"], row["repeats"], row["device"]) == (4, 2, 3, 1, "cpu")
+    ratio = row["vecmarl_eager_env_steps_per_s"] / row["vmas_env_steps_per_s"]
+    assert row["vecmarl_eager_vs_vmas"] == pytest.approx(ratio)
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.split()[:3] == ["navigation", "4", "2"] and line.endswith(f"{ratio:.2f}x")
