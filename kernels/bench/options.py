@@ -1,10 +1,13 @@
-"""Argument checks the benchmarks share: counts (`--repeats 0` would leave no median to report) and a
-peer's interpreter (`--peer-python PATH` and the like), made before anything is timed. They live in
-`kernels` because every benchmark package may import `kernels`, and use the standard library only."""
+"""What the benchmarks share at their edges: argument checks (a count: `--repeats 0` would leave no
+median to report; a peer's interpreter: `--peer-python PATH` and the like), made before anything is
+timed, and `--json` output. They live in `kernels` because every benchmark package may import `kernels`,
+and use the standard library only."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import shutil
 import subprocess
 from pathlib import Path
@@ -44,3 +47,19 @@ def check_peer_python(flag: str, python: str, modules: tuple[str, ...]) -> None:
         raise ValueError(f"{flag} {python}: it is not a working Python" + (f" ({said})" if said else ""))
     if words[1:]:
         raise ValueError(f"{flag} {python}: {', '.join(words[1:])} not installed in that interpreter")
+
+
+def json_text(report: object) -> str:
+    """`report` as JSON text, NaN and infinities (a return where no episode ended, a target not reached)
+    written as null: `json.dumps` would write `NaN`, which is not JSON and which strict readers refuse."""
+
+    def finite(value: object) -> object:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {key: finite(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return [finite(item) for item in value]
+        return value
+
+    return json.dumps(finite(report), indent=2, allow_nan=False)

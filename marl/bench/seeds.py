@@ -26,18 +26,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import shlex
 import statistics
 import sys
 import tempfile
 from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 
 import envs
-from kernels.bench.options import positive_int
+from kernels.bench.options import json_text, positive_int
 from marl.algorithms import DEFAULT, default_config
 from marl.app.build import resolve_device
 from marl.app.seeds import bootstrap_ci, final_return
@@ -235,8 +235,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     print_table(report["rows"])
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+        Path(args.json).write_text(json_text(report))
     return report
 
 

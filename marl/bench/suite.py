@@ -51,7 +51,7 @@ import torch
 
 import envs
 from envs.bench import steps as env_bench
-from kernels.bench.options import check_peer_python
+from kernels.bench.options import check_peer_python, json_text
 from marl.algorithms.ppo import PPOConfig
 from marl.app.paths import check_output_file
 from marl.app.trainer import Trainer
@@ -449,9 +449,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
     if "benchmarl" not in args.skip and args.benchmarl_python:
         against_benchmarl(args.benchmarl_python, 12_000 if quick else 30_000, 1 if quick else repeats, emit)
     if args.json:
-        # NaN (a target not reached) as null: json.dumps would write NaN, which is not JSON.
-        safe = [{k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in r.items()} for r in rows]
-        Path(args.json).write_text(json.dumps(safe, indent=2, allow_nan=False))
+        Path(args.json).write_text(json_text(rows))  # a target not reached (NaN) as null
     return rows
 
 

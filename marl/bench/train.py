@@ -79,7 +79,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import multiprocessing
 import os
 import statistics
@@ -87,11 +86,12 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from kernels.bench.gae import median_seconds
-from kernels.bench.options import positive_int
+from kernels.bench.options import json_text, positive_int
 from marl import algorithms
 from marl.algorithms.ppo import PPOConfig
 from marl.bench.benchmarl import run_benchmarl
@@ -720,8 +720,7 @@ def main(argv: list[str] | None = None) -> dict:
         "runs": [{"name": c.name, "runs": c.runs} for c in cases],
     }
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        Path(args.json).write_text(json_text(result))
     return result
 
 
