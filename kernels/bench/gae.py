@@ -327,7 +327,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--rounds", type=positive_int, default=1, help="repeat every measurement this many rounds; report medians"
     )
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="cpu, cuda or cuda:N, for the data and every call (default: cuda where available)",
+    )
     parser.add_argument(
         "--backends",
         default=None,

@@ -1,6 +1,9 @@
 """`python -m marl.bench.{replay,train,seeds,recurrent}`: a count of 0 or below, an unknown name or value is
 refused in one usage line naming the option, before anything is timed (no traceback, no table of nonsense)."""
 
+import argparse
+import importlib
+
 import pytest
 
 from marl.bench import recurrent, replay, seeds, train
@@ -69,3 +72,36 @@ def test_recurrent_help_names_its_command_and_explains_parts(capsys):
         recurrent.main(["--help"])
     out = capsys.readouterr().out
     assert out.startswith("usage: python -m marl.bench.recurrent") and "what to time" in out
+
+
+class Captured(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "envs.bench.steps",
+        "envs.bench.adapters",
+        "kernels.bench.gae",
+        "marl.bench.replay",
+        "marl.bench.train",
+        "marl.bench.seeds",
+        "marl.bench.recurrent",
+        "marl.bench.gpu_report",
+        "marl.bench.suite",
+    ],
+)
+def test_help_explains_every_option(module, monkeypatch):
+    """Each option of each benchmark has a help line (`--help` prints nothing but its name otherwise)."""
+    parsers = []
+
+    def capture(self, args=None, namespace=None):
+        parsers.append(self)
+        raise Captured
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+    with pytest.raises(Captured):
+        importlib.import_module(module).main([])
+    unexplained = [a.option_strings or a.dest for a in parsers[-1]._actions if not a.help]
+    assert not unexplained, f"{module}: options without help: {unexplained}"
