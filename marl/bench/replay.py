@@ -389,11 +389,17 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     from marl.app.build import resolve_device
+    from marl.app.paths import check_output_file
 
     try:
         args.device = str(resolve_device(args.device))  # `auto` as what it resolves to
     except ValueError as error:
         parser.error(f"argument --device: {error}")
+    if args.json:
+        try:
+            check_output_file(args.json, f"--json {args.json}", example="bench.json")
+        except ValueError as error:
+            parser.error(str(error))
     if args.capacity < max(args.batch_sizes) or args.capacity < args.extend[0] * args.extend[1]:
         parser.error("--capacity must hold the largest batch size and the extended batch")
     if args.peer_python:

@@ -40,6 +40,7 @@ import envs
 from kernels.bench.options import json_text, positive_int
 from marl.algorithms import DEFAULT, default_config
 from marl.app.build import resolve_device
+from marl.app.paths import check_output_file
 from marl.app.seeds import bootstrap_ci, final_return
 from marl.app.trainer import Trainer
 from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
@@ -187,6 +188,11 @@ def main(argv: list[str] | None = None) -> dict:
         help="every run with marl train --compile; the seconds timed are those after the first iteration (compiling)",
     )
     args = parser.parse_args(argv)
+    if args.json:
+        try:
+            check_output_file(args.json, f"--json {args.json}", example="bench.json")
+        except ValueError as error:
+            parser.error(str(error))
     if args.seeds < 2:
         parser.error(f"argument --seeds: {args.seeds}: expected at least 2 (they are timed against one seed)")
     for name in args.envs:

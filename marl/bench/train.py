@@ -94,6 +94,7 @@ from kernels.bench.gae import median_seconds
 from kernels.bench.options import json_text, positive_int
 from marl import algorithms
 from marl.algorithms.ppo import PPOConfig
+from marl.app.paths import check_output_file
 from marl.bench.benchmarl import run_benchmarl
 from marl.bench.benchmarl_worker import OFF_POLICY, ON_POLICY
 from marl.config import AlgorithmConfig, EnvSettings, ModelConfig, RunConfig, TrainConfig, field_names
@@ -633,6 +634,11 @@ def main(argv: list[str] | None = None) -> dict:
 
         try:
             check_peer_python("--peer-python", args.peer_python, PEER_PYTHONS["benchmarl_python"][1])
+        except ValueError as error:
+            parser.error(str(error))
+    if args.json:
+        try:
+            check_output_file(args.json, f"--json {args.json}", example="bench.json")
         except ValueError as error:
             parser.error(str(error))
     if args.default_iterations < 0:

@@ -41,6 +41,16 @@ BAD_ARGUMENTS = {
         ["--gru-nets", "nope"],
         "argument --gru-nets: gru_nets must be one of ['policy', 'critic', 'both'], got 'nope'",
     ),
+    # a --json that could not be written once the runs are done (the JSON was lost with a traceback)
+    **{
+        f"{module.__name__.split('.')[-1]}-json-in-missing-folder": (
+            module,
+            timing,
+            ["--json", "/nonexistent/bench.json"],
+            "--json /nonexistent/bench.json: the folder /nonexistent does not exist",
+        )
+        for module, timing in ((replay, "bench_replay"), (train, "run_case"), (seeds, "bench_seeds"))
+    },
     # a device that cannot run here, and sizes no run can take (PPO's default minibatch of 4096 frames against
     # an iteration of 16 x 8): each was a traceback from inside the first run
     "replay-cuda": (replay, "bench_replay", ["--device", "cuda"], "argument --device: device cuda was asked for"),
