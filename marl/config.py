@@ -130,6 +130,15 @@ class ModelConfig:
         """Whether `net` ("policy" or "critic") has a GRU."""
         return self.model == "gru" and self.gru_nets in ("both", net)
 
+    @classmethod
+    def saved(cls, values: dict[str, Any], gru: bool, std: bool) -> dict[str, Any]:
+        """`values` of this config as a checkpoint holds them (its `model` section, or a group's overrides), as
+        this version takes them: options an earlier version accepted where they had no effect, and which the
+        checks now refuse, back at their defaults: the GRU's where no net is recurrent (`gru`), `--std` and
+        `--log-std-init` where no policy has a std (`std`: DDPG's, Q-learning's)."""
+        dropped = (() if gru else MODEL_RECURRENT_OPTIONS) + (() if std else MODEL_STD_OPTIONS)
+        return {k: v for k, v in values.items() if k not in dropped}
+
 
 # ModelConfig's fields that only `model="gru"` uses: refused, as they would have no effect, without it.
 MODEL_RECURRENT_OPTIONS = ("gru_hidden", "gru_nets")
@@ -418,9 +427,7 @@ class TrainConfig:
             if given:
                 raise options_without_effect(given, "recurrent networks only; these networks are MLPs", "--model gru")
         for group, overrides in self.group_overrides.items():  # a group's own, where it is recurrent
-            given = [
-                f"--group {group}.{name}={overrides[name]}" for name in MODEL_RECURRENT_OPTIONS if name in overrides
-            ]
+            given = _group_flags(group, overrides, MODEL_RECURRENT_OPTIONS)
             if given and overrides.get("model", self.model.model) != "gru":
                 has_mlps = f"group {group!r} has MLPs, and "
                 raise options_without_effect(given, "recurrent networks only", f"--group {group}.model=gru", has_mlps)
@@ -455,7 +462,7 @@ class TrainConfig:
                 f"{', '.join(has_std)} have one): leave {'it' if len(given) == 1 else 'them'} out"
             )
         for group, overrides in self.group_overrides.items():
-            given = [f"--group {group}.{name}={overrides[name]}" for name in MODEL_STD_OPTIONS if name in overrides]
+            given = _group_flags(group, overrides, MODEL_STD_OPTIONS)
             if given and not groups[group].policy_std:
                 name = overrides.get("algo", self.algo.algo)
                 raise ValueError(
@@ -531,25 +538,14 @@ class TrainConfig:
         model = {**data["model"], **({"hidden": tuple(data["model"]["hidden"])} if "hidden" in data["model"] else {})}
         gru = "gru" in (model.get("model"), *(o.get("model") for o in overrides.values()))
         algo = algo_class.saved(dict(data["algo"]), name, gru)
-        # An earlier version took the GRU's options with MLPs too (they had no effect): back at their defaults.
-        if not gru:
-            model = {k: v for k, v in model.items() if k not in MODEL_RECURRENT_OPTIONS}
-        overrides = {
-            group: o
-            if o.get("model", model.get("model")) == "gru"
-            else {k: v for k, v in o.items() if k not in MODEL_RECURRENT_OPTIONS}
-            for group, o in overrides.items()
-        }
-        # And --std, --log-std-init with policies that have no std (DDPG's, Q-learning's).
-        std = {
+        std = {  # whether each group's policy has a std (an unknown algorithm is refused below)
             g: algorithms.config_class(o.get("algo", name)).policy_std
             for g, o in overrides.items()
             if o.get("algo", name) in algorithms.names()
         }
-        if not (algo_class.policy_std or any(std.values())):
-            model = {k: v for k, v in model.items() if k not in MODEL_STD_OPTIONS}
+        model = ModelConfig.saved(model, gru, algo_class.policy_std or any(std.values()))
         overrides = {
-            g: o if std.get(g, True) else {k: v for k, v in o.items() if k not in MODEL_STD_OPTIONS}
+            g: ModelConfig.saved(o, o.get("model", model.get("model")) == "gru", std.get(g, True))
             for g, o in overrides.items()
         }
         run = RunConfig.saved(dict(data["run"]), algorithms.get(name).collects == "transitions")
@@ -664,13 +660,19 @@ def changed_flags(config, names: tuple[str, ...]) -> list[str]:
     ]
 
 
-def options_without_effect(flags: list[str], applies: str, switch: str, context: str = "") -> ValueError:
-    """The error for options given without the `switch` that makes them do anything, in one form:
-    "FLAGS: [CONTEXT]it applies (they apply) to APPLIES: pass SWITCH too, or leave it (them) out"."""
+def _group_flags(group: str, overrides: Mapping[str, Any], names: tuple[str, ...]) -> list[str]:
+    """`--group GROUP.NAME=VALUE` for each field of `names` that a group's `overrides` set."""
+    return [f"--group {group}.{name}={overrides[name]}" for name in names if name in overrides]
+
+
+def options_without_effect(flags: list[str], applies: str, switch: str | None, context: str = "") -> ValueError:
+    """The error for options given without the `switch` that makes them do anything (None: where none would),
+    in one form: "FLAGS: [CONTEXT]it applies (they apply) to APPLIES: [pass SWITCH too, or ]leave it (them) out"."""
     one = len(flags) == 1
+    remedy = f"pass {switch} too, or leave" if switch else "leave"
     return ValueError(
-        f"{', '.join(flags)}: {context}{'it applies' if one else 'they apply'} to {applies}: pass {switch} too, or "
-        f"leave {'it' if one else 'them'} out"
+        f"{', '.join(flags)}: {context}{'it applies' if one else 'they apply'} to {applies}: {remedy} "
+        f"{'it' if one else 'them'} out"
     )
 
 

@@ -9,7 +9,7 @@ import torch
 import envs
 from envs.specs import Box
 from marl import algorithms
-from marl.config import MODEL_STD_OPTIONS, TrainConfig, changed_flags, import_modules
+from marl.config import MODEL_STD_OPTIONS, TrainConfig, changed_flags, import_modules, options_without_effect
 from marl.core.groups import GroupedEnv
 from marl.core.rollout import check_acting
 
@@ -102,11 +102,8 @@ def check_std_used(config: TrainConfig, groups) -> None:
     version that holds them resumes and evaluates as trained."""
     given = changed_flags(config.model, MODEL_STD_OPTIONS)
     if given and not any(isinstance(spec.action, Box) for spec in groups.values()):
-        raise ValueError(
-            f"{', '.join(given)}: {config.env.env}'s groups ({', '.join(groups)}) have discrete actions, which have "
-            f"no std: {'it applies' if len(given) == 1 else 'they apply'} to continuous (Box) actions only; leave "
-            f"{'it' if len(given) == 1 else 'them'} out"
-        )
+        discrete = f"{config.env.env}'s groups ({', '.join(groups)}) have discrete actions, which have no std; "
+        raise options_without_effect(given, "continuous (Box) actions only", None, discrete)
 
 
 def build_algorithm(config: TrainConfig, env, device: torch.device, world, generator: torch.Generator):
