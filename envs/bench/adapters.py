@@ -37,7 +37,7 @@ import torch
 
 import envs
 from envs.bench.steps import _sync, check_device_and_json
-from kernels.bench.options import check_peer_python, positive_int
+from kernels.bench.options import check_peer_python, checked, positive_int
 
 N_AGENTS, MAX_STEPS, SEED, ACTION_SEED, ACTION_SETS, WARMUP = 3, 100, 0, 1, 8, 5
 
@@ -220,10 +220,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if importlib.util.find_spec("vmas") is None:
         parser.error("vmas is not installed here (pip install 'vecmarl[vmas]'): every side runs VMAS")
     if args.peer_python:
-        try:
-            check_peer_python("--peer-python", args.peer_python, ("torchrl", "vmas"))
-        except ValueError as error:
-            parser.error(str(error))
+        checked(parser, check_peer_python, "--peer-python", args.peer_python, ("torchrl", "vmas"))
 
     if args.threads:
         torch.set_num_threads(args.threads)

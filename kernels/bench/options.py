@@ -10,6 +10,7 @@ import json
 import math
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -47,6 +48,16 @@ def check_peer_python(flag: str, python: str, modules: tuple[str, ...]) -> None:
         raise ValueError(f"{flag} {python}: it is not a working Python" + (f" ({said})" if said else ""))
     if words[1:]:
         raise ValueError(f"{flag} {python}: {', '.join(words[1:])} not installed in that interpreter")
+
+
+def checked(parser: argparse.ArgumentParser, check: Callable, *args, prefix: str = ""):
+    """`check(*args)`'s result; a ValueError from it is `parser`'s usage error (one line, exit 2), `prefix`
+    before its message: made before anything is timed, for what would otherwise fail in the runs, or after
+    them, with a traceback (a device, a `--json` path, a peer's interpreter)."""
+    try:
+        return check(*args)
+    except ValueError as error:
+        parser.error(f"{prefix}{error}")
 
 
 def json_text(report: object) -> str:

@@ -368,7 +368,8 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] == ["--worker"]:
         worker(argv[1])
         return
-    from kernels.bench.options import positive_int  # here, not at the top: the peer runs this file alone
+    # Here, not at the top: the peer runs this file alone.
+    from kernels.bench.options import check_peer_python, checked, positive_int
 
     parser = argparse.ArgumentParser(prog="python -m marl.bench.replay", description=__doc__.split("\n\n")[0])
     parser.add_argument("--peer-python", default=None, help="interpreter with torchrl installed (the peer)")
@@ -391,24 +392,16 @@ def main(argv: list[str] | None = None) -> None:
     from marl.app.build import resolve_device
     from marl.app.paths import check_output_file
 
-    try:
-        args.device = str(resolve_device(args.device))  # `auto` as what it resolves to
-    except ValueError as error:
-        parser.error(f"argument --device: {error}")
+    # `auto` as what it resolves to
+    args.device = str(checked(parser, resolve_device, args.device, prefix="argument --device: "))
     if args.json:
-        try:
-            check_output_file(args.json, f"--json {args.json}", example="bench.json")
-        except ValueError as error:
-            parser.error(str(error))
+        checked(parser, check_output_file, args.json, f"--json {args.json}", "bench.json")
     if args.capacity < max(args.batch_sizes) or args.capacity < args.extend[0] * args.extend[1]:
         parser.error("--capacity must hold the largest batch size and the extended batch")
     if args.peer_python:
-        from marl.bench.suite import PEER_PYTHONS, check_peer_python
+        from marl.bench.suite import PEER_PYTHONS
 
-        try:
-            check_peer_python("--peer-python", args.peer_python, PEER_PYTHONS["torchrl_python"][1])
-        except ValueError as error:
-            parser.error(str(error))
+        checked(parser, check_peer_python, "--peer-python", args.peer_python, PEER_PYTHONS["torchrl_python"][1])
     report = bench_replay(
         args.capacity,
         args.extend,

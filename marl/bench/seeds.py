@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 import envs
-from kernels.bench.options import json_text, positive_int
+from kernels.bench.options import checked, json_text, positive_int
 from marl.algorithms import DEFAULT, default_config
 from marl.app.build import resolve_device
 from marl.app.paths import check_output_file
@@ -189,10 +189,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     args = parser.parse_args(argv)
     if args.json:
-        try:
-            check_output_file(args.json, f"--json {args.json}", example="bench.json")
-        except ValueError as error:
-            parser.error(str(error))
+        checked(parser, check_output_file, args.json, f"--json {args.json}", "bench.json")
     if args.seeds < 2:
         parser.error(f"argument --seeds: {args.seeds}: expected at least 2 (they are timed against one seed)")
     for name in args.envs:
@@ -207,10 +204,8 @@ def main(argv: list[str] | None = None) -> dict:
             f"--compile times the iterations after the first: --frames must exceed one iteration "
             f"({args.num_envs * args.rollout_length:,} frames: --num-envs x --rollout-length)"
         )
-    try:
-        args.device = str(resolve_device(args.device))  # `auto` as what it resolves to
-    except ValueError as error:
-        parser.error(f"argument --device: {error}")
+    # `auto` as what it resolves to
+    args.device = str(checked(parser, resolve_device, args.device, prefix="argument --device: "))
     sizes = Sizes(args.num_envs, args.rollout_length, args.minibatch_size, tuple(args.hidden), args.compile)
     try:  # the runs' configs, checked before the first run (e.g. a minibatch larger than an iteration)
         for kind in KINDS:

@@ -91,7 +91,7 @@ from pathlib import Path
 import torch
 
 from kernels.bench.gae import median_seconds
-from kernels.bench.options import json_text, positive_int
+from kernels.bench.options import check_peer_python, checked, json_text, positive_int
 from marl import algorithms
 from marl.algorithms.ppo import PPOConfig
 from marl.app.paths import check_output_file
@@ -630,17 +630,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
     if args.peer_python:
-        from marl.bench.suite import PEER_PYTHONS, check_peer_python
+        from marl.bench.suite import PEER_PYTHONS
 
-        try:
-            check_peer_python("--peer-python", args.peer_python, PEER_PYTHONS["benchmarl_python"][1])
-        except ValueError as error:
-            parser.error(str(error))
+        checked(parser, check_peer_python, "--peer-python", args.peer_python, PEER_PYTHONS["benchmarl_python"][1])
     if args.json:
-        try:
-            check_output_file(args.json, f"--json {args.json}", example="bench.json")
-        except ValueError as error:
-            parser.error(str(error))
+        checked(parser, check_output_file, args.json, f"--json {args.json}", "bench.json")
     if args.default_iterations < 0:
         parser.error(f"argument --default-iterations: {args.default_iterations}: expected 0 (skip those rows) or more")
     for algo in args.algos:
