@@ -15,6 +15,7 @@ from marl.app.distributed import World
 from marl.app.paths import check_output_file
 from marl.config import TrainConfig, check_seed
 from marl.core.distributions import draw_noise
+from marl.core.rollout import recurrent_output
 
 
 @torch.no_grad()
@@ -103,7 +104,8 @@ def evaluate(
             actions = {}
             for g, policy in policies.items():
                 if g in hidden:
-                    dist, hidden[g] = policy(obs[g, "observation"], obs.get((g, "action_mask"), None), hidden[g])
+                    out = policy(obs[g, "observation"], obs.get((g, "action_mask"), None), hidden[g])
+                    dist, hidden[g] = recurrent_output(g, out, hidden[g])
                 else:
                     dist = policy(obs[g, "observation"], obs.get((g, "action_mask"), None))
                 if deterministic:

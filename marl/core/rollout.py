@@ -328,7 +328,7 @@ class Collector:
             mask = obs[g].get("action_mask")
             if g in self.hidden:
                 _write(leaf["hidden"], t, self.hidden[g])
-                dist, next_hidden[g] = _recurrent_output(g, policy(observation, mask, self.hidden[g]), self.hidden[g])
+                dist, next_hidden[g] = recurrent_output(g, policy(observation, mask, self.hidden[g]), self.hidden[g])
             else:
                 dist = policy(observation, mask)
             if not hasattr(dist, "env_action"):  # e.g. a torch.distributions one: its sample takes a shape
@@ -377,9 +377,10 @@ class Collector:
         return obs
 
 
-def _recurrent_output(g: str, out, hidden: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
+def recurrent_output(g: str, out, hidden: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
     """A recurrent policy's `(distribution, next hidden)`, refused unless the next state is shaped as `hidden`
-    `[B, n, h]`: a lone distribution failed to unpack, and a state of another shape broadcast into the held one."""
+    `[B, n, h]`: a lone distribution failed to unpack, and a state of another shape broadcast into the held one
+    (in collection, and in `marl eval`)."""
     if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], torch.Tensor) and out[1].shape == hidden.shape:
         return out
     if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], torch.Tensor):

@@ -153,6 +153,28 @@ def test_eval_carries_the_hidden_state(tmp_path):
     assert result["episodes"] == 8 and math.isfinite(result["returns"]["agent"]["mean"])
 
 
+def test_eval_refuses_a_next_state_of_another_shape(tmp_path, monkeypatch):
+    # As collection does: a next state [1, n, h] was broadcast into every env's by the reset's masked_fill.
+    import marl.app.evaluate as evaluate_module
+
+    trainer = Trainer(gru_config(tmp_path))
+    trainer.train_iteration()
+    path = trainer.save()
+    build = evaluate_module.build_algorithm
+
+    def with_a_shared_state(*args):
+        algorithm = build(*args)
+        acting = algorithm.acting
+        policy = acting.policies["agent"]
+        shared = dataclasses.replace(acting, policies={"agent": lambda o, m, h: (policy(o, m, h)[0], h[:1])})
+        monkeypatch.setattr(type(algorithm), "acting", property(lambda self: shared))
+        return algorithm
+
+    monkeypatch.setattr(evaluate_module, "build_algorithm", with_a_shared_state)
+    with pytest.raises(TypeError, match=r"group 'agent' is recurrent .*got a next hidden of shape \(1, "):
+        evaluate(str(path), episodes=8, device="cpu")
+
+
 def test_gru_options_are_checked_at_the_config(tmp_path):
     from marl import algorithms
 
