@@ -71,6 +71,9 @@ class AlgorithmConfig:
     recurrent_options: ClassVar[tuple[str, ...]] = ()
     """Fields only recurrent networks use (`--model gru`): without them a value other than the default is
     refused (`TrainConfig._check_recurrent`), as it would have no effect."""
+    anneal_options: ClassVar[str] = ""
+    """The options that make this algorithm anneal a value over the schedules' frames (`annealed`), as the
+    error that refuses `--schedule-frames` where nothing anneals names them."""
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -84,6 +87,11 @@ class AlgorithmConfig:
         """Raise a ValueError when this config does not fit the rest of `config` (e.g. a minibatch larger
         than an iteration's frames)."""
 
+    def annealed(self) -> tuple[str, ...]:
+        """The values this config anneals over the schedules' frames (`RunConfig.schedule_frames`), by name
+        (none by default)."""
+        return ()
+
     @classmethod
     def saved(cls, values: dict[str, Any], algo: str, gru: bool) -> dict[str, Any]:
         """`values` of this config for the algorithm `algo` as a checkpoint holds them (its `algo` section, or
@@ -91,6 +99,15 @@ class AlgorithmConfig:
         effect, and which `check` now refuses, back at their defaults (the run trained without them). Here the
         `recurrent_options` of a run in which no group is recurrent (`gru`: whether one is)."""
         return values if gru else {k: v for k, v in values.items() if k not in cls.recurrent_options}
+
+    @classmethod
+    def saved_with_groups(
+        cls, values: dict[str, Any], overrides: dict[str, dict], classes: Mapping[str, type[AlgorithmConfig]]
+    ) -> tuple[dict[str, Any], dict[str, dict]]:
+        """`saved` for the options whose effect depends on the groups too: the run's `values` (its `algo`
+        section) and the groups' `overrides` (each group's config class in `classes`, where its algorithm is
+        known) with those an earlier version accepted where they had no effect dropped (none by default)."""
+        return values, overrides
 
 
 @dataclass(frozen=True)
@@ -173,7 +190,7 @@ class RunConfig:
     --lr-schedule linear), held at their end values after; 0: total_frames. A resumed run keeps the length its
     schedules had, whatever its new --total-frames, so that annealed values stay annealed; pass this with
     --resume to stretch them over another length (PPO's linear lr, which would stay at 0, needs it to train on
-    past its schedule)."""
+    past its schedule). Refused where nothing anneals (e.g. PPO's constant lr, SAC without --prioritized)."""
     rollout_length: int = 64
     """Steps collected per env per iteration (T); an iteration is num_envs * rollout_length frames."""
     seed: int = 0
@@ -407,7 +424,20 @@ class TrainConfig:
             )
         self._check_recurrent()
         self._check_std()
+        self._check_schedule_frames()
         self.algo.check_train(self)
+
+    def annealed(self) -> tuple[str, ...]:
+        """The values annealed over the schedules' frames, the run's algorithm's and every group's, by name."""
+        configs = [self.algo, *(self.for_group(g)[0] for g in self.group_overrides)]
+        return tuple(dict.fromkeys(name for config in configs for name in config.annealed()))
+
+    def _check_schedule_frames(self) -> None:
+        """`--schedule-frames` only where something anneals over it (a resumed run's pin: `Trainer.resume`)."""
+        given = changed_flags(self.run, ("schedule_frames",))
+        if given and not self.annealed():
+            applies = f"annealed values only, and --algo {self.algo.algo} anneals none with these options"
+            raise options_without_effect(given, applies, type(self.algo).anneal_options or None)
 
     def uses_gru(self) -> bool:
         """Whether any group's networks are recurrent (`--model gru`, or a group's override)."""
@@ -497,14 +527,14 @@ class TrainConfig:
         not those its class leaves out (`AlgorithmConfig.not_shared`)."""
         overrides = self.group_overrides.get(group, {})
         cls = self.group_algorithm(group)
-        shared = {k: v for k, v in _as_dict(self.algo).items() if k in field_names(cls)}
+        shared = {k: v for k, v in as_dict(self.algo).items() if k in field_names(cls)}
         if cls is not type(self.algo):
             shared = {k: v for k, v in shared.items() if k not in cls.not_shared}
         algo = {k: v for k, v in overrides.items() if k in field_names(cls)}
         model = {k: v for k, v in overrides.items() if k in field_names(ModelConfig)}
         return (
             _options.build(cls, {**shared, **algo}, f"group {group!r}"),
-            _options.build(ModelConfig, {**_as_dict(self.model), **model}, f"group {group!r}"),
+            _options.build(ModelConfig, {**as_dict(self.model), **model}, f"group {group!r}"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -561,13 +591,23 @@ class TrainConfig:
             else o  # an unknown algorithm: the config's check names it
             for group, o in overrides.items()
         }
-        return cls(
+        known = {g: o.get("algo", name) for g, o in overrides.items() if o.get("algo", name) in algorithms.names()}
+        algo, overrides = algo_class.saved_with_groups(
+            algo, overrides, {g: algorithms.config_class(n) for g, n in known.items()}
+        )
+        # An earlier version also accepted --schedule-frames where nothing anneals (and pinned it on every
+        # resume): the run is built without it, and it is put back where something anneals over it.
+        schedule = {k: v for k, v in run.items() if k == "schedule_frames"}
+        config = cls(
             env=env_settings,
             algo=_options.build(algo_class, algo, "algo config"),
             model=_options.build(ModelConfig, model, "model"),
-            run=_options.build(RunConfig, run, "run config"),
+            run=_options.build(RunConfig, {k: v for k, v in run.items() if k not in schedule}, "run config"),
             group_overrides=overrides,
         )
+        if not schedule or not config.annealed():
+            return config
+        return dataclasses.replace(config, run=_options.build(RunConfig, run, "run config"))
 
 
 def _check_saved(data: Any) -> None:
@@ -697,7 +737,8 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _as_dict(config) -> dict[str, Any]:
+def as_dict(config) -> dict[str, Any]:
+    """A dataclass's fields by name (not copied, unlike `dataclasses.asdict`)."""
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
 
 

@@ -30,6 +30,7 @@ from marl.algorithms.offpolicy import (
     OffPolicy,
     OffPolicyConfig,
     annealed,
+    anneals,
     critic_input,
     critic_loss,
     fixed,
@@ -49,6 +50,9 @@ class DDPGConfig(OffPolicyConfig):
     """MADDPG and IDDPG: deterministic policies explored with Gaussian noise, learned through action values."""
 
     policy_std: ClassVar[bool] = False  # deterministic policies, explored with Gaussian noise of sigma
+    anneal_options = (
+        "--exploration-anneal above 0 with --exploration-sigma-init other than the end (sigma), or --prioritized (beta)"
+    )
 
     algo: Literal["maddpg", "iddpg"] = "maddpg"
     """maddpg: a centralised critic (every group's observations and actions); iddpg: each agent's own."""
@@ -85,6 +89,10 @@ class DDPGConfig(OffPolicyConfig):
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.exploration_anneal <= 1:
             raise ValueError(f"exploration_anneal must be in [0, 1], got {self.exploration_anneal}")
+
+    def annealed(self) -> tuple[str, ...]:
+        sigma = anneals(self.exploration_sigma_init, self.exploration_sigma_end, self.exploration_anneal)
+        return ("sigma",) * sigma + super().annealed()
 
 
 @dataclass

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -36,7 +36,7 @@ from torch import nn
 from torch.func import functional_call
 
 from marl.algorithms.base import Algorithm
-from marl.config import AlgorithmConfig, TrainConfig, changed_flags, options_without_effect
+from marl.config import AlgorithmConfig, TrainConfig, as_dict, changed_flags, field_names, options_without_effect
 from marl.core.distributions import RandomWhile
 from marl.core.models import CriticInput, action_features
 from marl.core.replay import Prioritized, ReplayBuffer, gather
@@ -63,7 +63,8 @@ class OffPolicyConfig(AlgorithmConfig):
     gamma: float = 0.99
     """Discount factor."""
     tau: float = 0.005
-    """Polyak factor of the target networks: each optimiser step moves them this fraction towards the online ones."""
+    """Polyak factor of the target networks: each optimiser step moves them this fraction towards the online ones
+    (not Q-learning's copied ones, --target-update hard)."""
     max_grad_norm: float = 10.0
     """Clip the gradient norm of each group's policy and critic apart to this (0 disables clipping)."""
     buffer_size: int = 1_000_000
@@ -84,6 +85,7 @@ class OffPolicyConfig(AlgorithmConfig):
     priority_reduce: Literal["max", "mean"] = "max"
     """With --prioritized: how the agents' TD errors become one priority per env step."""
 
+    anneal_options = "--prioritized (its importance weights' exponent, beta)"
     run_wide = (
         "buffer_size",
         "batch_size",
@@ -120,6 +122,9 @@ class OffPolicyConfig(AlgorithmConfig):
                 f"shared_value needs a centralised critic: critic_scope group or global, not {self.algo}'s agent"
             )
 
+    def annealed(self) -> tuple[str, ...]:
+        return ("beta",) if self.prioritized and self.priority_beta < 1 else ()
+
     def check_train(self, config: TrainConfig) -> None:
         frames = config.env.num_envs * config.run.rollout_length
         if self.batch_size > frames:
@@ -128,6 +133,22 @@ class OffPolicyConfig(AlgorithmConfig):
                 f"the buffer holds after the first iteration: pass --batch-size {frames} or less, or more envs "
                 "or a longer rollout"
             )
+        self._check_tau(config)
+
+    def _check_tau(self, config: TrainConfig) -> None:
+        """`--tau` (the run's, or a group's) only where a target network moves by it: not where Q-learning
+        copies the targets (`--target-update hard`)."""
+        classes = {g: config.group_algorithm(g) for g in config.group_overrides}
+        run_unused, groups_unused = unused_tau(as_dict(self), config.group_overrides, classes)
+        moving = "target networks that move by it every step (--target-update polyak)"
+        given = changed_flags(self, ("tau",))
+        if given and run_unused:
+            copied = f"; these are copied every {getattr(self, 'target_update_every', 0)} steps (--target-update hard)"
+            raise options_without_effect(given, moving + copied, "--target-update polyak")
+        for g in groups_unused:
+            given = [f"--group {g}.tau={config.group_overrides[g]['tau']}"]
+            copies = f"group {g!r} copies its targets (target_update hard), and "
+            raise options_without_effect(given, moving, f"--group {g}.target_update=polyak", copies)
 
     @classmethod
     def saved(cls, values: dict, algo: str, gru: bool) -> dict:
@@ -135,10 +156,38 @@ class OffPolicyConfig(AlgorithmConfig):
         values = super().saved(values, algo, gru)
         return values if values.get("prioritized") else {k: v for k, v in values.items() if k not in PRIORITY_OPTIONS}
 
+    @classmethod
+    def saved_with_groups(cls, values: dict, overrides: dict, classes: Mapping) -> tuple[dict, dict]:
+        # An earlier version also accepted tau for targets copied every target_update_every steps.
+        run_unused, groups_unused = unused_tau(values, overrides, classes)
+        if run_unused:
+            values = {k: v for k, v in values.items() if k != "tau"}
+        overrides = {
+            g: {k: v for k, v in o.items() if k != "tau" or g not in groups_unused} for g, o in overrides.items()
+        }
+        return values, overrides
+
     def scope(self) -> str:
         if self.critic_scope != "auto":
             return self.critic_scope
         return "agent" if self.algo.startswith("i") else "global"
+
+
+def unused_tau(run: Mapping, overrides: Mapping[str, Mapping], classes: Mapping[str, type]) -> tuple[bool, list[str]]:
+    """Where tau has no effect, as Q-learning copies the targets of a group with `target_update` hard: whether
+    the run's tau (in its options `run`) moves no group's targets (the run's own are copied, as those of every
+    group that takes the run's tau), and the groups whose own tau (in their `overrides`) moves none. A group's
+    config class is in `classes` (one missing, of an unknown algorithm, is taken to use its tau)."""
+
+    def copies(group: str) -> bool:
+        cls = classes.get(group)
+        if cls is None or "target_update" not in field_names(cls):  # actor-critics' targets always move by tau
+            return False
+        return overrides[group].get("target_update", run.get("target_update", cls.target_update)) == "hard"
+
+    takes_run = [g for g, o in overrides.items() if "tau" not in o and not copies(g)]
+    run_unused = run.get("target_update") == "hard" and not takes_run
+    return run_unused, [g for g, o in overrides.items() if "tau" in o and copies(g)]
 
 
 def linear(start: float, end: float, progress: float) -> float:
@@ -151,6 +200,11 @@ def annealed(start: float, end: float, anneal: float, frames: int, total_frames:
     fraction of `total_frames` (`end` from the start when `anneal` is 0)."""
     span = anneal * total_frames
     return linear(start, end, frames / span if span > 0 else 1.0)
+
+
+def anneals(start: float, end: float, anneal: float) -> bool:
+    """Whether an exploration schedule (`annealed`) changes its value over the schedules' frames."""
+    return anneal > 0 and start != end
 
 
 def critic_input(config: TrainConfig, env, group: str, action_sizes: dict[str, int]) -> CriticInput:

@@ -125,6 +125,7 @@ class PPOConfig(AlgorithmConfig):
     rollout starts from its stored state; iql, vdn, qmix: their chunks are drawn with their burn-in steps)."""
 
     # Every group is updated in the same minibatch steps (overlapped or not).
+    anneal_options = "--lr-schedule linear"
     run_wide = ("epochs", "minibatch_size", "overlap_critic", "chunk_length", "burn_in")
     recurrent: ClassVar[bool] = True
     recurrent_options = ("chunk_length", "burn_in")
@@ -145,6 +146,9 @@ class PPOConfig(AlgorithmConfig):
             raise ValueError(f"epochs and minibatch_size must be >= 1, got {self.epochs}, {self.minibatch_size}")
         if self.chunk_length < 1 or self.burn_in < 0:
             raise ValueError(f"chunk_length must be >= 1 and burn_in >= 0, got {self.chunk_length}, {self.burn_in}")
+
+    def annealed(self) -> tuple[str, ...]:
+        return ("lr",) if self.lr_schedule == "linear" else ()
 
     def check_train(self, config: TrainConfig) -> None:
         if self.overlap_critic and not config.run.compile:

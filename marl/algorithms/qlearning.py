@@ -66,6 +66,7 @@ from marl.algorithms.offpolicy import (
     OffPolicy,
     OffPolicyConfig,
     annealed,
+    anneals,
     critic_loss,
     frozen_copy,
     polyak_,
@@ -87,6 +88,9 @@ class QConfig(OffPolicyConfig):
     """IQL, VDN and QMIX: ε-greedy Q-learning per agent, alone or mixed into the group's value."""
 
     policy_std: ClassVar[bool] = False  # greedy in the Q values, explored with epsilon
+    anneal_options = (
+        "--exploration-anneal above 0 with --exploration-eps-init other than the end (epsilon), or --prioritized (beta)"
+    )
 
     algo: Literal["qmix", "vdn", "iql"] = "vdn"
     """iql: each agent learns its own Q; vdn: the group's Q is the sum of its agents'; qmix: a monotonic
@@ -166,6 +170,10 @@ class QConfig(OffPolicyConfig):
         if given and self.target_update != "hard":
             applies = f"--target-update hard only; these targets move by tau every step ({self.target_update})"
             raise options_without_effect(given, applies, "--target-update hard")
+
+    def annealed(self) -> tuple[str, ...]:
+        epsilon = anneals(self.exploration_eps_init, self.exploration_eps_end, self.exploration_anneal)
+        return ("epsilon",) * epsilon + super().annealed()
 
     def check_train(self, config: TrainConfig) -> None:
         super().check_train(config)

@@ -401,7 +401,8 @@ class Trainer:
             run = dataclasses.replace(
                 run, **{k: getattr(RunConfig, k) for k in WANDB_OPTIONS if k not in run_overrides}
             )
-        run = dataclasses.replace(run, **{"schedule_frames": saved.schedule_span(), **run_overrides})
+        pinned = {"schedule_frames": saved.schedule_span()} if config.annealed() else {}  # none to keep else
+        run = dataclasses.replace(run, **{**pinned, **run_overrides})
         config = dataclasses.replace(config, run=run)
         if frames_left and state["frames"] >= run.total_frames:
             raise NothingToTrain(

@@ -159,7 +159,8 @@ def test_a_linear_lr_is_not_trained_past_its_end(tmp_path):
         TrainConfig(algo=PPOConfig(lr_schedule="linear"), run=run)
     with pytest.raises(ValueError, match=r"pass --schedule-frames 4,096"):
         TrainConfig(group_overrides={"agent": {"lr_schedule": "linear"}}, run=run)
-    TrainConfig(run=run)  # a constant lr does not anneal
+    with pytest.raises(ValueError, match=r"--schedule-frames 1024: it applies to annealed values only"):
+        TrainConfig(run=run)  # a constant lr does not anneal: nothing would
 
 
 @pytest.mark.parametrize(
@@ -177,6 +178,35 @@ def test_a_linear_lr_is_not_trained_past_its_end(tmp_path):
             "--priority-beta 0.5, --priority-r",
         ),
         (["--algo", "iql", "--target-update-every", "50"], "--target-update-every 50: it applies to --target-update h"),
+        # Hard copies move the targets by no tau: --tau changed nothing.
+        (
+            ["--algo", "iql", "--target-update", "hard", "--tau", "0.1"],
+            "--tau 0.1: it applies to target networks that move by it every step (--target-update polyak); these are "
+            "copied every 200 steps (--target-update hard): pass --target-update polyak too",
+        ),
+        (
+            ["--algo", "iql", "--target-update", "hard", "--group", "agent.tau=0.1"],
+            "--group agent.tau=0.1: group 'agent' copies its targets (target_update hard), and it applies to target",
+        ),
+        (
+            "--algo masac --group agent.algo=iql --group agent.target_update=hard --group agent.tau=0.1".split(),
+            "--group agent.tau=0.1: group 'agent' copies its targets",
+        ),
+        # Nothing anneals: --schedule-frames changed nothing.
+        (
+            ["--schedule-frames", "1000"],
+            "--schedule-frames 1000: it applies to annealed values only, and --algo mappo anneals none with these "
+            "options: pass --lr-schedule linear too, or leave it out",
+        ),
+        (["--algo", "masac", "--schedule-frames", "1000"], "--algo masac anneals none with these options: pass --prio"),
+        (
+            ["--algo", "iql", "--exploration-anneal", "0", "--schedule-frames", "1000"],
+            "--algo iql anneals none with these options: pass --exploration-anneal above 0 with --exploration-eps-init",
+        ),
+        (
+            "--algo iddpg --exploration-sigma-init 0.1 --exploration-sigma-end 0.1 --schedule-frames 9".split(),
+            "--algo iddpg anneals none with these options: pass --exploration-anneal above 0 with --exploration-sigma",
+        ),
         # The runs of --seeds take the list's seeds: --seed changed nothing (their checkpoints were the same).
         (["--seeds", "0", "1", "--seed", "5"], "--seed 5: --seeds 0 1 names each run's seed, and --seed would have"),
         (["--wandb-project", "mine"], "--wandb-project mine: it applies to Weights & Biases logging only: pass --w"),
@@ -260,6 +290,44 @@ def test_replay_and_target_options_are_taken_in_their_mode_and_saved_ones_withou
     saved["algo"]["target_update_every"] = 50  # and target_update_every with Polyak targets
     assert TrainConfig.from_dict(saved).algo.target_update_every == QConfig.target_update_every
     assert QConfig(target_update="hard", target_update_every=50).target_update_every == 50
+
+
+def test_tau_and_schedule_frames_are_taken_where_used_and_saved_ones_without_a_use_load():
+    hard = QConfig(algo="iql", target_update="hard", tau=0.1)
+    polyak_group = {"b": {"target_update": "polyak"}}  # b moves its targets by the run's tau
+    assert TrainConfig(algo=hard, group_overrides=polyak_group).for_group("b")[0].tau == 0.1
+    assert TrainConfig(algo=QConfig(algo="iql"), group_overrides={"b": {"tau": 0.3}}).for_group("b")[0].tau == 0.3
+    sac = TrainConfig(algo=SACConfig(tau=0.1), group_overrides={"b": {"algo": "iql", "target_update": "hard"}})
+    assert sac.algo.tau == 0.1  # the SAC groups' tau
+    span = RunConfig(total_frames=99, schedule_frames=4096)
+    assert TrainConfig(algo=SACConfig(prioritized=True), run=span).annealed() == ("beta",)
+    assert TrainConfig(algo=QConfig(algo="iql"), run=span).annealed() == ("epsilon",)
+    linear_group = TrainConfig(run=span, group_overrides={"b": {"lr_schedule": "linear"}})
+    assert linear_group.annealed() == ("lr",)
+    # An earlier version took them where they had no effect (and pinned --schedule-frames on every resume):
+    # its checkpoints still load, without them.
+    saved = TrainConfig(algo=QConfig(algo="iql", target_update="hard")).to_dict()
+    saved["algo"]["tau"], saved["group_overrides"] = 0.1, {"b": {"tau": 0.3}, "c": {"target_update": "polyak"}}
+    config = TrainConfig.from_dict(saved)
+    assert config.algo.tau == 0.1 and config.group_overrides == {"b": {}, "c": {"target_update": "polyak"}}
+    del saved["group_overrides"]["c"]
+    assert TrainConfig.from_dict(saved).algo.tau == QConfig.tau
+    ppo = TrainConfig().to_dict()
+    ppo["run"]["schedule_frames"] = 4096
+    assert TrainConfig.from_dict(ppo).run.schedule_frames == 0
+    linear = TrainConfig(algo=PPOConfig(lr_schedule="linear"), run=RunConfig(total_frames=99, schedule_frames=4096))
+    assert TrainConfig.from_dict(linear.to_dict()).run.schedule_frames == 4096
+
+
+def test_a_run_with_nothing_annealed_resumes_to_a_longer_total(tmp_path, capsys):
+    # The resume pinned --schedule-frames to the run's length, which a run with nothing annealed now refuses.
+    argv = ["train", "--env", "spread", "--num-envs", "8", "--rollout-length", "16", "--minibatch-size", "64"]
+    argv += ["--log-dir", str(tmp_path), "--run-name", "run", "--no-progress", "--no-tensorboard"]
+    assert main([*argv, "--total-frames", "128"]) == 0
+    checkpoint = tmp_path / "run" / "checkpoint.pt"
+    assert main(["train", "--resume", str(checkpoint), "--total-frames", "256", "--no-progress"]) == 0
+    assert [row["iteration"] for row in read_rows(tmp_path / "run" / "metrics.csv")] == [1, 2]
+    assert load_checkpoint(checkpoint)["config"]["run"]["schedule_frames"] == 0
 
 
 def test_a_saved_mlp_run_with_gru_options_loads_at_their_defaults():
