@@ -160,6 +160,10 @@ class MultiAgentEnv:
     runs_on_host: ClassVar[bool] = False
     """True for adapters of host (numpy) simulators, e.g. PettingZoo: their steps copy data between host
     and device by nature, so `check_env` does not hold them to the no-host-sync property."""
+    seeding_advice: ClassVar[str | None] = None
+    """What `check_env` tells when one seed gave two different runs: None, a native env's advice (draw from
+    `self.rng`, overwrite the state in `_reset`); an adapter says what its user can do about the simulator
+    it wraps, whose code is not the adapter user's."""
     traceable: ClassVar[bool] = True
     """Whether torch.compile can trace `step_data` into a graph. The compiled rollout (`marl train
     --compile`) traces the env's step with the policy; an env that cannot be traced (an adapter of a

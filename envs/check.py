@@ -31,6 +31,13 @@ from envs.specs import Box, Discrete, GroupSpec, MultiDiscrete
 from envs.sync import HostSyncError, forbid_host_sync
 
 FLAGS = ("terminated", "truncated", "done")
+# What `reset(seed=...)` seeds is a native env's own stream: any other source of randomness breaks seeding, and
+# so does state that `_reset` leaves as the last episode ended (the runs before the check's differ).
+NATIVE_SEEDING_ADVICE = (
+    "draw every random number from self.rng (self.rng.rand, randn, randint), not from torch's global generator "
+    "(torch.rand, randn_like, ...), Python's random or numpy's; and let _reset overwrite every state tensor where "
+    "mask is true (torch.where(mask, fresh, old)), so that no episode starts from what the last one left"
+)
 
 
 class CheckError(AssertionError):
@@ -255,14 +262,7 @@ class _Checker:
     def seeding(self, random_reset: bool) -> None:
         start_a, run_a = self.run(self.short_run)
         start_b, run_b = self.run(self.short_run)
-        # What `reset(seed=...)` seeds is the env's own stream: any other source of randomness breaks this, and
-        # so does state that `_reset` leaves as the last episode ended (the runs before this one differ).
-        fix = (
-            ": draw every random number from self.rng (self.rng.rand, randn, randint), not from torch's global "
-            "generator (torch.rand, randn_like, ...), Python's random or numpy's; and let _reset overwrite every "
-            "state tensor where mask is true (torch.where(mask, fresh, old)), so that no episode starts from what "
-            "the last one left"
-        )
+        fix = ": " + (self.env.seeding_advice or NATIVE_SEEDING_ADVICE)
         self.compare(start_a, start_b, "seeding", "two resets with the same seed differ" + fix)
         for (next_a, obs_a), (next_b, obs_b) in zip(run_a, run_b):
             self.compare(next_a, next_b, "seeding", "the same seed and actions gave different transitions" + fix)

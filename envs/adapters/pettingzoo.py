@@ -76,6 +76,14 @@ class PettingZooEnv(MultiAgentEnv):
     name = "pettingzoo"
     runs_on_host = True
     traceable = False
+    seeding_advice = (
+        "the adapter resets copy i with reset(seed=seed + i) and then lets each copy draw on, so the wrapped "
+        "PettingZoo env draws from a generator that reset(seed) does not seed, or keeps state from the last "
+        "episode. In an env of your own, draw every random number from the generator reset(seed) seeds "
+        "(self.np_random, from gymnasium.utils.seeding.np_random(seed)), not numpy's, Python's or torch's global "
+        "ones, and set all episode state in reset; an env you cannot change trains, but its runs do not repeat "
+        "from a seed"
+    )
 
     def __init__(self, config: PettingZooConfig | None = None, **kwargs: Any) -> None:
         self._made = False  # until then, errors of the wrapped env name it (`_wrapped_env_errors`)

@@ -117,6 +117,13 @@ class VmasEnv(MultiAgentEnv):
     config: VmasConfig
     name = "vmas"
     traceable = False  # VMAS's physics branches on data in Python (as `make_vmas` says to compile=True)
+    seeding_advice = (
+        "VMAS seeds torch's, numpy's and Python's global generators, and the adapter gives each env its own copy "
+        "of them, so a scenario that draws only from those and sets its whole state in reset_world_at repeats "
+        "from a seed; this one draws elsewhere or keeps state from the last episode. The scenario is VMAS's, not "
+        "yours to change: report it to vecmarl with the scenario's name and options (the adapter's bug to fix), "
+        "or train on it knowing that its runs do not repeat from a seed"
+    )
 
     @property
     def renders(self) -> bool:

@@ -2,7 +2,8 @@
 
 `runner_i` lives `lifetimes[i]` steps and is then terminated; with `limit`, every agent still there
 is truncated after `limit` steps. Observation: `[position, steps]`; action 0/1/2 moves by -1/0/+1;
-reward: the new position. Start positions are random (from the seed).
+reward: the new position. Start positions are random (from the seed; with `seeded=False` from numpy's global
+generator, which the seed does not set, as an env that breaks seeding).
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from pettingzoo import ParallelEnv
 class RunnersEnv(ParallelEnv):
     metadata = {"name": "runners_v0", "is_parallelizable": True}
 
-    def __init__(self, lifetimes: tuple[int, ...] = (4, 2), limit: int | None = None) -> None:
+    def __init__(self, lifetimes: tuple[int, ...] = (4, 2), limit: int | None = None, seeded: bool = True) -> None:
         self.possible_agents = [f"runner_{i}" for i in range(len(lifetimes))]
         self.lifetimes = dict(zip(self.possible_agents, lifetimes))
         self.limit = limit
         self._observation_space = spaces.Box(-np.inf, np.inf, (2,), np.float32)
         self._action_space = spaces.Discrete(3)
         self.rng = np.random.default_rng()
+        self.seeded = seeded
 
     def observation_space(self, agent):
         return self._observation_space
@@ -34,7 +36,8 @@ class RunnersEnv(ParallelEnv):
             self.rng = np.random.default_rng(seed)
         self.t = 0
         self.agents = list(self.possible_agents)
-        self.position = {agent: float(self.rng.normal()) for agent in self.agents}
+        normal = self.rng.normal if self.seeded else np.random.normal
+        self.position = {agent: float(normal()) for agent in self.agents}
         return {agent: self._observe(agent) for agent in self.agents}, {agent: {} for agent in self.agents}
 
     def step(self, actions):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import envs
+from tests.envs.adapters import assert_seeding_advice
 
 pytest.importorskip("pettingzoo")
 pytest.importorskip("mpe2")
@@ -272,3 +273,10 @@ def test_an_action_mask_of_another_size_than_the_actions_is_refused_when_the_env
         r"one entry per action, shape \(3,\)",
     ):
         envs.make(f"pettingzoo/{TOY}", num_envs=2, seed=0)
+
+
+def test_a_seeding_failure_says_what_an_adapter_user_can_do():
+    # It told the user to draw from self.rng and fix _reset: the adapter's names, not the wrapped env's.
+    env = envs.make(f"pettingzoo/{TOY}", num_envs=2, seed=0, max_steps=10, lifetimes=(9, 9), seeded=False)
+    advice = r"the adapter resets copy i with reset\(seed=seed \+ i\).*draw every random number from the generator "
+    assert_seeding_advice(env, advice + r"reset\(seed\) seeds \(self\.np_random")

@@ -11,6 +11,7 @@ import torch
 
 import envs
 from envs.adapters import vmas as vmas_adapter
+from tests.envs.adapters import assert_seeding_advice
 from tests.envs.row_invariant_random import RowInvariantRandom
 
 vmas = pytest.importorskip("vmas")
@@ -428,3 +429,21 @@ def test_seeds_vmas_cannot_take_are_refused_before_vmas_is_seeded():
         env.reset(seed=(1, 2))
     assert env.seed == 0
     assert torch.equal(env.reset()["agent", "observation"], twin.reset()["agent", "observation"])
+
+
+def test_a_seeding_failure_says_what_an_adapter_user_can_do():
+    # It told the user to draw from self.rng and fix _reset: names of a native env, not of VMAS's scenario.
+    env = envs.make("vmas/navigation", num_envs=2, seed=0, max_steps=8)
+    scenario, private = env.vmas_env.scenario, torch.Generator().manual_seed(0)  # a stream no seed sets
+    reset_world_at = scenario.reset_world_at
+
+    def reset_from_a_private_stream(env_index=None):
+        reset_world_at(env_index)
+        for agent in scenario.world.agents:
+            agent.state.pos += torch.rand(agent.state.pos.shape, generator=private)
+
+    scenario.reset_world_at = reset_from_a_private_stream
+    advice = (
+        r"VMAS seeds torch's, numpy's and Python's global generators.*report it to vecmarl with the scenario's name"
+    )
+    assert_seeding_advice(env, advice)
