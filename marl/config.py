@@ -87,6 +87,11 @@ class AlgorithmConfig:
         """Raise a ValueError when this config does not fit the rest of `config` (e.g. a minibatch larger
         than an iteration's frames)."""
 
+    def check_groups(self, config: TrainConfig, groups: Mapping[str, Any]) -> None:
+        """Raise a ValueError when an option of a new run (`config`, this config's run) has no effect on the env's
+        `groups` (name -> spec), as one for continuous actions where every group's are discrete. Not on loading:
+        a checkpoint of an earlier version that holds one resumes and evaluates as trained."""
+
     def annealed(self) -> tuple[str, ...]:
         """The values this config anneals over the schedules' frames (`RunConfig.schedule_frames`), by name
         (none by default)."""

@@ -96,6 +96,22 @@ class SACConfig(OffPolicyConfig):
                 given, "the tuning of alpha only; here alpha stays alpha_init", "--learn-alpha"
             )
 
+    def check_groups(self, config: TrainConfig, groups) -> None:
+        """The target entropy's options only where a SAC group has the actions each sets it for."""
+        sac = {g: spec for g, spec in groups.items() if isinstance(config.for_group(g)[0], SACConfig)}
+        for name, continuous in (("target_entropy_scale", True), ("discrete_target_entropy", False)):
+            applies = f"the target entropy of {'continuous (Box)' if continuous else 'discrete'} actions only"
+            given = changed_flags(self, (name,))
+            if given and not any(isinstance(spec.action, Box) == continuous for spec in sac.values()):
+                kind = "discrete" if continuous else "continuous (Box)"
+                those = f"{config.env.env}'s SAC groups ({', '.join(sac)}) have {kind} actions, and "
+                raise options_without_effect(given, applies, None, those)
+            for g, overrides in config.group_overrides.items():
+                if name in overrides and g in sac and isinstance(sac[g].action, Box) != continuous:
+                    given = [f"--group {g}.{name}={overrides[name]}"]
+                    its = f"group {g!r} has {type(sac[g].action).__name__} actions, and "
+                    raise options_without_effect(given, applies, None, its)
+
     @classmethod
     def saved(cls, values: dict, algo: str, gru: bool) -> dict:
         # An earlier version also accepted the target entropy without learn_alpha (which it ignored, tuning alpha).

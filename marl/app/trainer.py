@@ -112,6 +112,7 @@ class Trainer:
             seeds.check_memory(config, self.env, self.device, self.algorithm)  # before the rollout is allocated
         if not resuming:
             check_std_used(config, self.env.groups)
+            config.algo.check_groups(config, self.env.groups)
         self.world.broadcast_parameters(check_parameters(self.algorithm))
         self.collector = Collector(
             self.env,

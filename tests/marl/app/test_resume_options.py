@@ -192,6 +192,20 @@ def test_a_linear_lr_is_not_trained_past_its_end(tmp_path):
             "--algo masac --group agent.algo=iql --group agent.target_update=hard --group agent.tau=0.1".split(),
             "--group agent.tau=0.1: group 'agent' copies its targets",
         ),
+        # SAC's target entropy of the actions no group has: it changed nothing.
+        (
+            ["--algo", "masac", "--target-entropy-scale", "2"],
+            "--target-entropy-scale 2.0: spread's SAC groups (agent) have discrete actions, and it applies to the "
+            "target entropy of continuous (Box) actions only: leave it out",
+        ),
+        (
+            ["--algo", "isac", "--env-option", "continuous_actions=True", "--discrete-target-entropy", "0.5"],
+            "--discrete-target-entropy 0.5: spread's SAC groups (agent) have continuous (Box) actions, and it",
+        ),
+        (
+            ["--algo", "masac", "--group", "agent.target_entropy_scale=2"],
+            "--group agent.target_entropy_scale=2: group 'agent' has Discrete actions, and it applies to the target",
+        ),
         # Nothing anneals: --schedule-frames changed nothing.
         (
             ["--schedule-frames", "1000"],
