@@ -52,7 +52,7 @@ from marl.algorithms.ppo import (
     linear_lr_factors,
 )
 from marl.algorithms.seeded import Seeded, swept_options
-from marl.config import TrainConfig
+from marl.config import TrainConfig, options_without_effect
 from marl.core.members import (
     MemberPolicy,
     Members,
@@ -80,6 +80,15 @@ class SeededPPO(Seeded):
     recurrent = True  # --model gru: recurrent policies and critics, trained on each member's chunks
     sweep_owner = "PPO's"
     single = PPO
+
+    def check(self) -> None:
+        if self.config.algo.overlap_critic:  # the population's update never runs the singles' apart steps
+            raise options_without_effect(
+                ["--overlap-critic"],
+                "a single run's update only (its critics' steps on a second thread); a population steps every "
+                "member's policies and critics together, in one vmapped step",
+                None,
+            )
 
     def build(self, singles: list[PPO]) -> None:
         # Each member's values of the swept options the loss reads, [S]; a swept lr scales the Adam steps.

@@ -432,6 +432,11 @@ def test_total_frames_round_up_to_whole_iterations_and_say_so(tmp_path, capsys, 
         (["--seeds", "1", "2", "1"], "seeds [1, 2, 1] repeat [1]: each seed trains one run, list it once"),
         (["--seeds", "1", "2", "--num-seeds", "3"], "num_seeds=3 but 2 seeds were listed"),
         (["--num-seeds", "0"], "num_seeds must be >= 1"),
+        (  # the population's update took the option and ran its members' critics with their policies
+            ["--seeds", "1", "2", "--compile", "--overlap-critic"],
+            "--overlap-critic: it applies to a single run's update only (its critics' steps on a second thread); a "
+            "population steps every member's policies and critics together, in one vmapped step: leave it out",
+        ),
         (  # an algorithm registered without a population (register_seeded)
             ["--imports", "tests.marl.algorithms.reward_model", "--algo", "reward_model", "--num-seeds", "2"],
             "so far, not --algo reward_model: run its seeds one after another (marl train --algo reward_model",
