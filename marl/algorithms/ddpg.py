@@ -33,6 +33,7 @@ from marl.algorithms.offpolicy import (
     anneals,
     critic_input,
     critic_loss,
+    exploration_start,
     fixed,
     frozen_copy,
     split,
@@ -50,6 +51,7 @@ class DDPGConfig(OffPolicyConfig):
     """MADDPG and IDDPG: deterministic policies explored with Gaussian noise, learned through action values."""
 
     policy_std: ClassVar[bool] = False  # deterministic policies, explored with Gaussian noise of sigma
+    conditional = (exploration_start("exploration_sigma_init", "sigma"),)
     anneal_options = (
         "--exploration-anneal above 0 with --exploration-sigma-init other than the end (sigma), or --prioritized (beta)"
     )

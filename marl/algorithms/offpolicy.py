@@ -86,6 +86,8 @@ class OffPolicyConfig(AlgorithmConfig):
     """With --prioritized: how the agents' TD errors become one priority per env step."""
 
     anneal_options = "--prioritized (its importance weights' exponent, beta)"
+    conditional: ClassVar[tuple[Conditional, ...]] = ()
+    """Options that have no effect in some settings of the others (`Conditional`), refused there."""
     run_wide = (
         "buffer_size",
         "batch_size",
@@ -133,22 +135,8 @@ class OffPolicyConfig(AlgorithmConfig):
                 f"the buffer holds after the first iteration: pass --batch-size {frames} or less, or more envs "
                 "or a longer rollout"
             )
-        self._check_tau(config)
-
-    def _check_tau(self, config: TrainConfig) -> None:
-        """`--tau` (the run's, or a group's) only where a target network moves by it: not where Q-learning
-        copies the targets (`--target-update hard`)."""
-        classes = {g: config.group_algorithm(g) for g in config.group_overrides}
-        run_unused, groups_unused = unused_tau(as_dict(self), config.group_overrides, classes)
-        moving = "target networks that move by it every step (--target-update polyak)"
-        given = changed_flags(self, ("tau",))
-        if given and run_unused:
-            copied = f"; these are copied every {getattr(self, 'target_update_every', 0)} steps (--target-update hard)"
-            raise options_without_effect(given, moving + copied, "--target-update polyak")
-        for g in groups_unused:
-            given = [f"--group {g}.tau={config.group_overrides[g]['tau']}"]
-            copies = f"group {g!r} copies its targets (target_update hard), and "
-            raise options_without_effect(given, moving, f"--group {g}.target_update=polyak", copies)
+        for option in Conditional.of(config):
+            option.check(self, config)
 
     @classmethod
     def saved(cls, values: dict, algo: str, gru: bool) -> dict:
@@ -158,13 +146,16 @@ class OffPolicyConfig(AlgorithmConfig):
 
     @classmethod
     def saved_with_groups(cls, values: dict, overrides: dict, classes: Mapping) -> tuple[dict, dict]:
-        # An earlier version also accepted tau for targets copied every target_update_every steps.
-        run_unused, groups_unused = unused_tau(values, overrides, classes)
-        if run_unused:
-            values = {k: v for k, v in values.items() if k != "tau"}
-        overrides = {
-            g: {k: v for k, v in o.items() if k != "tau" or g not in groups_unused} for g, o in overrides.items()
-        }
+        # An earlier version also accepted the `conditional` options where they had no effect.
+        options = dict.fromkeys(c for k in (cls, *classes.values()) for c in getattr(k, "conditional", ()))
+        for option in options:
+            run_unused, groups_unused = option.unused(values, cls, overrides, classes)
+            if run_unused:
+                values = {k: v for k, v in values.items() if k != option.name}
+            overrides = {
+                g: {k: v for k, v in o.items() if k != option.name or g not in groups_unused}
+                for g, o in overrides.items()
+            }
         return values, overrides
 
     def scope(self) -> str:
@@ -173,21 +164,84 @@ class OffPolicyConfig(AlgorithmConfig):
         return "agent" if self.algo.startswith("i") else "global"
 
 
-def unused_tau(run: Mapping, overrides: Mapping[str, Mapping], classes: Mapping[str, type]) -> tuple[bool, list[str]]:
-    """Where tau has no effect, as Q-learning copies the targets of a group with `target_update` hard: whether
-    the run's tau (in its options `run`) moves no group's targets (the run's own are copied, as those of every
-    group that takes the run's tau), and the groups whose own tau (in their `overrides`) moves none. A group's
-    config class is in `classes` (one missing, of an unknown algorithm, is taken to use its tau)."""
+@dataclass(frozen=True)
+class Conditional:
+    """An option that has no effect in some settings of the others (`used`: whether a config of class `cls`,
+    with the option values `values`, uses it; a value `values` lacks is its class's default): refused there,
+    the run's and each group's own (`check`), and dropped from the checkpoints of earlier versions, which took
+    it (`OffPolicyConfig.saved_with_groups`). `applies`: what it applies to; `switch`: the option value that
+    makes it apply, for the run (group None) or a group (`--target-update polyak`, `--group a.target_update=
+    polyak`); `why`: why a config does not use it, as the error says it."""
 
-    def copies(group: str) -> bool:
-        cls = classes.get(group)
-        if cls is None or "target_update" not in field_names(cls):  # actor-critics' targets always move by tau
-            return False
-        return overrides[group].get("target_update", run.get("target_update", cls.target_update)) == "hard"
+    name: str
+    used: Callable[[Mapping, type], bool]
+    applies: str
+    switch: Callable[[str | None], str]
+    why: Callable[[AlgorithmConfig], str]
 
-    takes_run = [g for g, o in overrides.items() if "tau" not in o and not copies(g)]
-    run_unused = run.get("target_update") == "hard" and not takes_run
-    return run_unused, [g for g, o in overrides.items() if "tau" in o and copies(g)]
+    def unused(
+        self, run: Mapping, run_class: type, overrides: Mapping[str, Mapping], classes: Mapping[str, type]
+    ) -> tuple[bool, list[str]]:
+        """Whether the run's value (in its options `run`) has no effect (its own config does not use it, nor any
+        group that takes it), and the groups whose own value (in their `overrides`) has none. A group's config
+        class is in `classes` (one missing, of an unknown algorithm, is taken to use it)."""
+
+        def group_uses(group: str) -> bool:
+            cls = classes.get(group)
+            if cls is None:
+                return True
+            shared = {k: v for k, v in run.items() if k in field_names(cls)}
+            return self.name in field_names(cls) and self.used({**shared, **overrides[group]}, cls)
+
+        takes_run = [g for g, o in overrides.items() if self.name not in o and group_uses(g)]
+        run_unused = self.name in field_names(run_class) and not self.used(run, run_class) and not takes_run
+        return run_unused, [g for g, o in overrides.items() if self.name in o and not group_uses(g)]
+
+    def check(self, config: AlgorithmConfig, train: TrainConfig) -> None:
+        """Refuse the option where it has no effect: `config` is the run's (`train`'s) algorithm config."""
+        classes = {g: train.group_algorithm(g) for g in train.group_overrides}
+        run_unused, groups_unused = self.unused(as_dict(config), type(config), train.group_overrides, classes)
+        given = changed_flags(config, (self.name,)) if run_unused else []
+        if given:
+            raise options_without_effect(given, f"{self.applies}; {self.why(config)}", self.switch(None))
+        for g in groups_unused:
+            given = [f"--group {g}.{self.name}={train.group_overrides[g][self.name]}"]
+            because = f"in group {g!r} {self.why(train.for_group(g)[0])}, and "
+            raise options_without_effect(given, self.applies, self.switch(g), because)
+
+    @staticmethod
+    def of(train: TrainConfig) -> tuple[Conditional, ...]:
+        """The conditional options of every algorithm config class of the run `train` (its own, its groups')."""
+        classes = (type(train.algo), *(train.group_algorithm(g) for g in train.group_overrides))
+        return tuple(dict.fromkeys(c for cls in classes for c in getattr(cls, "conditional", ())))
+
+
+def _moves_targets(values: Mapping, cls: type) -> bool:
+    return values.get("target_update", getattr(cls, "target_update", "polyak")) != "hard"
+
+
+def _anneals_exploration(values: Mapping, cls: type) -> bool:
+    return values.get("exploration_anneal", cls.exploration_anneal) > 0
+
+
+TAU = Conditional(
+    "tau",
+    _moves_targets,
+    "target networks that move by it every step (--target-update polyak)",
+    lambda g: "--target-update polyak" if g is None else f"--group {g}.target_update=polyak",
+    lambda c: f"the targets are copied every {c.target_update_every} steps (--target-update hard)",
+)
+
+
+def exploration_start(name: str, value: str) -> Conditional:
+    """`name`, the start of an exploration schedule of `value` (`annealed`), which exploration_anneal 0 skips."""
+    return Conditional(
+        name,
+        _anneals_exploration,
+        f"the start of {value}'s annealing only",
+        lambda g: "an --exploration-anneal above 0" if g is None else f"--group {g}.exploration_anneal above 0",
+        lambda c: f"{value} is its end value from the start (--exploration-anneal 0)",
+    )
 
 
 def linear(start: float, end: float, progress: float) -> float:

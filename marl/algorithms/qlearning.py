@@ -63,11 +63,13 @@ from envs import cudagraphs
 from envs.specs import Discrete, GroupSpec, MultiDiscrete
 from marl.algorithms.base import register
 from marl.algorithms.offpolicy import (
+    TAU,
     OffPolicy,
     OffPolicyConfig,
     annealed,
     anneals,
     critic_loss,
+    exploration_start,
     frozen_copy,
     polyak_,
     td_targets,
@@ -137,6 +139,7 @@ class QConfig(OffPolicyConfig):
     """With --model gru: steps before each chunk run through the GRU, without a loss, from the state stored
     there, to refresh the chunk's starting state for the current weights."""
 
+    conditional = (TAU, exploration_start("exploration_eps_init", "epsilon"))
     run_wide = (*OffPolicyConfig.run_wide, "chunk_length", "burn_in")  # one draw of chunks for every group
     recurrent: ClassVar[bool] = True
     recurrent_options = ("chunk_length", "burn_in")

@@ -181,16 +181,30 @@ def test_a_linear_lr_is_not_trained_past_its_end(tmp_path):
         # Hard copies move the targets by no tau: --tau changed nothing.
         (
             ["--algo", "iql", "--target-update", "hard", "--tau", "0.1"],
-            "--tau 0.1: it applies to target networks that move by it every step (--target-update polyak); these are "
-            "copied every 200 steps (--target-update hard): pass --target-update polyak too",
+            "--tau 0.1: it applies to target networks that move by it every step (--target-update polyak); the "
+            "targets are copied every 200 steps (--target-update hard): pass --target-update polyak too",
         ),
         (
             ["--algo", "iql", "--target-update", "hard", "--group", "agent.tau=0.1"],
-            "--group agent.tau=0.1: group 'agent' copies its targets (target_update hard), and it applies to target",
+            "--group agent.tau=0.1: in group 'agent' the targets are copied every 200 steps (--target-update hard), "
+            "and it applies to target networks that move by it every step (--target-update polyak): pass --group "
+            "agent.target_update=polyak too",
         ),
         (
             "--algo masac --group agent.algo=iql --group agent.target_update=hard --group agent.tau=0.1".split(),
-            "--group agent.tau=0.1: group 'agent' copies its targets",
+            "--group agent.tau=0.1: in group 'agent' the targets are copied every 200 steps",
+        ),
+        # Without annealing the exploration is its end value from the start: its start changed nothing.
+        (
+            ["--algo", "iql", "--exploration-anneal", "0", "--exploration-eps-init", "0.5"],
+            "--exploration-eps-init 0.5: it applies to the start of epsilon's annealing only; epsilon is its end value "
+            "from the start (--exploration-anneal 0): pass an --exploration-anneal above 0 too, or leave it out",
+        ),
+        (
+            "--algo iddpg --group agent.exploration_anneal=0 --group agent.exploration_sigma_init=0.5".split(),
+            "--group agent.exploration_sigma_init=0.5: in group 'agent' sigma is its end value from the start "
+            "(--exploration-anneal 0), and it applies to the start of sigma's annealing only: pass --group "
+            "agent.exploration_anneal above 0 too",
         ),
         # SAC's target entropy of the actions no group has: it changed nothing.
         (
@@ -326,6 +340,13 @@ def test_tau_and_schedule_frames_are_taken_where_used_and_saved_ones_without_a_u
     assert config.algo.tau == 0.1 and config.group_overrides == {"b": {}, "c": {"target_update": "polyak"}}
     del saved["group_overrides"]["c"]
     assert TrainConfig.from_dict(saved).algo.tau == QConfig.tau
+    ddpg = TrainConfig(algo=DDPGConfig(exploration_anneal=0.0)).to_dict()
+    ddpg["algo"]["exploration_sigma_init"] = 0.5
+    assert TrainConfig.from_dict(ddpg).algo == DDPGConfig(exploration_anneal=0.0)
+    annealing_group = {"b": {"exploration_anneal": 0.5}}  # b anneals from the run's start
+    assert TrainConfig(
+        algo=DDPGConfig(exploration_anneal=0.0, exploration_sigma_init=0.5), group_overrides=annealing_group
+    )
     ppo = TrainConfig().to_dict()
     ppo["run"]["schedule_frames"] = 4096
     assert TrainConfig.from_dict(ppo).run.schedule_frames == 0
