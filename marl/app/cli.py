@@ -334,7 +334,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         except (NonFiniteLossError, EnvOutputError, CheckpointWriteError, LogWriteError) as error:
             # Their message says what broke and where (group, loss term, env method, or the disk): a traceback
             # would only show vecmarl's own checks. The trainer has said where the last checkpoint is.
-            if world.is_main:
+            # Under torchrun the others are raised alike on every rank (or on rank 0 only) and said once; an
+            # env's error is its rank's own (its envs), said by that rank, which may not be rank 0.
+            if isinstance(error, EnvOutputError) and world.size > 1:
+                print(f"marl train: error: rank {world.rank} of {world.size}: {error}", file=sys.stderr)
+            elif world.is_main:
                 print(f"marl train: error: {error}", file=sys.stderr)
             return 1
     rows = trainer.logged_rows + rows if rows else rows  # resumed: the summary is of the whole run

@@ -13,6 +13,8 @@
   prints `NAME: exit STATUS`; the job exits 0 once all three have run.
 - `die ARGS...` / `hang ARGS...`: `marl train ARGS`, where rank 1 kills itself (SIGKILL) / sleeps for
   ever after the first gradient all-reduce of iteration 3.
+- `nan ARGS...`: `marl train ARGS`, where rank 1's `navigation` envs return a NaN reward at their 20th step
+  (iteration 3 with 8-step rollouts); rank 0's stay finite.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from envs.native.navigation import Navigation
 from marl.algorithms.ppo import PPOConfig
 from marl.app.cli import main
 from marl.app.trainer import Trainer
@@ -95,8 +98,25 @@ def start_up_errors(log_dir: Path, args: list[str]) -> None:
         print(f"{name}: exit {code}", flush=True)
 
 
+def nan_reward_at_step_20() -> None:
+    """Make every `navigation` env of this process return a NaN reward at its 20th step."""
+    step = Navigation._step
+    calls = [0]
+
+    def stepping(self, action):
+        reward, terminated = step(self, action)
+        calls[0] += 1
+        if calls[0] == 20:
+            reward = {group: torch.full_like(value, float("nan")) for group, value in reward.items()}
+        return reward, terminated
+
+    Navigation._step = stepping
+
+
 def cli(scenario: str, args: list[str]) -> int:
     rank = int(os.environ["RANK"])
+    if scenario == "nan" and rank == 1:
+        nan_reward_at_step_20()
     if scenario in ("die", "hang") and rank == 1:
         train_iteration = Trainer.train_iteration
 

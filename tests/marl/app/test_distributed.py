@@ -181,6 +181,19 @@ def test_a_hung_rank_stops_the_job_after_the_collective_timeout(tmp_path):
     assert "rank 0 of 2: the gradient all-reduce failed" in output, output[-3000:]
 
 
+@pytest.mark.slow
+def test_an_env_error_on_one_rank_is_said_by_that_rank(tmp_path):
+    """Rank 1's envs return a NaN reward in iteration 3 (`--env-option check_values=True` stops there). The
+    error is rank 1's alone: it used to be printed by rank 0 only, so the job ended with rank 0's "another rank
+    died" and no word of the NaN. Rank 0 keeps iteration 2's checkpoint."""
+    args = [*CLI_ARGS, "--env-option", "check_values=True", "--log-dir", str(tmp_path)]
+    code, output, seconds = torchrun(WORKER, "nan", *args)
+    assert code != 0 and seconds < 60, (seconds, output[-3000:])
+    assert output.count("marl train: error: rank 1 of 2: navigation: ") == 1, output[-3000:]
+    assert "contains NaN or inf" in output, output[-3000:]
+    assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["iteration"] == 2
+
+
 def test_start_up_errors_stop_every_rank_with_one_error_line_each(tmp_path, monkeypatch):
     """Three runs that stop before training, in one job (`start-up-errors` in the worker):
 
