@@ -59,7 +59,7 @@ for name, group_map, pad in [
 try:
     GroupedEnv(tag, "all_in_one")
 except ValueError as error:
-    print("all in one, unpadded:", str(error)[:160], "...")
+    print("all in one, unpadded:", error)
 
 # %% [markdown]
 # ## A discrete and a continuous group, each with its own config

@@ -19,6 +19,22 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 TUTORIALS = sorted((REPO / "tutorials").glob("*.py"))
+# What a tutorial's text says its output shows, as lines of that output.
+PRINTED = {
+    # "the error names both specs", and the way out
+    "heterogeneous_groups": [
+        "all in one, unpadded: cannot stack agent 'predator_0' (group 'predator': observation Box(shape=(16,)",
+        "with agent 'prey_0' (group 'prey': observation Box(shape=(14,)",
+        "(or pass pad=True to pad observations)",
+    ],
+    # which property of check_env catches each of the three mistakes
+    "write_a_gpu_env": [
+        "SkipsIdleReset: check_env(rendezvous): property 'host_sync' failed",
+        "IndexedReset: check_env(rendezvous): property 'host_sync' failed",
+        "LeakyCentroid: check_env(rendezvous): property 'independence' failed",
+        "Rendezvous: passes",
+    ],
+}
 
 
 def test_tutorials_are_found():
@@ -44,3 +60,5 @@ def test_tutorial_runs(path: Path, tmp_path: Path):
     assert not list((copy.parent / "figures").iterdir()), "quick mode wrote into tutorials/figures/"
     assert any(quick_figures.glob("*.png")), f"no figures in {quick_figures}"
     assert f"figures written to {quick_figures}" in result.stdout
+    for text in PRINTED.get(path.stem, []):
+        assert text in result.stdout, f"{path.name} did not print {text!r}:\n{output}"
