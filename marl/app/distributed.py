@@ -223,7 +223,7 @@ class DistributedWorld(World):
         if saved != self.size:
             raise ValueError(
                 f"this checkpoint was written by {saved} rank(s), but this job has {self.size}; resume it on "
-                f"{saved} rank(s) (e.g. {checkpoint_launcher(state)}) so every rank's envs continue"
+                f"{saved} rank(s) (e.g. {checkpoint_launcher(state)} train --resume ...) so every rank's envs continue"
             )
         self.check_same({"iteration": state["iteration"], "frames": state["frames"]}, "checkpoint to resume")
         return {**state, **state["ranks"][self.rank]}

@@ -100,6 +100,14 @@ def test_resume_hints_name_nodes_and_processes_per_node(monkeypatch):
         distributed.DistributedWorld(rank=0, size=2, device=torch.device("cpu")).own_checkpoint(saved)
 
 
+def test_a_checkpoint_resumed_on_other_ranks_hints_the_whole_command():
+    """A checkpoint of 2 ranks resumed on 3 was told "e.g. torchrun --nproc-per-node 2 -m marl", a command
+    that stops before `train --resume` (the one-process hint says it)."""
+    world = distributed.DistributedWorld(rank=0, size=3, device=torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"\(e.g. torchrun --nproc-per-node 2 -m marl train --resume \.\.\.\)"):
+        world.own_checkpoint({"world_size": 2, "local_world_size": 2, "iteration": 3, "frames": 96})
+
+
 @pytest.mark.parametrize(
     ("options", "named"),
     [
