@@ -11,6 +11,12 @@ ordered mapping name -> `GroupSpec`); each group's tensors are shaped `[B, n, ..
 `"terminated" | "truncated" | "done"` `[B, 1]`. `obs` is what the policy acts on next: `next`'s
 observation where the env is not done, a fresh reset observation where it is (auto-reset by mask).
 
+Envs whose agents leave mid-episode write `_agent_terminated`; their groups' specs then say `agents_leave`
+and their reset and step data hold `(group, "active")` `[B, n]` bool: False for an agent that has left its
+episode, until its env resets (`next`'s: still in after this step; `obs`'s: acts at the next step). Such an
+agent reads per-agent `terminated` and `done` True, reward 0 and its last observation; learners leave its
+steps out of their losses (`marl.core.rollout` stores `active` with each step). Other envs hold no `active`.
+
 An env author subclasses `MultiAgentEnv` and writes only the physics:
 
 - `Config`: a frozen dataclass of options (subclass `EnvConfig`, which holds `max_steps`);
@@ -273,7 +279,8 @@ class MultiAgentEnv:
         return None
 
     def _agent_terminated(self) -> dict[str, torch.Tensor] | None:
-        """Per-agent termination `{group: bool [B, n]}` for envs whose agents leave early."""
+        """Per-agent termination `{group: bool [B, n]}` for envs whose agents leave early: True from the step
+        an agent leaves until its env resets (`_reset` clears it). A group left out never loses an agent."""
         return None
 
     def _render(self, index: int) -> np.ndarray:
@@ -293,6 +300,11 @@ class MultiAgentEnv:
     @property
     def agents(self) -> list[str]:
         return [a for spec in self.groups.values() for a in spec.agents]
+
+    @property
+    def agents_leave(self) -> bool:
+        """Whether agents may leave an episode before their env's end: the env writes `_agent_terminated`."""
+        return type(self)._agent_terminated is not MultiAgentEnv._agent_terminated
 
     def reset(self, seed: int | None = None, *, mask: torch.Tensor | None = None) -> TensorDictBase:
         """Reset every env (re-seeding first when `seed` is given), or only those where the bool `[B]`
@@ -372,24 +384,13 @@ class MultiAgentEnv:
         truncated = (self.step_count >= self.max_steps) & ~terminated  # [B]
         done = terminated | truncated
         next_data = self._observation_data()
-        agent_terminated = self._agent_terminated() or {}
-        for group, value in agent_terminated.items():
-            if group not in self.groups:
-                raise EnvOutputError(
-                    f"{self.name}: _agent_terminated() has unknown group {group!r}; groups: {list(self.groups)}"
-                )
-            what = f"_agent_terminated()['{group}'] (bool [num_envs, n_agents])"
-            self._check_output(
-                what, value, (self.num_envs, self.groups[group].n_agents), torch.bool, group, "terminated"
-            )
         for group, spec in self.groups.items():
             n = spec.n_agents
-            agent_term = agent_terminated.get(group)
-            if agent_term is None:  # the env's flags hold for every agent: views, no ops
+            if not spec.agents_leave:  # the env's flags hold for every agent: views, no ops
                 flags = [terminated, truncated, done]
                 agent_flags = [flag.view(-1, 1, 1).expand(-1, n, 1) for flag in flags]
             else:
-                agent_term = agent_term | terminated[:, None]
+                agent_term = ~next_data[group]["active"] | terminated[:, None]
                 agent_trunc = truncated[:, None] & ~agent_term
                 agent_flags = [f.unsqueeze(-1) for f in (agent_term, agent_trunc, agent_term | agent_trunc)]
             next_data[group].update(
@@ -582,6 +583,8 @@ class MultiAgentEnv:
                     "groups",
                 )
             owners.update(dict.fromkeys(spec.agents, group))
+        if self.agents_leave:  # every group's data holds `active`, so that group maps can stack any agents
+            return {group: dataclasses.replace(spec, agents_leave=True) for group, spec in groups.items()}
         return dict(groups)
 
     def _reset_where(self, mask: torch.Tensor) -> None:
@@ -594,10 +597,15 @@ class MultiAgentEnv:
         self._check_outputs("observation", observations)
         self._check_outputs("action_mask", masks)
         data: dict = {}
+        left = self._agents_left() if self.agents_leave else {}
         for group in self.groups:
             data[group] = {"observation": observations[group]}
             if group in masks:
                 data[group]["action_mask"] = masks[group]
+            if self.agents_leave:  # [B, n]
+                n = self.groups[group].n_agents
+                stays = torch.ones(self.num_envs, n, dtype=torch.bool, device=self.device)
+                data[group]["active"] = ~left[group] if group in left else stays
         state = self._state()
         if (state is None) != (self.state_spec is None):
             raise EnvOutputError(
@@ -612,6 +620,20 @@ class MultiAgentEnv:
             )
             data["state"] = state
         return data
+
+    def _agents_left(self) -> dict[str, torch.Tensor]:
+        """`_agent_terminated()`, checked: `{group: bool [B, n]}` for the groups it names."""
+        left = self._agent_terminated() or {}
+        for group, value in left.items():
+            if group not in self.groups:
+                raise EnvOutputError(
+                    f"{self.name}: _agent_terminated() has unknown group {group!r}; groups: {list(self.groups)}"
+                )
+            what = f"_agent_terminated()['{group}'] (bool [num_envs, n_agents])"
+            self._check_output(
+                what, value, (self.num_envs, self.groups[group].n_agents), torch.bool, group, "terminated"
+            )
+        return left
 
     def _check_outputs(self, key: str, values) -> None:
         """`values`, what an env author's method returned for `key` ("observation", "action_mask" or

@@ -197,6 +197,10 @@ class GroupSpec:
     agents: tuple[str, ...]
     observation: Box
     action: ActionSpec
+    agents_leave: bool = False
+    """Whether its agents may leave an episode before their env's end (the env writes `_agent_terminated`):
+    its reset and step data then hold `active` `[B, n]` bool, False for an agent that left, until its env
+    resets. Set by `MultiAgentEnv`, not by the env author."""
 
     def __post_init__(self) -> None:
         # A str is a sequence too: GroupSpec("agent_0", ...) would be 7 agents named "a", "g", ...
@@ -213,6 +217,8 @@ class GroupSpec:
             raise TypeError(f"GroupSpec action must be a Box, Discrete or MultiDiscrete, got {self.action!r}")
         if not self.agents:
             raise ValueError("a group needs at least one agent")
+        if not isinstance(self.agents_leave, bool):
+            raise TypeError(f"GroupSpec agents_leave must be True or False, got {self.agents_leave!r}")
         if len(set(self.agents)) != len(self.agents):
             raise ValueError(f"agent names in a group must be unique, got {self.agents}")
 

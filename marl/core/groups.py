@@ -29,7 +29,7 @@ from envs.specs import Box, GroupSpec
 
 GroupMap = str | Mapping[str, Sequence[str]]
 GROUP_MAPS = ("by_type", "all_in_one", "per_agent")
-PER_AGENT_KEYS = ("observation", "action_mask", "reward", "terminated", "truncated", "done")
+PER_AGENT_KEYS = ("observation", "action_mask", "active", "reward", "terminated", "truncated", "done")
 # Keys at the root of a step (the env's), a rollout or a replay sample, next to the groups' sub-TensorDicts: a
 # group of one of these names would overwrite them (a group "done" would replace the env-level done flags).
 ROOT_KEYS = (*ENV_ROOT_KEYS, "next_state", "is_init", "index", "weight")
@@ -154,7 +154,8 @@ class GroupedEnv:
                     f"observation {spec.observation}, action {spec.action}) in group {group!r}: their specs differ; "
                     f"keep them in separate groups{hint}"
                 )
-        return GroupSpec(agents, observation, first.action)
+        # An env whose agents leave marks every group so (`MultiAgentEnv.agents_leave`): so do its stacks.
+        return GroupSpec(agents, observation, first.action, agents_leave=first.agents_leave)
 
     # ---- the env contract ------------------------------------------------------------------------
 

@@ -6,6 +6,10 @@ best allowed next action), `action` (the policy's raw action),
 `log_prob` (when the algorithm asks for it), `reward`, `terminated`, `done` and `next_observation` (the
 true next observation, which bootstraps truncated episodes). At the root: `state` and `next_state` when the env has a global state.
 Rewards and flags are stored per agent without the trailing 1: `[T, B, n]`.
+Groups whose agents may leave mid-episode (`GroupSpec.agents_leave`) also store `active` `[T, B, n]` bool,
+the env's flag for the observation acted on: False at the steps of an agent that had already left its
+episode (reward 0, last observation repeated), which every loss leaves out (`marl.core.masking`). Other
+groups store none: all their agent-steps count.
 With recurrent policies (`Acting.hidden`): per recurrent group `hidden` `[T, B, n, h]`, the state the policy
 acted from at each step, and at the root `is_init` `[T, B]` bool, true where the step is an episode's first
 (its state zeroed): a training sequence that starts from a stored state and zeroes it where `is_init` sees
@@ -110,6 +114,8 @@ def transition_layout(
         layout[(g, "reward")] = ((n,), torch.float32)
         layout[(g, "terminated")] = ((n,), torch.bool)
         layout[(g, "done")] = ((n,), torch.bool)
+        if spec.agents_leave:
+            layout[(g, "active")] = ((n,), torch.bool)
         if spec.has_action_mask:
             layout[(g, "action_mask")] = ((n, spec.action.n), torch.bool)
             layout[(g, "next_action_mask")] = ((n, spec.action.n), torch.bool)
@@ -351,6 +357,8 @@ class Collector:
                 _write(leaf["log_prob"], t, dist.log_prob(raw))
             if mask is not None:
                 _write(leaf["action_mask"], t, mask)
+            if "active" in leaf:
+                _write(leaf["active"], t, obs[g]["active"])
             actions[g] = dist.env_action(raw)
         if self.state_leaves:
             _write(self.state_leaves["state"], t, obs["state"])
