@@ -7,7 +7,9 @@ group stepped in the same minibatch step (`marl.optim.update_step`). Each group 
 critic, Adam and (with `--group` overrides) hyper-parameters.
 
 `ppo_loss` is a pure function of tensors shaped `[M, n]` (M samples of a group's n agents), so it can
-be checked by hand. It returns the named terms and diagnostics:
+be checked by hand. Its means are over the active agent-steps only where the group's agents may leave
+mid-episode (`active` `[M, n]`, `marl.core.masking`; the advantages normalised over those too), over every
+entry else. It returns the named terms and diagnostics:
 
 - `policy_loss`: clipped surrogate, `-mean(min(r * A, clip(r, 1 - eps, 1 + eps) * A))`;
 - `value_loss`: `0.5 * mean((V - target)^2)`, or with `clip_value` the max of that and the clipped
@@ -43,6 +45,7 @@ import kernels
 from marl.algorithms.base import Algorithm, register
 from marl.config import AlgorithmConfig, TrainConfig
 from marl.core.distributions import Distribution
+from marl.core.masking import masked_mean, masked_moments, masked_var, standardized
 from marl.core.models import Critic, CriticInput, Policy, flat_observation
 from marl.core.networks import MultiAgentGRU
 from marl.core.rollout import Acting, observations
@@ -51,8 +54,8 @@ from marl.optim.update_step import Trainable, UpdateStep, adam
 
 LOSS_TERMS = ("loss", "policy_loss", "value_loss", "entropy_loss", "approx_kl", "clip_fraction", "entropy")
 # What the update reads of a group's rollout.
-UPDATE_KEYS = ("observation", "action_mask", "action", "log_prob", "advantage", "old_value", "value_target")
-CRITIC_KEYS = ("observation", "old_value", "value_target")  # what a critic's step reads of a group's batch
+UPDATE_KEYS = ("observation", "action_mask", "active", "action", "log_prob", "advantage", "old_value", "value_target")
+CRITIC_KEYS = ("observation", "active", "old_value", "value_target")  # what a critic's step reads of a group's batch
 NETS = ("policy", "critic")  # a group's nets, in its optimiser's order
 # With recurrent nets, what a chunk holds once (not per step): its starting states, and whether its burn-in
 # steps lie in the rollout.
@@ -211,8 +214,10 @@ def ppo_loss(
     entropy_coef: float,
     value_coef: float,
     normalize_advantage: bool,
+    active: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """PPO's loss terms for one group's minibatch; every tensor is `[M, n]`."""
+    """PPO's loss terms for one group's minibatch; every tensor is `[M, n]`, `active` (bool, or None: every
+    entry counts) the agent-steps its means are over."""
     policy = policy_terms(
         log_prob,
         old_log_prob,
@@ -221,8 +226,11 @@ def ppo_loss(
         clip_eps=clip_eps,
         entropy_coef=entropy_coef,
         normalize_advantage=normalize_advantage,
+        active=active,
     )
-    value = value_terms(value, old_value, value_target, clip_eps=clip_eps, clip_value=clip_value, value_coef=value_coef)
+    value = value_terms(
+        value, old_value, value_target, clip_eps=clip_eps, clip_value=clip_value, value_coef=value_coef, active=active
+    )
     return combined_terms(policy, value)
 
 
@@ -241,21 +249,22 @@ def policy_terms(
     clip_eps: float,
     entropy_coef: float,
     normalize_advantage: bool,
+    active: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """The policy's part of `ppo_loss`: its terms with `value_loss` 0 and `loss` the policy's share
     (`policy_loss + entropy_loss`), for an update that steps the policy apart from the critic."""
     # One value (a minibatch of one frame of a one-agent group) has no spread to divide by: its std is NaN.
     if normalize_advantage and advantage.numel() > 1:
-        advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+        advantage = standardized(advantage, active)
     log_ratio = log_prob - old_log_prob
     ratio = log_ratio.exp()
     surrogate = torch.minimum(ratio * advantage, ratio.clamp(1 - clip_eps, 1 + clip_eps) * advantage)
-    policy_loss = -surrogate.mean()
-    mean_entropy = entropy.mean()
+    policy_loss = -masked_mean(surrogate, active)
+    mean_entropy = masked_mean(entropy, active)
     entropy_loss = -entropy_coef * mean_entropy
     with torch.no_grad():
-        approx_kl = ((ratio - 1) - log_ratio).mean()
-        clip_fraction = ((ratio - 1).abs() > clip_eps).float().mean()
+        approx_kl = masked_mean((ratio - 1) - log_ratio, active)
+        clip_fraction = masked_mean(((ratio - 1).abs() > clip_eps).float(), active)
     return {
         "loss": policy_loss + entropy_loss,
         "policy_loss": policy_loss,
@@ -275,6 +284,7 @@ def value_terms(
     clip_eps: float,
     clip_value: bool,
     value_coef: float,
+    active: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """The critic's part of `ppo_loss`: `value_loss`, `loss` its share (`value_coef * value_loss`), and
     every policy term 0, for an update that steps the critic apart from the policy."""
@@ -282,7 +292,7 @@ def value_terms(
     if clip_value:
         clipped = old_value + (value - old_value).clamp(-clip_eps, clip_eps)
         value_error = torch.maximum(value_error, (clipped - value_target).square())
-    value_loss = 0.5 * value_error.mean()
+    value_loss = 0.5 * masked_mean(value_error, active)
     zero = torch.zeros_like(value_loss)
     return {
         "loss": value_coef * value_loss,
@@ -295,9 +305,12 @@ def value_terms(
     }
 
 
-def explained_variance(value: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """`1 - Var(target - value) / Var(target)`: 1 is a perfect critic, 0 no better than a constant."""
-    return 1 - (target - value).var() / target.var().clamp_min(1e-8)
+def explained_variance(value: torch.Tensor, target: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:
+    """`1 - Var(target - value) / Var(target)`: 1 is a perfect critic, 0 no better than a constant (over the
+    `active` entries where given)."""
+    if active is None:
+        return 1 - (target - value).var() / target.var().clamp_min(1e-8)
+    return 1 - masked_var(target - value, active) / masked_var(target, active).clamp_min(1e-8)
 
 
 @dataclass
@@ -457,10 +470,10 @@ class PPO(Algorithm):
             # away from the critic's output (on the first iteration by the targets' mean over their std).
             old_value = critic.normalize_values(value)
             data.update({"value": value, "old_value": old_value, "advantage": advantage, "value_target": target})
-            wide = target.double()
-            moments = torch.stack([wide.new_full((), wide.numel()), wide.sum(), wide.square().sum()])
-            learner.critic.update_moments(*self.world.sum(moments))
-            explained[g] = explained_variance(value, target)
+            # A departed agent's targets (0 at each of its steps) stay out of the moments and the diagnostic.
+            active = data.get("active", None)
+            learner.critic.update_moments(*self.world.sum(masked_moments(target, active)))
+            explained[g] = explained_variance(value, target, active)
         return explained
 
     def update_inputs(
@@ -533,7 +546,7 @@ class PPO(Algorithm):
         if timer is not None:
             timer.mark("update_s")
         # The next collection overwrites the batch that `flat` views: the critics read copies.
-        critic_flat = {g: {k: data[k].clone() for k in CRITIC_KEYS} for g, data in flat.items()}
+        critic_flat = {g: {k: data[k].clone() for k in CRITIC_KEYS if k in data} for g, data in flat.items()}
         critic_state = state.clone() if state is not None else None
         done = 0  # critic steps taken
 
@@ -587,6 +600,7 @@ class PPO(Algorithm):
                         clip_eps=a.clip_eps,
                         entropy_coef=a.entropy_coef,
                         normalize_advantage=a.normalize_advantage,
+                        active=main.get("active"),
                     )
                 )
             if "critic" in nets:
@@ -598,6 +612,7 @@ class PPO(Algorithm):
                         clip_eps=a.clip_eps,
                         clip_value=a.clip_value,
                         value_coef=a.value_coef,
+                        active=main.get("active"),
                     )
                 )
             group_terms = parts[0] if len(parts) == 1 else combined_terms(*parts)

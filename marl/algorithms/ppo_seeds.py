@@ -53,6 +53,7 @@ from marl.algorithms.ppo import (
 )
 from marl.algorithms.seeded import Seeded, swept_options
 from marl.config import TrainConfig, options_without_effect
+from marl.core.masking import masked_moments, standardized
 from marl.core.members import (
     MemberPolicy,
     Members,
@@ -203,10 +204,15 @@ class SeededPPO(Seeded):
             # As `PPO.advantages`: `old_value` in each member's normalised units before its moments move.
             data.update({"value": join(values, 1), "advantage": advantage, "value_target": target})
             data["old_value"] = join(self._normalized(g, values), 1)
-            wide = split(target.double(), S, 1).flatten(1)  # [S, T * B * n]
-            moments = (wide.new_full((S,), wide.shape[1]), wide.sum(1), wide.square().sum(1))
+            active = split(data["active"], S, 1) if "active" in data.keys() else None  # [S, T, B, n]
+            if active is None:
+                wide = split(target.double(), S, 1).flatten(1)  # [S, T * B * n]
+                moments = (wide.new_full((S,), wide.shape[1]), wide.sum(1), wide.square().sum(1))
+            else:  # as `PPO.advantages`: each member's moments over its active agent-steps
+                moments = vmap(masked_moments)(split(target, S, 1), active).unbind(-1)
             self.members.broadcast(learner.critic.update_moments, *moments)
-            explained[g] = vmap(explained_variance)(values, split(target, S, 1))
+            counted = () if active is None else (active,)  # vmap takes tensors only
+            explained[g] = vmap(explained_variance)(values, split(target, S, 1), *counted)
         return explained
 
     def _recurrent_values(self, g: str, learner, batch: TensorDict, obs, state, next_obs, next_state):
@@ -352,9 +358,14 @@ class SeededPPO(Seeded):
 
     def chunks(self, flat, state, swept) -> list[tuple[tuple, float]]:
         """The loss's inputs in chunks of the minibatch's rows (`step`: on a CPU about `UPDATE_CHUNK_ROWS`
-        frames of all members each; one on a GPU), each with its share of the rows."""
+        frames of all members each; one on a GPU, or where agents leave mid-episode), each with its share of
+        the rows."""
         rows = next(iter(flat.values()))["advantage"].shape[1]
         count = max(1, min(rows, -(-self.count * rows // UPDATE_CHUNK_ROWS))) if self.chunked else 1
+        if any("active" in data for data in flat.values()):
+            # Means over active agent-steps do not split by rows (each chunk's count of them differs, per
+            # member and group): one part.
+            count = 1
         size = -(-rows // count)
         out = []
         for start in range(0, rows, size):
@@ -382,9 +393,16 @@ class SeededPPO(Seeded):
             loss_steps = advantage[:, :, burn_in:] if self.sequences else advantage
             # As `policy_terms`: one value per member has no spread to divide by.
             if self.template.learners[g].algo.normalize_advantage and loss_steps[0].numel() > 1:
-                dims = tuple(range(1, advantage.dim()))
-                mean, std = loss_steps.mean(dims, keepdim=True), loss_steps.std(dims, keepdim=True)
-                data = {**data, "advantage": (advantage - mean) / (std + 1e-8)}
+                if "active" in data:  # over each member's active agent-steps (burn-in steps have no loss)
+                    counted = data["active"]
+                    if burn_in:
+                        counted = counted.clone()
+                        counted[:, :, :burn_in] = False
+                    data = {**data, "advantage": vmap(standardized)(advantage, counted)}
+                else:
+                    dims = tuple(range(1, advantage.dim()))
+                    mean, std = loss_steps.mean(dims, keepdim=True), loss_steps.std(dims, keepdim=True)
+                    data = {**data, "advantage": (advantage - mean) / (std + 1e-8)}
             out[g] = data
         return out
 

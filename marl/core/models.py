@@ -374,9 +374,11 @@ class Critic(nn.Module):
         if not self.normalize:
             return
         new_count = self.target_count + count
-        batch_mean = total / count
-        batch_var = (total_sq / count - batch_mean.square()).clamp_min(0)
-        weight = (count / new_count).float()
+        # A batch may count no target (a group whose agents had all left its envs for the whole rollout):
+        # its weight is then 0, and the clamps keep 0 / 0 out.
+        batch_mean = total / count.clamp_min(1)
+        batch_var = (total_sq / count.clamp_min(1) - batch_mean.square()).clamp_min(0)
+        weight = (count / new_count.clamp_min(1)).float()
         delta = batch_mean - self.target_mean
         mean = self.target_mean + weight * delta
         # Chan et al.'s parallel variance: both parts' spreads plus the spread of their means.

@@ -10,10 +10,16 @@ import pytest
 import torch
 
 import envs
+from envs.sync import forbid_host_sync
+from marl.algorithms import ppo_seeds
+from marl.algorithms.ppo import ppo_loss
 from marl.app.trainer import Trainer
 from marl.config import EnvSettings, TrainConfig
 from marl.core.groups import GroupedEnv
+from marl.core.masking import masked_mean, standardized
 from tests.marl.algorithms.test_offpolicy import small_config as off_policy_config
+from tests.marl.algorithms.test_ppo import reference_ppo
+from tests.marl.app.test_seeds import SEEDS, assert_rows_match
 from tests.marl.app.test_training import small_config as ppo_config
 from tests.marl.leavers_env import Leavers, LeaversConfig
 
@@ -95,3 +101,119 @@ def test_the_replay_buffer_stores_and_draws_the_flag_with_its_step(tmp_path):
     assert trainer.buffer.gather(index)["agent"]["active"][:, 1].tolist() == [True, False, False, True]
     navigation = Trainer(off_policy_config(tmp_path, "isac"), run_dir=tmp_path / "nav")
     assert ("agent", "active") not in navigation.buffer.storage
+
+
+# ---- the helpers -------------------------------------------------------------------------------------------
+
+
+def test_masked_mean_and_standardized_count_active_entries_only():
+    x = torch.tensor([[1.0, 100.0], [3.0, float("nan")], [5.0, 7.0]])
+    active = torch.tensor([[True, False], [True, False], [True, True]])
+    assert masked_mean(x, active).item() == pytest.approx((1 + 3 + 5 + 7) / 4)
+    assert masked_mean(x, torch.zeros_like(active)).item() == 0.0  # no active entry: 0, not NaN
+    kept = torch.tensor([1.0, 3.0, 5.0, 7.0])
+    assert torch.allclose(standardized(x, active)[active], (kept - kept.mean()) / (kept.std() + 1e-8))
+    one = torch.tensor([[True, False], [False, False], [False, False]])
+    assert standardized(x, one)[0, 0].item() == 1.0  # one value has no spread: left as it is
+
+
+# ---- PPO ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_ppo_loss_over_active_steps_equals_the_reference_over_them_alone(normalize):
+    generator = torch.Generator().manual_seed(0)
+    M, n = 12, 3
+    log_prob, old_log_prob, advantage, value, old_value, target = (
+        torch.randn(M, n, generator=generator) for _ in range(6)
+    )
+    entropy = torch.rand(M, n, generator=generator)
+    active = torch.rand(M, n, generator=generator) > 0.4
+    options = dict(clip_eps=0.2, clip_value=True, entropy_coef=0.01, value_coef=0.5, normalize_advantage=normalize)
+    inputs = (log_prob, old_log_prob, advantage, value, old_value, target, entropy)
+    terms = ppo_loss(*inputs, **options, active=active)
+    reference = reference_ppo(*(x[active] for x in inputs), 0.2, True, 0.01, 0.5, normalize)
+    for name, expected in reference.items():
+        assert terms[name].item() == pytest.approx(expected, rel=1e-5, abs=1e-7), name
+    assert terms["loss"].item() != pytest.approx(ppo_loss(*inputs, **options)["loss"].item(), rel=1e-3)
+
+
+def test_ppo_update_and_critic_moments_leave_departed_agents_out(tmp_path):
+    trainer = on_policy(tmp_path)
+    algorithm, learner = trainer.algorithm, trainer.algorithm.learners["agent"]
+    batch = trainer.collector.collect()
+    algorithm.advantages(batch)
+    active = batch["agent", "active"]
+    # The critic's moments took in the active steps' targets only (its first batch: their mean).
+    assert learner.critic.target_mean.item() == pytest.approx(batch["agent", "value_target"][active].mean().item())
+    flat, state = algorithm.update_inputs(batch)
+    _, terms = algorithm._minibatch_loss(flat, state, slice(None))
+    with torch.no_grad():
+        data = flat["agent"]
+        dist = learner.policy(data["observation"])
+        value = learner.critic(learner.critic_input({"agent": data["observation"]}, state))
+        inputs = (
+            dist.log_prob(data["action"]),
+            data["log_prob"],
+            data["advantage"],
+            value,
+            data["old_value"],
+            data["value_target"],
+            dist.entropy(),
+        )
+        a = learner.algo
+        kept = [x[data["active"]].unsqueeze(-1) for x in inputs]  # [K, 1]: the active agent-steps alone
+        options = dict(clip_eps=a.clip_eps, clip_value=a.clip_value, entropy_coef=a.entropy_coef)
+        options |= dict(value_coef=a.value_coef, normalize_advantage=True)
+        expected = ppo_loss(*kept, **options)
+        everything = ppo_loss(*inputs, **options)
+    names = ("loss", "policy_loss", "value_loss", "entropy_loss", "approx_kl", "clip_fraction", "entropy")
+    for i, name in enumerate(names):
+        assert terms["agent"][i].item() == pytest.approx(expected[name].item(), rel=1e-4, abs=1e-6), name
+    assert terms["agent"][0].item() != pytest.approx(everything["loss"].item(), rel=1e-3)
+
+
+# ---- host sync and populations -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algo", ["mappo"])
+def test_an_update_with_departed_agents_reads_nothing_back_from_the_device(tmp_path, algo):
+    if algo == "mappo":
+        trainer = on_policy(tmp_path)
+        with forbid_host_sync("cpu"):
+            batch = trainer.collector.collect()
+            trainer.algorithm.update(batch, trainer.timer)
+        return
+    trainer = off_policy(tmp_path, algo, **({"prioritized": True} if algo == "qmix" else {}))
+    trainer.buffer.extend(trainer.collector.collect())
+    with forbid_host_sync("cpu"):
+        trainer.collector.collect()
+        trainer.algorithm.update(trainer.buffer, trainer.timer)
+
+
+# ---- populations ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algo", ["mappo"])
+def test_each_member_with_departed_agents_trains_as_its_single_run(tmp_path, monkeypatch, algo):
+    """A population's losses leave departed agents out as its single runs' do: per member its advantages
+    normalised over its active steps, its critic's moments, its masked means (in one part of rows)."""
+    if algo == "mappo":
+        config = ppo_leavers_config(tmp_path)
+    else:
+        config = off_policy_config(tmp_path, algo, env="leavers")
+        config = dataclasses.replace(config, env=leavers_settings(8, algo == "iql"))
+
+    def with_run(**run) -> TrainConfig:
+        return dataclasses.replace(config, run=dataclasses.replace(config.run, **run))
+
+    batched = Trainer(with_run(seeds=SEEDS), run_dir=tmp_path / "seeds")
+    if algo == "mappo":  # rows in parts where they would be (critic passes, and steps but for departed agents)
+        monkeypatch.setattr(ppo_seeds, "CHUNK_ROWS", 40)
+        monkeypatch.setattr(ppo_seeds, "UPDATE_CHUNK_ROWS", 16)
+        batched.algorithm.chunked = True
+    singles = [Trainer(with_run(seed=s), run_dir=tmp_path / f"seed{s}") for s in SEEDS]
+    for _ in range(2):
+        row = batched.train_iteration()
+        for member, single in zip(row["members"], singles):
+            assert_rows_match(member, single.train_iteration())
