@@ -20,7 +20,11 @@ What maps to what:
   that allows action 0 only, which the env ignores;
 - agents that leave mid-episode: an agent PettingZoo terminates (or truncates while others go on)
   reads `terminated` until its env resets; meanwhile its reward is 0, its observation keeps its last
-  value and its action is not passed on. An env is done when all its agents are;
+  value, its action is not passed on and `(group, "active")` reads False (every group of the adapter
+  has the key: `GroupSpec.agents_leave`). An env is done when all its agents are. Learners leave those
+  steps out: PPO's losses and advantage normalisation, the off-policy critic and actor losses, IQL's TD
+  loss are means over the active agent-steps, VDN and QMIX sum or mix only the active agents' Qs
+  (`marl.core.masking`); centralised critics still see a departed agent's last observation;
 - time limits are vecmarl's `max_steps`. For envs with a `max_cycles` option (MPE, SISL, butterfly)
   the two are one number: `max_cycles=max_steps` is passed on (default: the env's own `max_cycles`).
   An env that ends by its own truncation before `max_steps` is reported as terminated, with a warning;

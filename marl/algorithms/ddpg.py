@@ -40,6 +40,7 @@ from marl.algorithms.offpolicy import (
     td_targets,
 )
 from marl.config import TrainConfig
+from marl.core.masking import inactive_zeroed, masked_mean
 from marl.core.models import CriticInput, DeterministicPolicy, QCritic, action_features, action_size
 from marl.optim.update_step import Trainable, adam
 
@@ -114,18 +115,23 @@ class DDPGLearner:
 
 
 def ddpg_terms(
-    q: torch.Tensor, target: torch.Tensor, q_policy: torch.Tensor, weight: torch.Tensor | None
+    q: torch.Tensor,
+    target: torch.Tensor,
+    q_policy: torch.Tensor,
+    weight: torch.Tensor | None,
+    active: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """DDPG's terms for one group: `q` `[k, 1, n]` the critic at the stored actions, `target` `[k, n]` the
-    TD targets, `q_policy` `[k, n]` the (fixed) critic at the policy's actions, `weight` `[k]` or None."""
-    value_loss = critic_loss(q, target, weight)
-    policy_loss = -q_policy.mean()
+    TD targets, `q_policy` `[k, n]` the (fixed) critic at the policy's actions, `weight` `[k]` or None;
+    `active` `[k, n]` bool (or None: all) the agent-steps the means are over."""
+    value_loss = critic_loss(q, target, weight, active)
+    policy_loss = -masked_mean(q_policy, active)
     return {
         "loss": value_loss + policy_loss,
         "critic_loss": value_loss,
         "policy_loss": policy_loss,
-        "q_value": q.detach().mean(),
-        "td_error": (q.detach()[:, 0] - target).abs().mean(),
+        "q_value": masked_mean(q.detach()[:, 0], active),
+        "td_error": masked_mean((q.detach()[:, 0] - target).abs(), active),
     }
 
 
@@ -213,8 +219,9 @@ class DDPG(OffPolicy):
             q = lr.critic(lr.critic_input(obs, state, stored))[..., 0]  # [k, 1, n]
             own = action_features(lr.policy(obs[g]).mode(), groups[g], squashed=False)
             q_policy = fixed(lr.critic, lr.critic_input(obs, state, {**stored, g: own}))[:, 0, :, 0]
-            group_terms = ddpg_terms(q, target, q_policy, weight)
+            active = batch[g].get("active")
+            group_terms = ddpg_terms(q, target, q_policy, weight, active)
             total = total + group_terms["loss"]
             terms[g] = torch.stack([*(group_terms[name].detach() for name in TERMS[:-1]), lr.policy.sigma])
-            priority[g] = (q.detach()[:, 0] - target).abs()
+            priority[g] = inactive_zeroed((q.detach()[:, 0] - target).abs(), active)
         return total, terms, priority

@@ -15,7 +15,9 @@ target + tau * online`, and with prioritized replay sets the drawn steps' priori
 host; between two steps only `UpdateStep`'s Adam step sizes run eagerly.
 
 Targets are TD(0) and per agent: `y = r + gamma * (1 - terminated) * V'(s')`, from the true next
-observation, so a truncated episode bootstraps and a terminated one does not.
+observation, so a truncated episode bootstraps and a terminated one does not. The critic and actor
+losses are means over the agent-steps where the agent acted (`active`, where its group's agents may leave
+mid-episode: `marl.core.masking`); a departed agent's TD error sets no priority.
 
 What each group's critic sees (its scope, as PPO's: `marl.core.models.CriticInput`): agent (IDDPG,
 ISAC), group, or global (MADDPG, MASAC: every group's observations, or the env's state, and every
@@ -38,6 +40,7 @@ from torch.func import functional_call
 from marl.algorithms.base import Algorithm
 from marl.config import AlgorithmConfig, TrainConfig, as_dict, changed_flags, field_names, options_without_effect
 from marl.core.distributions import RandomWhile
+from marl.core.masking import masked_mean
 from marl.core.models import CriticInput, action_features
 from marl.core.replay import Prioritized, ReplayBuffer, gather
 from marl.core.rollout import Acting
@@ -554,10 +557,16 @@ def td_targets(reward: torch.Tensor, terminated: torch.Tensor, next_value: torch
     return reward + gamma * torch.where(terminated, 0.0, next_value)
 
 
-def critic_loss(q: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+def critic_loss(
+    q: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, active: torch.Tensor | None = None
+) -> torch.Tensor:
     """The critics' loss: for each twin, the mean over the batch and agents of `weight * (Q - y)^2`
-    (`weight` the importance weights `[k]`, or 1), summed over the twins. `q` `[k, twins, n]`, `target` `[k, n]`."""
+    (`weight` the importance weights `[k]`, or 1), summed over the twins. `q` `[k, twins, n]`, `target` `[k, n]`;
+    `active` `[k, n]` bool: the mean is over those agent-steps only (None: all)."""
     error = (q - target.unsqueeze(1)).square()
     if weight is not None:
         error = error * weight.view(-1, 1, 1)
-    return error.mean(dim=(0, 2)).sum()
+    if active is None:
+        return error.mean(dim=(0, 2)).sum()
+    # Every twin has as many active entries: the mean over all of them times the twins is the sum of theirs.
+    return masked_mean(error, active.unsqueeze(1)) * q.shape[1]

@@ -24,8 +24,9 @@ team's episode has terminated when every one of its agents' has: when the env's 
 PyMARL's and BenchMARL's targets read (or, for a group of some of the env's agents, when they have all left
 it). Where all agents end together, as in the native envs, that is any agent's. An agent that left earlier
 (`envs.adapters.pettingzoo`: terminated, reward 0, until its env resets) adds no next value to the team's:
-its `Q'_i` is 0 in VDN's sum and QMIX's mixer (`team_step`). TD(0): a truncated step bootstraps from its
-true next observation, a terminated one does not (`td_targets`). With `n_step` > 1 the reward is the
+its `Q'_i` is 0 in VDN's sum and QMIX's mixer (`team_step`), and from the step after it left (`active`
+False, `marl.core.masking`) its `Q_i` is 0 there too, and IQL's loss leaves its steps out. TD(0): a
+truncated step bootstraps from its true next observation, a terminated one does not (`td_targets`). With `n_step` > 1 the reward is the
 discounted sum of the next n (`n_step_returns`, cut after a step where all of the group's agents are done,
 or before a step not yet collected) and the bootstrap is `gamma^m` times the value at the last step's
 next observation.
@@ -76,6 +77,7 @@ from marl.algorithms.offpolicy import (
 )
 from marl.config import TrainConfig, changed_flags, options_without_effect
 from marl.core.distributions import EpsilonGreedy, head_size
+from marl.core.masking import inactive_zeroed, masked_mean
 from marl.core.models import action_features, flat_observation, observation_size
 from marl.core.networks import MultiAgentGRU, MultiAgentMLP
 from marl.core.replay import ReplayBuffer, gather
@@ -610,9 +612,14 @@ class QLearning(OffPolicy):
             else:
                 values, next_q = self._values(lr, g, data, after)
             q = chosen_values(values, data["action"], nvec)  # [k, n]
+            active = data.get("active")  # [k, n] bool, or None: every agent acts at every step
             if lr.algo.algo == "iql":
-                value = q
+                value, counted = q, active
             else:
+                # A departed agent's Q enters the team's value no more than its Q' the target (`team_step`);
+                # a step where the whole group had left counts for nothing.
+                q = inactive_zeroed(q, active)
+                counted = active.any(-1, keepdim=True) if active is not None else None  # [k, 1]
                 reward, terminated, next_q = team_step(reward, terminated, next_q)
                 if lr.mixer is None:
                     value, next_q = vdn_mix(q).unsqueeze(-1), vdn_mix(next_q).unsqueeze(-1)  # [k, 1]
@@ -622,11 +629,12 @@ class QLearning(OffPolicy):
                         next_q = lr.target_mixer(next_q, self._condition(after, g, "next_")).unsqueeze(-1)
             with torch.no_grad():
                 target = td_targets(reward, terminated, next_q, gamma)  # [k, n] (iql) or [k, 1]
-            loss = critic_loss(value.unsqueeze(1), target, weight)
-            error = (value.detach() - target).abs()  # [k, n] or [k, 1]
+            loss = critic_loss(value.unsqueeze(1), target, weight, counted)
+            error = inactive_zeroed((value.detach() - target).abs(), counted)  # [k, n] or [k, 1]
             total = total + loss
-            q_total = value.detach().mean()  # IQL: the agents' mean Q again
-            terms[g] = torch.stack([loss.detach(), q.detach().mean(), q_total, error.mean(), lr.policy.epsilon])
+            q_total = masked_mean(value.detach(), counted)  # IQL: the agents' mean Q again
+            q_mean, error_mean = masked_mean(q.detach(), active), masked_mean(error, counted)
+            terms[g] = torch.stack([loss.detach(), q_mean, q_total, error_mean, lr.policy.epsilon])
             priority[g] = error.expand_as(q)  # a mixer's one error per env step, for each agent
         return total, terms, priority
 

@@ -46,6 +46,7 @@ from marl.algorithms.offpolicy import (
 )
 from marl.config import TrainConfig, changed_flags, options_without_effect
 from marl.core.distributions import draw_noise
+from marl.core.masking import inactive_zeroed, masked_mean
 from marl.core.models import CriticInput, Policy, QCritic, action_size
 from marl.optim.update_step import Trainable, adam
 
@@ -153,14 +154,17 @@ def continuous_terms(
     log_alpha: torch.Tensor,
     target_entropy: float,
     weight: torch.Tensor | None,
+    active: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """SAC's terms for a group with continuous actions: `q` `[k, 2, n]` the twins at the stored actions,
     `target` `[k, n]`, `q_policy` `[k, 2, n]` the (fixed) twins at the policy's actions `a ~ pi(s)`,
-    `log_prob` `[k, n]` their log-probability, `log_alpha` 0-d, `weight` `[k]` or None."""
+    `log_prob` `[k, n]` their log-probability, `log_alpha` 0-d, `weight` `[k]` or None; `active` `[k, n]`
+    bool (or None: all) the agent-steps the means are over."""
     alpha = log_alpha.exp().detach()
-    policy_loss = (alpha * log_prob - q_policy.amin(1)).mean()
-    alpha_loss = -(log_alpha * (log_prob.detach() + target_entropy)).mean()
-    return _terms(q, target, policy_loss, alpha_loss, log_alpha, -log_prob.detach().mean(), weight)
+    policy_loss = masked_mean(alpha * log_prob - q_policy.amin(1), active)
+    alpha_loss = -masked_mean(log_alpha * (log_prob.detach() + target_entropy), active)
+    entropy = -masked_mean(log_prob.detach(), active)
+    return _terms(q, target, policy_loss, alpha_loss, log_alpha, entropy, weight, active)
 
 
 def discrete_terms(
@@ -172,28 +176,31 @@ def discrete_terms(
     log_alpha: torch.Tensor,
     target_entropy: float,
     weight: torch.Tensor | None,
+    active: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """SAC's terms for a group with discrete actions: `q` `[k, 2, n]` the twins at the stored actions,
     `target` `[k, n]`, `q_policy` `[k, 2, n, K]` the (fixed) twins at every action, `log_probs` `[k, n, K]`
-    the policy's (masked actions: `mask` False), `log_alpha` 0-d, `weight` `[k]` or None."""
+    the policy's (masked actions: `mask` False), `log_alpha` 0-d, `weight` `[k]` or None; `active` `[k, n]`
+    bool (or None: all) the agent-steps the means are over."""
     alpha = log_alpha.exp().detach()
     probs = log_probs.exp()
-    policy_loss = expectation(probs, alpha * log_probs - q_policy.amin(1), mask).mean()
+    policy_loss = masked_mean(expectation(probs, alpha * log_probs - q_policy.amin(1), mask), active)
     entropy = -expectation(probs, log_probs, mask)  # [k, n]
-    alpha_loss = -(log_alpha * (target_entropy - entropy.detach())).mean()
-    return _terms(q, target, policy_loss, alpha_loss, log_alpha, entropy.detach().mean(), weight)
+    alpha_loss = -masked_mean(log_alpha * (target_entropy - entropy.detach()), active)
+    return _terms(q, target, policy_loss, alpha_loss, log_alpha, masked_mean(entropy.detach(), active), weight, active)
 
 
-def _terms(q, target, policy_loss, alpha_loss, log_alpha, entropy, weight) -> dict[str, torch.Tensor]:
-    value_loss = critic_loss(q, target, weight)
+def _terms(q, target, policy_loss, alpha_loss, log_alpha, entropy, weight, active) -> dict[str, torch.Tensor]:
+    value_loss = critic_loss(q, target, weight, active)
+    q_value = q.detach().mean() if active is None else masked_mean(q.detach(), active.unsqueeze(1))
     return {
         "loss": value_loss + policy_loss + alpha_loss,
         "critic_loss": value_loss,
         "policy_loss": policy_loss,
         "alpha_loss": alpha_loss,
         "alpha": log_alpha.detach().exp(),
-        "q_value": q.detach().mean(),
-        "td_error": (q.detach().mean(1) - target).abs().mean(),
+        "q_value": q_value,
+        "td_error": masked_mean((q.detach().mean(1) - target).abs(), active),
         "entropy": entropy,
     }
 
@@ -341,17 +348,27 @@ class SAC(OffPolicy):
                 q = q_all[..., 0]
                 own, log_prob = now[g]
                 q_policy = fixed(lr.critic, lr.critic_input(obs, state, {**stored, g: own}))[..., 0]
-                group_terms = continuous_terms(q, target, q_policy, log_prob, log_alpha, lr.target_entropy, weight)
+                group_terms = continuous_terms(
+                    q, target, q_policy, log_prob, log_alpha, lr.target_entropy, weight, data.get("active")
+                )
             else:
                 action = data["action"].unsqueeze(1).expand(-1, 2, -1).unsqueeze(-1)  # [k, 2, n, 1]
                 q = q_all.gather(-1, action)[..., 0]
                 # The critics see no actions here: their values at every action, held fixed, are q_all's.
                 group_terms = discrete_terms(
-                    q, target, q_all.detach(), now[g][1], data.get("action_mask"), log_alpha, lr.target_entropy, weight
+                    q,
+                    target,
+                    q_all.detach(),
+                    now[g][1],
+                    data.get("action_mask"),
+                    log_alpha,
+                    lr.target_entropy,
+                    weight,
+                    data.get("active"),
                 )
             total = total + group_terms["loss"]
             terms[g] = torch.stack([group_terms[name].detach() for name in TERMS])
-            priority[g] = (q.detach().mean(1) - target).abs()
+            priority[g] = inactive_zeroed((q.detach().mean(1) - target).abs(), data.get("active"))
         return total, terms, priority
 
 

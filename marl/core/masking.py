@@ -50,3 +50,9 @@ def masked_moments(x: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor
     active = active.expand_as(x)
     kept = torch.where(active, wide, 0.0)
     return torch.stack([active.sum().double(), kept.sum(), kept.square().sum()])
+
+
+def inactive_zeroed(x: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
+    """`x` with its inactive entries 0 (`active` broadcast to its shape; None: `x` itself): a departed agent's
+    TD error must not raise the priority of its env step in a prioritized replay."""
+    return x if active is None else torch.where(active, x, 0.0)

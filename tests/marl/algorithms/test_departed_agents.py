@@ -12,7 +12,10 @@ import torch
 import envs
 from envs.sync import forbid_host_sync
 from marl.algorithms import ppo_seeds
+from marl.algorithms.ddpg import ddpg_terms
+from marl.algorithms.offpolicy import critic_loss
 from marl.algorithms.ppo import ppo_loss
+from marl.algorithms.sac import continuous_terms, discrete_terms
 from marl.app.trainer import Trainer
 from marl.config import EnvSettings, TrainConfig
 from marl.core.groups import GroupedEnv
@@ -173,10 +176,118 @@ def test_ppo_update_and_critic_moments_leave_departed_agents_out(tmp_path):
     assert terms["agent"][0].item() != pytest.approx(everything["loss"].item(), rel=1e-3)
 
 
-# ---- host sync and populations -----------------------------------------------------------------------------------
+# ---- off-policy terms ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("algo", ["mappo"])
+def _selected(x: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    """`x` `[k, n, ...]`, or `[k, twins, n, ...]` (twins 1 or 2, n 3), at the active agent-steps alone, as
+    one agent: `[K, 1, ...]` or `[K, twins, 1, ...]`."""
+    if x.dim() > active.dim() and x.shape[1] != active.shape[1]:  # twins before the agents
+        return x.movedim(1, 2)[active].movedim(1, 0).unsqueeze(2).movedim(0, 1)
+    return x[active].unsqueeze(1)
+
+
+def _per_agent(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.dim() > 1
+
+
+def test_off_policy_terms_over_active_steps_equal_the_terms_of_those_steps_alone():
+    generator = torch.Generator().manual_seed(1)
+    k, n, K = 16, 3, 4
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator)
+
+    active = torch.rand(k, n, generator=generator) > 0.4
+    weight = torch.rand(k, generator=generator) + 0.5
+    weights = weight[:, None].expand(k, n)[active]  # each kept agent-step keeps its env step's weight
+    q, target, q_policy, log_prob = randn(k, 2, n), randn(k, n), randn(k, 2, n), randn(k, n)
+    log_alpha = torch.tensor(-1.0)
+    log_probs = torch.log_softmax(randn(k, n, K), -1)
+    mask = torch.rand(k, n, K, generator=generator) > 0.2
+    cases = {  # name: (terms, their arguments)
+        "critic_loss": (critic_loss, (q, target, weight)),
+        "ddpg": (ddpg_terms, (q[:, :1], target, q_policy[:, 0], weight)),
+        "sac": (continuous_terms, (q, target, q_policy, log_prob, log_alpha, -1.0, weight)),
+        "discrete sac": (discrete_terms, (q, target, randn(k, 2, n, K), log_probs, mask, log_alpha, -0.5, weight)),
+    }
+    for name, (terms_of, args) in cases.items():
+        masked = terms_of(*args, active=active)
+        # The same terms of the active agent-steps alone, each an agent of its own, with its step's weight.
+        alone = terms_of(*(weights if x is weight else _selected(x, active) if _per_agent(x) else x for x in args))
+        everything = terms_of(*args)
+        if not isinstance(masked, dict):
+            masked, alone, everything = {"loss": masked}, {"loss": alone}, {"loss": everything}
+        for term, value in alone.items():
+            assert masked[term].item() == pytest.approx(value.item(), rel=1e-5, abs=1e-6), (name, term)
+        assert masked["loss"].item() != pytest.approx(everything["loss"].item(), rel=1e-3), name
+
+
+# ---- off-policy and value-based learners ---------------------------------------------------------------------
+
+
+def _loss(trainer: Trainer, index: torch.Tensor):
+    algorithm = trainer.algorithm
+    noise = algorithm.draw_noise(1, len(index), torch.Generator().manual_seed(0))
+    total, terms, priority = algorithm.loss(trainer.buffer.storage, index, None, noise, torch.tensor([0]))
+    return total, terms["agent"], priority["agent"]
+
+
+@pytest.mark.parametrize("algo", ["isac", "iddpg", "iql", "vdn"])
+def test_what_a_departed_agent_reads_does_not_reach_the_loss(tmp_path, algo):
+    """Each agent's terms here see its own data alone (IQL, VDN's sum, agent-scope critics): the loss, its
+    terms and the priorities are the same whatever a departed agent's observations and actions read."""
+    trainer = off_policy(tmp_path, algo)
+    trainer.buffer.extend(trainer.collector.collect())
+    index = torch.arange(64)
+    before = _loss(trainer, index)
+    storage, gone = trainer.buffer.storage, ~trainer.buffer.storage[("agent", "active")]
+    assert gone[:64].any() and not gone[:64].all()
+    for key in ("observation", "next_observation"):
+        storage[("agent", key)][gone] = 5.0
+    action = storage[("agent", "action")]
+    action[gone] = action[gone].flip(0)  # other actions the agents took
+    after = _loss(trainer, index)
+    for x, y in zip(before, after):
+        torch.testing.assert_close(x, y)
+
+
+@pytest.mark.parametrize("algo", ["iql", "vdn", "qmix"])
+def test_q_learning_loss_counts_active_agents_only(tmp_path, algo):
+    """IQL's TD loss over the active agent-steps; VDN's and QMIX's team value from the active agents' Qs alone
+    (a departed agent's Q zeroed, as its Q' already is), against the loss written out."""
+    trainer = off_policy(tmp_path, algo, double_q=False, gamma=0.9)
+    trainer.buffer.extend(trainer.collector.collect())
+    learner, index = trainer.algorithm.learners["agent"], torch.arange(64)
+    total, terms, _ = _loss(trainer, index)
+    b = trainer.buffer.gather(index)["agent"]
+    active = b["active"]
+    with torch.no_grad():
+        q = learner.policy.net(b["observation"]).gather(-1, b["action"].unsqueeze(-1))[..., 0]  # [k, n]
+        next_q = learner.target_q(b["next_observation"]).amax(-1)
+        next_q = torch.where(b["terminated"], 0.0, next_q)
+        if algo == "iql":
+            errors = [
+                (q[i, j] - (b["reward"][i, j] + 0.9 * next_q[i, j])) ** 2
+                for i in range(64)
+                for j in range(2)
+                if active[i, j]
+            ]
+        else:
+            q = torch.where(active, q, 0.0)
+            reward, ended = b["reward"].mean(1), b["terminated"].all(1)
+            if learner.mixer is None:
+                value, next_value = q.sum(1), next_q.sum(1)
+            else:
+                value = learner.mixer(q, b["observation"].flatten(1))
+                next_value = learner.target_mixer(next_q, b["next_observation"].flatten(1))
+            errors = [(value[i] - (reward[i] + 0.9 * (0.0 if ended[i] else next_value[i]))) ** 2 for i in range(64)]
+        expected = sum(errors) / len(errors)
+    assert total.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert terms[0].item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("algo", ["mappo", "masac", "maddpg", "qmix"])
 def test_an_update_with_departed_agents_reads_nothing_back_from_the_device(tmp_path, algo):
     if algo == "mappo":
         trainer = on_policy(tmp_path)
@@ -194,7 +305,7 @@ def test_an_update_with_departed_agents_reads_nothing_back_from_the_device(tmp_p
 # ---- populations ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("algo", ["mappo"])
+@pytest.mark.parametrize("algo", ["mappo", "iql", "isac"])
 def test_each_member_with_departed_agents_trains_as_its_single_run(tmp_path, monkeypatch, algo):
     """A population's losses leave departed agents out as its single runs' do: per member its advantages
     normalised over its active steps, its critic's moments, its masked means (in one part of rows)."""

@@ -254,7 +254,8 @@ def test_the_team_plays_on_after_an_agent_leaves(tmp_path, algo, n_step):
     episode. The team's targets, walked through the collected steps: its n-step sums run until the env's
     episode ends, it bootstraps unless the episode ended there (terminated: max_steps is 100), and
     runner_1's next value, once it has left, is 0 in the sum or the mixer (IQL: runner_0's n-step sums run
-    on past runner_1's leaving too)."""
+    on past runner_1's leaving too). Once it has left, runner_1's Q is 0 in the sum or the mixer too, and
+    its own IQL error (and priority) is 0: it acts no more."""
     pytest.importorskip("pettingzoo")
     config = discrete_config(tmp_path, algo, "pettingzoo/tests.envs.pz_toy", n_step=n_step, gamma=0.9, double_q=False)
     trainer = Trainer(config, run_dir=tmp_path / "run")
@@ -268,6 +269,8 @@ def test_the_team_plays_on_after_an_agent_leaves(tmp_path, algo, n_step):
     algorithm.position = trainer.buffer.position
     steps = {key: batch["runner"][key].flatten(0, 1) for key in ("observation", "next_observation", "action")}
     steps |= {key: batch["runner"][key].flatten(0, 1).squeeze(-1) for key in ("reward", "terminated")}  # [64, 2]
+    active = batch["runner"]["active"].flatten(0, 1)  # [64, 2]
+    assert torch.equal(active[:, 1], torch.arange(64) // 8 % 4 < 2)  # runner_1 acts at its episode's steps 0, 1
     env_done = torch.arange(64) // 8 % 4 == 3  # [64]: the episodes' last steps, all terminated
     # runner_1 has left after its episode's steps 0 and 1, runner_0 after step 3.
     assert torch.equal(steps["terminated"], torch.stack([env_done, torch.arange(64) // 8 % 4 >= 1], -1))
@@ -297,8 +300,10 @@ def test_the_team_plays_on_after_an_agent_leaves(tmp_path, algo, n_step):
             reward = total if algo == "iql" else total.mean()
             target = reward + (0.0 if env_done[last] else 0.9**m * bootstrap)
             q = learner.policy.net(steps["observation"][first]).gather(-1, steps["action"][first].unsqueeze(-1))
-            value = mix(q.squeeze(-1), steps["observation"][first], learner.mixer)
+            value = mix(torch.where(active[first], q.squeeze(-1), 0.0), steps["observation"][first], learner.mixer)
             error = (value - target).abs().expand(2)  # a mixer's one error for both runners
+            if algo == "iql":
+                error = torch.where(active[first], error, 0.0)
             assert torch.allclose(priority["runner"][row], error, atol=1e-5), (first, m)
 
 
