@@ -1,8 +1,9 @@
 """A counter-based random stream made of plain tensor ops, for env resets.
 
-The `i`-th 64-bit draw of a stream is `splitmix64(key + i * golden_gamma)`: a hash of the stream's key
-and the draw's index (the construction of JAX's and Philox's counter-based generators, with SplitMix64's
-finaliser as the hash). Because it is ordinary integer tensor arithmetic, with its state in two tensors,
+The `i`-th 64-bit draw of a stream (from 0) is `splitmix64(key + (i + 1) * golden_gamma)`: a hash of the
+stream's key and the draw's index (the construction of JAX's and Philox's counter-based generators, with
+SplitMix64's finaliser as the hash), which is SplitMix64's own generator started at `key`. The `+ 1` keeps
+the key itself out of the hash: seed 0's key is 0, whose hash is 0. Because it is ordinary integer tensor arithmetic, with its state in two tensors,
 it runs inside `torch.compile` graphs and CUDA graphs, gives the same numbers eagerly and compiled, on
 every device, and is saved with the env's state. A `torch.Generator` cannot go into a graph: each draw
 from one would split the compiled env step.
@@ -98,7 +99,7 @@ class CounterRandom:
             shape = (*shape[:member_dim], shape[member_dim] // members, *shape[member_dim + 1 :])
             count //= members
         n = words(count)
-        index = self.counter + torch.arange(n, dtype=torch.int64, device=self.device)
+        index = self.counter + torch.arange(1, n + 1, dtype=torch.int64, device=self.device)
         self.counter += n
         key = self.key if members is None else self.key[:, None]  # [S, 1]: one stream per member
         return splitmix64(key + index * GOLDEN_GAMMA), shape

@@ -60,6 +60,18 @@ def test_splitmix64_matches_its_definition():
     got = [(int(x) + (1 << 64)) % (1 << 64) for x in splitmix64(signed)]
     assert got == [reference(v) for v in values]
 
+    # A stream is SplitMix64's generator started at its key: the state moves by the golden gamma before each
+    # hash, so no draw hashes the key alone (seed 0's key is 0, and the hash of 0 is 0: its first draw was 0).
+    for seed in (0, 1, 12345):
+        state = reference(seed)
+        expected = []
+        for _ in range(4):
+            state = (state + 0x9E3779B97F4A7C15) & mask
+            expected.append(reference(state))
+        got = [(int(x) + (1 << 64)) % (1 << 64) for x in CounterRandom(seed, "cpu").bits(4)]
+        assert got == expected, seed
+    assert (CounterRandom(0, "cpu").rand(4) > 0).all()
+
 
 def test_compiled_draws_equal_eager_ones():
     def draw(rng):
