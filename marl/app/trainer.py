@@ -92,9 +92,11 @@ class Trainer:
         if config.run.wandb and self.world.is_main:
             check_installed()
         self.device = canonical_device(device)  # as its tensors report it: `cpu:0` is `cpu`
-        torch.manual_seed(config.run.seed)
         self.members = config.run.members()
         self.seeds = tuple(member.seed for member in self.members)
+        # The init of the nets: the first member's seed, which is `--seed` unless `--seeds` lists the seeds (a
+        # population seeds each member's again as it builds it; `--seeds 5` alone is the run with seed 5).
+        torch.manual_seed(self.seeds[0])
         if len(self.members) == 1:
             seed = self.world.seed(self.seeds[0])
             self.env = make_env(config, self.device, seed=seed)

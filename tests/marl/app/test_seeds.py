@@ -464,6 +464,19 @@ def test_seeds_reach_the_config():
     assert config_from_args(args).run.member_seeds() == (5, 6, 7)
 
 
+def test_a_list_of_one_seed_trains_the_single_run_with_that_seed(tmp_path):
+    config = tiny_config(tmp_path)
+    listed = Trainer(with_run(config, seeds=(5,)), run_dir=tmp_path / "listed")
+    single = Trainer(with_run(config, seed=5), run_dir=tmp_path / "single")
+    for mine, its in zip(listed.algorithm.parameters(), single.algorithm.parameters(), strict=True):
+        assert torch.equal(mine, its)  # the nets' init: seed 5's, not seed 0's
+    for _ in range(2):
+        assert_rows_match(
+            {k: v for k, v in listed.train_iteration().items() if "/" in k or k in ("episodes", "episode_length")},
+            single.train_iteration(),
+        )
+
+
 def test_a_recurrent_population_trains_from_the_command_line(tmp_path):
     argv = ["--num-seeds", "2", "--model", "gru", "--gru-nets", "both", "--chunk-length", "4", "--burn-in", "2"]
     assert main(["train", *tiny_argv(tmp_path), *argv]) == 0
