@@ -584,6 +584,9 @@ class TrainConfig:
             for g, o in overrides.items()
         }
         run = RunConfig.saved(dict(data["run"]), algorithms.get(name).collects == "transitions")
+        # A swept option's run-wide value, which an earlier version took beside --sweep and trained without.
+        swept = {item.partition("=")[0] for item in run.get("sweep", ())}
+        algo = {k: v for k, v in algo.items() if k not in swept or k == "algo"}
         for section, values, known in (
             ("algo", algo, algo_class),
             ("model", model, ModelConfig),

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from marl.algorithms.base import Algorithm
-from marl.config import TrainConfig
+from marl.config import TrainConfig, changed_flags, field_names
 from marl.core.members import Members
 
 
@@ -80,6 +80,14 @@ class Seeded(Algorithm):
         overridden = sorted({n for o in config.group_overrides.values() for n in o} & set(self.sweep))
         if overridden:
             raise ValueError(f"--sweep and --group both set {', '.join(overridden)}: sweep it for every group, or none")
+        given = changed_flags(config.algo, tuple(n for n in self.sweep if n in field_names(type(config.algo))))
+        if given:  # the swept values replace the run's own without a word
+            one = len(given) == 1
+            raise ValueError(
+                f"{', '.join(given)}: --sweep {' '.join(config.run.sweep)} gives each run its own value, so "
+                f"{'it' if one else 'they'} would have no effect: leave {'it' if one else 'them'} out, or add "
+                f"{'it' if one else 'them'} to the swept values"
+            )
         # Each member's learning rate `[S]` when swept (its optimiser's own is then 1: `member_lr_step`).
         self.member_lr = torch.tensor(self.sweep["lr"], device=device) if "lr" in self.sweep else None
         self.check()

@@ -651,6 +651,18 @@ def test_a_sweep_summary_ranks_the_values_and_bad_sweeps_are_refused(tmp_path, c
     assert not (tmp_path / "c").exists()
 
 
+def test_an_option_given_beside_its_sweep_is_refused_and_dropped_from_a_saved_run(tmp_path, capsys):
+    # the swept values replace the run's own: `--lr 0.01` beside `--sweep lr=...` trained no member with 0.01
+    argv = [*tiny_argv(tmp_path), "--num-seeds", "2", "--sweep", "lr=1e-3,3e-3", "gamma=0.9,0.95", "--lr", "0.01"]
+    assert main(["train", *argv, "--clip-eps", "0.1"]) == 2  # clip_eps, not swept, is the run's for every member
+    said = "--lr 0.01: --sweep lr=1e-3,3e-3 gamma=0.9,0.95 gives each run its own value, so it would have no effect"
+    assert said in capsys.readouterr().err and not (tmp_path / "run").exists()
+    # a run an earlier version saved with both: its checkpoint loads, at the value it trained with (none)
+    swept = with_run(tiny_config(tmp_path), num_seeds=2, sweep=("lr=1e-3,3e-3",)).to_dict()
+    saved = {**swept, "algo": {**swept["algo"], "lr": 0.01}}
+    assert TrainConfig.from_dict(saved).algo.lr == PPOConfig().lr
+
+
 def test_an_adapter_env_trains_its_members_on_the_first_seeds_stream(tmp_path, capsys):
     pytest.importorskip("vmas")
     config = dataclasses.replace(
