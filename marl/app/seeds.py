@@ -371,14 +371,9 @@ def print_summary(trainer, rows: list[dict]) -> None:
             by_values.setdefault(member.values, []).append((member.seed, value))
         ranked = sorted(by_values.items(), key=lambda item: -_nan_low(bootstrap_ci([v for _, v in item[1]])[0]))
         for rank, (values, runs) in enumerate(ranked, 1):
-            mean, std, low, high = bootstrap_ci([v for _, v in runs])
-            each = ", ".join(f"{v:.3f}" for _, v in runs)
             swept = " ".join(f"{k}={v:g}" for k, v in values)
             head = f"{g:<14}" if rank == 1 else " " * 14
-            lines.append(
-                f"{head} {f'#{rank} {swept}: ' if values else ''}final return {mean:.4f} (95% CI {low:.4f} to "
-                f"{high:.4f}, std {std:.4f}) over seeds {seeds_text([s for s, _ in runs])}: {each}"
-            )
+            lines.append(f"{head} {f'#{rank} {swept}: ' if values else ''}final return {_over_seeds(runs)}")
     first = member_dir(trainer.run_dir, members[0])
     lines += [
         f"checkpoint     {trainer.checkpoint_path} (all runs); one run's: {first / 'checkpoint.pt'}",
@@ -386,6 +381,19 @@ def print_summary(trainer, rows: list[dict]) -> None:
         f"               marl plot {trainer.run_dir}",
     ]
     print("\n".join(lines))
+
+
+def _over_seeds(runs: list[tuple[int, float]]) -> str:
+    """The mean of the final returns of `runs` (seed, return) with its 95% CI, each seed's after; of one seed,
+    its return alone: a CI of one run, of zero width, would mean nothing (as `marl eval --member all` says it)."""
+    if len(runs) == 1:
+        return f"{runs[0][1]:.4f} (seed {runs[0][0]})"
+    mean, std, low, high = bootstrap_ci([v for _, v in runs])
+    each = ", ".join(f"{v:.3f}" for _, v in runs)
+    return (
+        f"{mean:.4f} (95% CI {low:.4f} to {high:.4f}, std {std:.4f}) over seeds {seeds_text([s for s, _ in runs])}: "
+        f"{each}"
+    )
 
 
 def _nan_low(value: float) -> float:

@@ -705,6 +705,17 @@ def test_eval_of_every_member_gives_no_interval_for_a_setting_of_one_seed(tmp_pa
     assert [line.split(":")[0] for line in lines] == ["seed_0-lr_0.0001", "seed_0-lr_0.03"], lines
 
 
+def test_the_summary_gives_no_interval_for_a_setting_of_one_seed(tmp_path, capsys):
+    # As marl eval --member all: one seed's "95% CI" would be of zero width, saying nothing
+    assert main(["train", *tiny_argv(tmp_path), "--sweep", "lr=0.0001,0.03"]) == 0
+    out = capsys.readouterr().out
+    finals = {lr: read_rows(tmp_path / "run" / f"seed_0-lr_{lr}" / "metrics.csv")[-1] for lr in ("0.0001", "0.03")}
+    ranked = sorted(finals, key=lambda lr: -finals[lr]["agent/episode_return"])
+    for rank, lr in enumerate(ranked, 1):
+        assert f"#{rank} lr={lr}: final return {finals[lr]['agent/episode_return']:.4f} (seed 0)\n" in out, out
+    assert "95% CI" not in out
+
+
 def test_a_population_without_its_aggregate_log_resumes_without_copying_members(tmp_path, capsys):
     # A deleted aggregate.csv counted as 0 rows: every member looked trained on alone past it.
     run = tmp_path / "run"
