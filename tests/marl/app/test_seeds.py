@@ -370,6 +370,8 @@ def test_train_writes_member_logs_aggregate_and_summary(tmp_path, capsys):
     assert main(["eval", "--checkpoint", str(run / "checkpoint.pt"), "--member", "all", "--episodes", "2"]) == 0
     out = capsys.readouterr().out
     assert "seed_2: mean episode return agent" in out and "agent: mean over 3 runs" in out
+    assert main(["eval", "--checkpoint", str(run / "checkpoint.pt"), "--member", "7"]) == 2  # no seed 7: said so
+    assert "holds seeds 0-2 (seed_0, seed_1, seed_2): --member 7 is none of them: pass" in capsys.readouterr().err
     assert main(["plot", str(run)]) == 0
     assert (run / "learning_curve.png").stat().st_size > 1000
 
