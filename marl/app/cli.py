@@ -407,7 +407,8 @@ def schedules_text(trainer) -> str | None:
     values now; None when neither changed or the run has no schedules."""
     saved, run, frames = trainer.saved_run, trainer.config.run, trainer.frames
     before, span = saved.schedule_span(), run.schedule_span()
-    if run.total_frames == saved.total_frames and span == before:
+    # Unchanged, or a run that set --schedule-frames to the total it now trains to: they already fit it.
+    if span == before and run.total_frames in (saved.total_frames, span):
         return None
     now = trainer.algorithm.schedules(frames, span)
     if not now:

@@ -50,6 +50,16 @@ def test_a_longer_resumed_run_keeps_its_schedules_annealed_and_says_so(tmp_path,
     assert epsilons(resumed) == [pytest.approx(epsilon(5632, 5120))] == [pytest.approx(0.01)]
 
 
+def test_a_resume_to_the_length_its_schedules_were_set_to_says_nothing_of_them(tmp_path, capsys):
+    # It said "they keep the run's length, 1,024 frames, not --total-frames 1,024 ... --schedule-frames 1,024
+    # would fit them to it": the length they already have
+    argv = ["train", *VDN, "--log-dir", str(tmp_path), "--run-name", "run", "--schedule-frames", "1024"]
+    assert main([*argv, "--total-frames", "512"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(tmp_path / "run" / "checkpoint.pt"), "--total-frames", "1024"]) == 0
+    assert "schedules:" not in capsys.readouterr().out
+
+
 def test_schedule_frames_stretches_the_schedules_on_resume(tmp_path, capsys):
     checkpoint = trained(tmp_path, capsys, 1024)
     command = ["train", "--resume", str(checkpoint), "--total-frames", "1536", "--schedule-frames", "8192"]
