@@ -45,20 +45,22 @@ def sweep_rows(run_dir: str | Path) -> dict[str, list[dict[str, float]]]:
     per setting (`lr_0.001-gamma_0.9`) and iteration, each group's return averaged over that setting's seeds
     with its 95% CI (as aggregate.csv's columns), from the members' `seed_<s>-<setting>/metrics.csv`, their
     rows paired by iteration: only the iterations every seed of the setting logged (`rows_by_iteration`);
-    empty for a single run or a population of seeds alone."""
-    members: dict[str, list[list[dict[str, float]]]] = {}
+    empty for a single run or a population of seeds alone. A setting of one seed is that member's curve, with
+    no interval (one run has no spread), named `lr_0.001 (seed 3)`."""
+    members: dict[str, dict[str, list[dict[str, float]]]] = {}
     for log in sorted(Path(run_dir).glob("seed_*-*/metrics.csv")):
-        members.setdefault(log.parent.name.split("-", 1)[1], []).append(read_rows(log))
+        seed, setting = log.parent.name.removeprefix("seed_").split("-", 1)
+        members.setdefault(setting, {})[seed] = read_rows(log)
     if not (Path(run_dir) / AGGREGATE).is_file() or not members:
         return {}
     from marl.app.seeds import STATS, bootstrap_ci
 
     curves = {}
-    for setting, logs in members.items():
+    for setting, by_seed in members.items():
         rows = []
-        for iteration in rows_by_iteration(logs):
+        for iteration in rows_by_iteration(list(by_seed.values())):
             row = dict(iteration[0])
-            for key in [k for k in row if k.endswith("/episode_return")]:
+            for key in [k for k in row if k.endswith("/episode_return") and len(iteration) > 1]:
                 mean, *stats = bootstrap_ci([r[key] for r in iteration])
                 row.update({key: mean, **{f"{key}_{stat}": v for stat, v in zip(STATS, stats)}})
             rows.append(row)
@@ -67,7 +69,7 @@ def sweep_rows(run_dir: str | Path) -> dict[str, list[dict[str, float]]]:
                 f"{run_dir}: the seeds of setting {setting} logged no iteration in common (their "
                 "seed_*/metrics.csv are empty, or lost rows), so there is no mean to plot"
             )
-        curves[setting] = rows
+        curves[setting if len(by_seed) > 1 else f"{setting} (seed {next(iter(by_seed))})"] = rows
     return curves
 
 

@@ -291,13 +291,17 @@ def test_plot_tells_apart_runs_whose_folders_share_a_name(tmp_path, monkeypatch)
 
 def test_plot_of_a_sweep_draws_each_setting_over_its_seeds(tmp_path, monkeypatch):
     """aggregate.csv averages over every member, whatever its setting: a sweep's plot is a curve per setting,
-    the mean over that setting's seeds."""
+    the mean over that setting's seeds with a band; a setting of one seed is its run, named, with no band (it
+    was labelled a mean and 95% CI over seeds, and drew a band of zero width)."""
     import matplotlib.axes
 
-    curves = {}
-    plot = matplotlib.axes.Axes.plot
+    curves, bands = {}, []
+    plot, fill_between = matplotlib.axes.Axes.plot, matplotlib.axes.Axes.fill_between
     monkeypatch.setattr(
         matplotlib.axes.Axes, "plot", lambda self, x, y, **k: curves.update({k["label"]: y}) or plot(self, x, y, **k)
+    )
+    monkeypatch.setattr(
+        matplotlib.axes.Axes, "fill_between", lambda self, x, *a, **k: bands.append(x) or fill_between(self, x, *a, **k)
     )
     run = tmp_path / "sweep"
     returns = {"seed_0-lr_0.001": ["1.0", "2.0"], "seed_1-lr_0.001": ["3.0", "nan"], "seed_0-lr_0.01": ["5.0", "6.0"]}
@@ -306,7 +310,8 @@ def test_plot_of_a_sweep_draws_each_setting_over_its_seeds(tmp_path, monkeypatch
     write_run(tmp_path / "mean", ["3.0", "4.0"]).joinpath("metrics.csv").rename(run / "aggregate.csv")  # all three
     assert main(["plot", str(run)]) == 0
     over_seeds = " (mean, 95% CI over seeds)"
-    assert curves == {f"agent lr_0.001{over_seeds}": [2.0, 2.0], f"agent lr_0.01{over_seeds}": [5.0, 6.0]}
+    assert curves == {f"agent lr_0.001{over_seeds}": [2.0, 2.0], "agent lr_0.01 (seed 0)": [5.0, 6.0]}
+    assert len(bands) == 1  # lr_0.001's
 
 
 def test_plot_of_a_sweep_averages_its_seeds_by_iteration_not_by_row(tmp_path, monkeypatch):
@@ -334,7 +339,7 @@ def test_plot_of_a_sweep_averages_its_seeds_by_iteration_not_by_row(tmp_path, mo
     by_iteration = {1: (1.0, 10.0, 100.0), 4: (4.0, 40.0, 400.0), 5: (5.0, 50.0, 500.0)}  # written out by hand
     assert frames == [100 * i for i in by_iteration]
     assert returns == pytest.approx([sum(r) / 3 for r in by_iteration.values()])
-    assert curves["agent lr_0.01 (mean, 95% CI over seeds)"] == ([100, 200, 300, 400, 500], [7.0, 8.0, 9.0, 10.0, 11.0])
+    assert curves["agent lr_0.01 (seed 0)"] == ([100, 200, 300, 400, 500], [7.0, 8.0, 9.0, 10.0, 11.0])
 
 
 def test_plot_of_a_sweep_whose_seeds_share_no_iteration_is_one_line(tmp_path, capsys):
