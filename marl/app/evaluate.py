@@ -63,7 +63,7 @@ def evaluate(
         if len(chosen) != 1:
             own = f" (or its own checkpoint, {seeds.member_dir(Path(checkpoint).parent, trained[0])}/checkpoint.pt)"
             names = ", ".join(m.name for m in trained)
-            asked = "" if member is None else f"--member {member} is none of them: "
+            asked = "" if member is None else f"--member {member!r} is none of them: "
             raise ValueError(
                 f"{checkpoint} holds {seeds.members_text(trained)} ({names}): {asked}pass --member SEED or NAME, one of "
                 f"them, to evaluate one" + (own + ", or --member all for every one" if len(trained) > 1 else "")

@@ -43,11 +43,14 @@ def seeds_text(seeds: Sequence[int], sep: str = ", ") -> str:
 
 
 def members_text(members: Sequence[Member]) -> str:
-    """`seeds 0-4`, with a sweep `seeds 0-1 x lr 0.0001, 0.001`."""
+    """`seeds 0-4`, with a sweep `seeds 0-1 x lr 0.0001, 0.001` (one seed: `seed 3 x lr ...`)."""
     seeds = sorted({m.seed for m in members})
     swept = {name: sorted({v for m in members for k, v in m.values if k == name}) for name, _ in members[0].values}
     return " x ".join(
-        [f"seeds {seeds_text(seeds)}", *(f"{k} {', '.join(f'{v:g}' for v in vs)}" for k, vs in swept.items())]
+        [
+            f"seed{'s' * (len(seeds) > 1)} {seeds_text(seeds)}",
+            *(f"{k} {', '.join(f'{v:g}' for v in vs)}" for k, vs in swept.items()),
+        ]
     )
 
 

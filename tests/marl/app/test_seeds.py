@@ -371,7 +371,9 @@ def test_train_writes_member_logs_aggregate_and_summary(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "seed_2: mean episode return agent" in out and "agent: mean over 3 runs" in out
     assert main(["eval", "--checkpoint", str(run / "checkpoint.pt"), "--member", "7"]) == 2  # no seed 7: said so
-    assert "holds seeds 0-2 (seed_0, seed_1, seed_2): --member 7 is none of them: pass" in capsys.readouterr().err
+    assert "holds seeds 0-2 (seed_0, seed_1, seed_2): --member '7' is none of them: pass" in capsys.readouterr().err
+    assert main(["eval", "--checkpoint", str(run / "checkpoint.pt"), "--member", ""]) == 2
+    assert "--member '' is none of them" in capsys.readouterr().err
     assert main(["plot", str(run)]) == 0
     assert (run / "learning_curve.png").stat().st_size > 1000
 
@@ -716,6 +718,7 @@ def test_the_summary_gives_no_interval_for_a_setting_of_one_seed(tmp_path, capsy
     for rank, lr in enumerate(ranked, 1):
         assert f"#{rank} lr={lr}: final return {finals[lr]['agent/episode_return']:.4f} (seed 0)\n" in out, out
     assert "95% CI" not in out
+    assert "(2 runs x 8 envs on cpu: seed 0 x lr 0.0001, 0.03)" in out, out  # not "seeds 0"
 
 
 def test_a_population_without_its_aggregate_log_resumes_without_copying_members(tmp_path, capsys):
