@@ -1,7 +1,9 @@
 import argparse
+import contextlib
 import os
 import stat
 import sys
+import types
 
 import pytest
 import torch  # importing torch (and asking it for CUDA) imports no triton: TRITON_INTERPRET below still applies
@@ -103,6 +105,23 @@ def parse_only(monkeypatch):
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_and_stop)
     return Parsed
+
+
+@pytest.fixture
+def usage_error(capsys):
+    """`with usage_error() as refused: main(argv)`: the command must stop with a usage error (exit status 2, as
+    argparse's `parser.error`), without a traceback; then `refused.out` and `refused.err` are what it printed."""
+
+    @contextlib.contextmanager
+    def refusal():
+        refused = types.SimpleNamespace(out=None, err=None)
+        with pytest.raises(SystemExit) as exit:
+            yield refused
+        assert exit.value.code == 2
+        refused.out, refused.err = capsys.readouterr()
+        assert "Traceback" not in refused.err
+
+    return refusal
 
 
 @pytest.fixture

@@ -54,26 +54,24 @@ def test_running_a_demo_as_a_module_prints_no_runpy_warning_and_names_the_comman
         ("speaker_listener", "--n-landmarks=1", "n_landmarks must be in [2, 16], got 1"),
     ],
 )
-def test_a_demo_option_the_env_refuses_is_one_usage_error(monkeypatch, capsys, name, option, message):
+def test_a_demo_option_the_env_refuses_is_one_usage_error(monkeypatch, usage_error, name, option, message):
     """It used to end in the env's ValueError with a traceback."""
     module = importlib.import_module(f"envs.native.{name}")
     monkeypatch.setattr("sys.argv", [name, option, "--steps", "1"])
-    with pytest.raises(SystemExit) as exit_info:
+    with usage_error() as refused:
         module._main()
-    assert exit_info.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1].endswith(f"error: {message}")
+    assert refused.err.splitlines()[-1].endswith(f"error: {message}")
 
 
 @pytest.mark.parametrize("option, value", [("--steps", "0"), ("--steps", "-3"), ("--num-envs", "0")])
-def test_a_demo_refuses_counts_below_one(monkeypatch, capsys, option, value):
+def test_a_demo_refuses_counts_below_one(monkeypatch, usage_error, option, value):
     """`--steps 0 --gif x.gif` used to fail saving an empty GIF (IndexError), `--steps -3` to run nothing."""
     from envs.native import spread
 
     monkeypatch.setattr("sys.argv", ["spread", option, value, "--gif", "unused.gif"])
-    with pytest.raises(SystemExit) as exit_info:
+    with usage_error() as refused:
         spread._main()
-    assert exit_info.value.code == 2
-    assert f"argument {option}: expected a positive int, got" in capsys.readouterr().err
+    assert f"argument {option}: expected a positive int, got" in refused.err
 
 
 @pytest.mark.parametrize(
@@ -83,15 +81,13 @@ def test_a_demo_refuses_counts_below_one(monkeypatch, capsys, option, value):
         ("env0.png", "argument --gif: expected a path ending in .gif, got 'env0.png'"),
     ],
 )
-def test_a_demo_refuses_a_gif_it_cannot_write_before_stepping(monkeypatch, capsys, tmp_path, gif, message):
+def test_a_demo_refuses_a_gif_it_cannot_write_before_stepping(monkeypatch, usage_error, tmp_path, gif, message):
     """It used to step the envs, then fail writing the GIF with a FileNotFoundError or Pillow's "unknown file
     extension" traceback."""
     from envs.native import spread
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.argv", ["spread", "--num-envs", "2", "--steps", "3", "--gif", gif])
-    with pytest.raises(SystemExit) as exit_info:
+    with usage_error() as refused:
         spread._main()
-    assert exit_info.value.code == 2
-    out, err = capsys.readouterr()
-    assert message in err and out == ""
+    assert message in refused.err and refused.out == ""

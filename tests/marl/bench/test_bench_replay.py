@@ -52,15 +52,13 @@ def test_the_suite_section_reports_calls_per_second(monkeypatch, capsys):
     assert "replay" in marl.bench.suite.__doc__
 
 
-def test_a_peer_python_that_is_not_python_is_refused_before_timing(tmp_path, capsys, not_python):
+def test_a_peer_python_that_is_not_python_is_refused_before_timing(tmp_path, usage_error, not_python):
     # Before, a program that is not Python ran vecmarl's side, then failed with an IndexError reading the
     # peer's report; a file that is not executable was timed without its peer ("peer failed: Permission denied").
     from marl.bench.replay import main
 
     for python, reason in not_python + [(tmp_path / "missing", "no such interpreter")]:
-        with pytest.raises(SystemExit) as exit:
+        with usage_error() as refused:
             main(["--capacity", "2048", "--extend", "4x16", "--batch-sizes", "32", "--peer-python", str(python)])
-        assert exit.value.code == 2
-        out = capsys.readouterr()
-        assert out.err.strip().endswith(f"python -m marl.bench.replay: error: --peer-python {python}: {reason}")
-        assert out.out == ""
+        assert refused.err.strip().endswith(f"python -m marl.bench.replay: error: --peer-python {python}: {reason}")
+        assert refused.out == ""

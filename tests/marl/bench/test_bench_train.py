@@ -264,13 +264,11 @@ def test_value_based_rows_run_on_vmas_discrete_only(fake_off_policy):
         ("coma", "BenchMARL has no 'coma' to compare with; choose from mappo, ippo, masac"),
     ],
 )  # fmt: skip
-def test_algos_offers_only_what_is_registered(algo, message, monkeypatch, capsys):
+def test_algos_offers_only_what_is_registered(algo, message, monkeypatch, capsys, usage_error):
     monkeypatch.setattr(algorithm_registry, "_ALGORITHMS", {"mappo": PPO, "ippo": PPO})
-    with pytest.raises(SystemExit) as exit:
+    with usage_error() as refused:
         main(["--quick", "--algos", "mappo", algo])
-    assert exit.value.code == 2
-    err = capsys.readouterr().err
-    assert f"error: argument --algos: {message}" in err
+    assert f"error: argument --algos: {message}" in refused.err
     with pytest.raises(SystemExit):
         main(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())  # unwrapped
@@ -280,13 +278,11 @@ def test_algos_offers_only_what_is_registered(algo, message, monkeypatch, capsys
     assert "BenchMARL's masac, isac, maddpg, iddpg, qmix, vdn, iql once registered in vecmarl" in help_text
 
 
-def test_a_peer_python_that_is_not_python_is_refused_before_any_run(tmp_path, capsys, not_python):
+def test_a_peer_python_that_is_not_python_is_refused_before_any_run(tmp_path, usage_error, not_python):
     # Before, --peer-python of a missing file, a non-executable one or a program that is not Python ran
     # vecmarl's heading and then failed with a traceback from the BenchMARL run.
     for python, reason in not_python + [(tmp_path / "missing", "no such interpreter")]:
-        with pytest.raises(SystemExit) as exit:
+        with usage_error() as refused:
             main(["--quick", "--algos", "mappo", "--envs", "navigation", "--peer-python", str(python)])
-        assert exit.value.code == 2
-        err = capsys.readouterr()
-        assert err.err.strip().endswith(f"python -m marl.bench.train: error: --peer-python {python}: {reason}")
-        assert err.out == ""
+        assert refused.err.strip().endswith(f"python -m marl.bench.train: error: --peer-python {python}: {reason}")
+        assert refused.out == ""
