@@ -423,10 +423,11 @@ class TrainConfig:
                     f"overridable fields: {sorted(fields)}"
                 )
         if self.run.save_buffer and algorithms.get(self.algo.algo).collects != "transitions":
-            raise ValueError(
-                f"--save-buffer: it applies to algorithms that learn from a replay buffer; --algo {self.algo.algo} "
-                "learns from each iteration's rollout and has none: leave it out"
+            applies = (
+                f"algorithms that learn from a replay buffer; --algo {self.algo.algo} learns from each iteration's "
+                "rollout and has none"
             )
+            raise options_without_effect(["--save-buffer"], applies, None)
         self._check_recurrent()
         self._check_std()
         self._check_schedule_frames()
