@@ -234,6 +234,13 @@ TAU = Conditional(
     lambda g: "--target-update polyak" if g is None else f"--group {g}.target_update=polyak",
     lambda c: f"the targets are copied every {c.target_update_every} steps (--target-update hard)",
 )
+TARGET_UPDATE_EVERY = Conditional(
+    "target_update_every",
+    lambda values, cls: not _moves_targets(values, cls),
+    "--target-update hard only",
+    lambda g: "--target-update hard" if g is None else f"--group {g}.target_update=hard",
+    lambda c: f"these targets move by tau every step ({c.target_update})",
+)
 
 
 def exploration_start(name: str, value: str) -> Conditional:

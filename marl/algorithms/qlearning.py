@@ -64,6 +64,7 @@ from envs import cudagraphs
 from envs.specs import Discrete, GroupSpec, MultiDiscrete
 from marl.algorithms.base import register
 from marl.algorithms.offpolicy import (
+    TARGET_UPDATE_EVERY,
     TAU,
     OffPolicy,
     OffPolicyConfig,
@@ -75,7 +76,7 @@ from marl.algorithms.offpolicy import (
     polyak_,
     td_targets,
 )
-from marl.config import TrainConfig, changed_flags, options_without_effect
+from marl.config import TrainConfig
 from marl.core.distributions import EpsilonGreedy, head_size
 from marl.core.masking import inactive_zeroed, masked_mean
 from marl.core.models import action_features, flat_observation, observation_size
@@ -141,7 +142,7 @@ class QConfig(OffPolicyConfig):
     """With --model gru: steps before each chunk run through the GRU, without a loss, from the state stored
     there, to refresh the chunk's starting state for the current weights."""
 
-    conditional = (TAU, exploration_start("exploration_eps_init", "epsilon"))
+    conditional = (TAU, TARGET_UPDATE_EVERY, exploration_start("exploration_eps_init", "epsilon"))
     run_wide = (*OffPolicyConfig.run_wide, "chunk_length", "burn_in")  # one draw of chunks for every group
     recurrent: ClassVar[bool] = True
     recurrent_options = ("chunk_length", "burn_in")
@@ -171,10 +172,6 @@ class QConfig(OffPolicyConfig):
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.burn_in < 0:
             raise ValueError(f"burn_in must be >= 0, got {self.burn_in}")
-        given = changed_flags(self, ("target_update_every",))
-        if given and self.target_update != "hard":
-            applies = f"--target-update hard only; these targets move by tau every step ({self.target_update})"
-            raise options_without_effect(given, applies, "--target-update hard")
 
     def annealed(self) -> tuple[str, ...]:
         epsilon = anneals(self.exploration_eps_init, self.exploration_eps_end, self.exploration_anneal)
@@ -187,11 +184,9 @@ class QConfig(OffPolicyConfig):
 
     @classmethod
     def saved(cls, values: dict, algo: str, gru: bool) -> dict:
-        # An earlier version also accepted mixing_embed_dim for IQL and VDN, which have no mixer, and
-        # target_update_every with Polyak targets (a group's overrides without target_update are left as saved).
+        # An earlier version also accepted mixing_embed_dim for IQL and VDN, which have no mixer (and the
+        # `conditional` options where they had no effect: `saved_with_groups`).
         values = super().saved(values, algo, gru)
-        if values.get("target_update", "hard") != "hard":
-            values = {k: v for k, v in values.items() if k != "target_update_every"}
         return values if algo == "qmix" else {k: v for k, v in values.items() if k != "mixing_embed_dim"}
 
     def _check_chunks(self, config: TrainConfig) -> None:

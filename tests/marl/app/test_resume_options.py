@@ -188,6 +188,12 @@ def test_a_linear_lr_is_not_trained_past_its_end(tmp_path):
             "--priority-beta 0.5, --priority-r",
         ),
         (["--algo", "iql", "--target-update-every", "50"], "--target-update-every 50: it applies to --target-update h"),
+        (
+            ["--algo", "iql", "--target-update", "hard", "--group", "agent.target_update=polyak", "--group"]
+            + ["agent.target_update_every=5"],
+            "--group agent.target_update_every=5: in group 'agent' these targets move by tau every step (polyak), and "
+            "it applies to --target-update hard only: pass --group agent.target_update=hard too",
+        ),
         # Hard copies move the targets by no tau: --tau changed nothing.
         (
             ["--algo", "iql", "--target-update", "hard", "--tau", "0.1"],
@@ -335,6 +341,10 @@ def test_tau_and_schedule_frames_are_taken_where_used_and_saved_ones_without_a_u
     polyak_group = {"b": {"target_update": "polyak"}}  # b moves its targets by the run's tau
     assert TrainConfig(algo=hard, group_overrides=polyak_group).for_group("b")[0].tau == 0.1
     assert TrainConfig(algo=QConfig(algo="iql"), group_overrides={"b": {"tau": 0.3}}).for_group("b")[0].tau == 0.3
+    # The run's target_update_every where a group copies its targets: it was refused for the run's Polyak ones.
+    every = QConfig(algo="iql", target_update_every=50)
+    hard_group = TrainConfig(algo=every, group_overrides={"b": {"target_update": "hard"}})
+    assert hard_group.for_group("b")[0].target_update_every == 50
     sac = TrainConfig(algo=SACConfig(tau=0.1), group_overrides={"b": {"algo": "iql", "target_update": "hard"}})
     assert sac.algo.tau == 0.1  # the SAC groups' tau
     span = RunConfig(total_frames=99, schedule_frames=4096)
