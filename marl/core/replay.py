@@ -2,10 +2,11 @@
 
 Storage is preallocated ring storage of `capacity` env steps. Per group (`[capacity, n, ...]`):
 `observation`, `next_observation` (the true one, before any auto-reset), `action` (the policy's raw action),
-`reward`, `terminated`, `done` (`[capacity, n]`, as `marl.core.rollout` stores them), `action_mask`
-where the group has one, and `active` where its agents may leave mid-episode (`GroupSpec.agents_leave`); at the root `state` and `next_state` where the env has a global state; with
-recurrent groups (`hidden`) their `hidden` (the state each step was acted from) and the root's `is_init`,
-for chunks of consecutive steps of one env (`draw_chunks`). Slot `i`
+`reward`, `terminated`, `done` (`[capacity, n]`, as `marl.core.rollout` stores them), `action_mask` where
+the group has one, and `active` where its agents may leave mid-episode (`GroupSpec.agents_leave`); at the
+root `state` and `next_state` where the env has a global state; with recurrent groups (`hidden`) their
+`hidden` (the state each step was acted from) and the root's `is_init`, for chunks of consecutive steps of
+one env (`draw_chunks`). Slot `i`
 of every tensor is the same env step, so one sampled index gives every group's view of that step (MADDPG
 and QMIX critics read the other agents' observations and actions).
 
