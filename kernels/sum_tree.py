@@ -378,7 +378,7 @@ class _Views(NamedTuple):
     children_at: list[tuple[torch.Tensor, int]]
     sums_at: list[tuple[torch.Tensor, int]]
     rows_at: list[tuple[torch.Tensor, int]]
-    leaves_at: torch.Tensor
+    leaves_at: torch.Tensor  # the flat tree(s), addressed `s * numel + leaf` (one tree: by leaf)
     base: torch.Tensor | None  # [S, 1] each tree's first entry in the flat trees; None for one tree
 
 
@@ -413,7 +413,7 @@ def _make_views(tree: torch.Tensor) -> _Views:
     zero = tree.new_zeros(())
     if count == 1:
         at = [[(level[0], 1) for level in levels] for levels in (children, sums, rows)]
-        return _Views(leaves, children, rows, sums, rows[-1][0, 0], zero, *at, leaves[0], None)
+        return _Views(leaves, children, rows, sums, rows[-1][0, 0], zero, *at, trees[0], None)
     flat, entries = trees.view(-1), count * layout.numel
 
     def window(offset: int, columns: int, inner: int) -> torch.Tensor:
@@ -480,12 +480,25 @@ def _largest_per_index(index: torch.Tensor, value: torch.Tensor) -> tuple[torch.
     return index, largest.index_select(0, segment)
 
 
+def _skip_out_of_range(index, value, layout):
+    """`(address, value, index)` of each lane `[S k]`, the lanes whose index is outside `[0, L)` made
+    harmless without reading a value on the host: they write 0 (`value`) into an entry that is always 0
+    (column 0 of the first row: `address`, to add to the tree's base), and rewrite the rows above leaf 0
+    or leaf L - 1 (`index`), which are recomputed from their children, so unchanged. So they are skipped,
+    as the Triton kernels skip them, instead of writing into another tree or an inner row, or raising from
+    a scatter that has already written some leaves. Four ops on `[S k]`."""
+    index_in_range = index.clamp(0, layout.sizes[0] - 1)
+    valid = index_in_range == index
+    return index.where(valid, layout.rows[0]), value.where(valid, 0.0), index_in_range
+
+
 def _update_torch(tree, index, value):
     if torch.compiler.is_compiling():
         return _update_flat(tree, index, value)
     views, k = _views(tree), index.shape[-1]
     (index, base), value = _lanes(views, index), _lanes(views, value)[0]
-    views.leaves_at.scatter_reduce_(0, _at(base, index, 1), value.to(torch.float64), "amax", include_self=False)
+    address, value, index = _skip_out_of_range(index, value, _layout_of_size(tree.shape[-1]))
+    views.leaves_at.scatter_reduce_(0, _at(base, address, 1), value.to(torch.float64), "amax", include_self=False)
     rows = index
     for level, children in enumerate(views.children):
         rows = rows >> SHIFT  # [S k] the updated nodes' parents: the rows to rewrite (the root's: whole)
@@ -502,7 +515,8 @@ def _update_flat(tree, index, value):
     views, layout, k = _views(tree), _layout_of_size(tree.shape[-1]), index.shape[-1]
     flat = tree if tree.dim() == 1 else tree.view(-1)
     (index, base), value = _lanes(views, index), _lanes(views, value)[0]
-    flat.index_copy_(0, *_largest_per_index(_at(base, index, 1), value.to(torch.float64)))  # the leaves
+    address, value, index = _skip_out_of_range(index, value, layout)
+    flat.index_copy_(0, *_largest_per_index(_at(base, address, 1), value.to(torch.float64)))  # the leaves
     rows = index
     for children, start in zip(views.children, layout.rows, strict=True):
         rows = rows >> SHIFT  # [S k] the updated nodes' parents: the rows to rewrite (the root's: whole)
@@ -582,11 +596,13 @@ def _rebuild_reference(tree: torch.Tensor) -> torch.Tensor:
 
 def sum_tree_update_reference(tree: torch.Tensor, index: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """`sum_tree_update_` as plain loops, tree after tree: set each leaf (the largest value where an index
-    repeats), then recompute every row."""
+    repeats; an index outside `[0, L)` skipped), then recompute every row."""
+    num_leaves = _layout_of_size(tree.shape[-1]).sizes[0]
     for one, rows, values in _each_tree(tree, index, value):
         largest: dict[int, float] = {}
         for i, v in zip(rows.tolist(), values.double().tolist(), strict=True):
-            largest[i] = max(largest.get(i, v), v)
+            if 0 <= i < num_leaves:
+                largest[i] = max(largest.get(i, v), v)
         for i, v in largest.items():
             one[i] = v
         _rebuild_reference(one)
@@ -666,9 +682,8 @@ def sum_tree_update_(
         tree: float64 tree `[numel]` from `sum_tree_zeros`, or trees `[S, numel]` (`members=S`).
         index: `[k]` (`[S, k]` for trees: row s for tree s) int64 (or int32) leaf indices in `[0, L)`; an
             index may repeat: its leaf takes the largest of its values. Not checked here, since that
-            would read the device from the host (`ReplayBuffer(check_values=True)` checks them): the
-            Triton kernels skip indices out of range; on the torch path one >= L raises and a negative one
-            corrupts the tree.
+            would read the device from the host (`ReplayBuffer(check_values=True)` checks them): every
+            backend skips an index outside `[0, L)` (its value is written nowhere).
         value: `[k]` (`[S, k]`) floating point, non-negative and finite (not checked, for the same reason).
         backend: `"auto"` (Triton for CUDA tensors, and for CPU tensors under `TRITON_INTERPRET=1`; the
             torch path otherwise), `"triton"`, `"torch"` or `"reference"`.

@@ -334,6 +334,43 @@ def test_found_frequencies_match_priorities_chi_square():
 
 
 @pytest.mark.needs_interpreter
+@pytest.mark.parametrize(
+    ("capacity", "members", "compiled"),
+    [(3, None, False), (1025, None, False), (3, 2, False), (1025, 2, False), (3, None, True), (1025, 2, True)],
+    ids=str,
+)
+def test_indices_out_of_range_are_skipped_by_every_backend(capacity, members, compiled):
+    # Indices are not checked (that reads the device); the Triton kernels skipped those outside [0, L), but
+    # the torch path raised on one tree after writing -inf into some leaves, and on trees of members wrote
+    # into the next tree or into an inner row (a row's column 0, which must stay 0 for a find).
+    num_leaves = sum_tree_layout(capacity).sizes[0]
+    generator = torch.Generator().manual_seed(capacity)
+    bad = torch.tensor([-1, num_leaves, num_leaves + 1, -(2**40), 2**40])
+    index, value = random_updates(capacity, 7, generator)
+    index, value = torch.cat([index[:3], bad, index[3:]]), torch.cat([value[:3], value[:5] + 1, value[3:]])
+    if members is not None:  # tree 0 gets the indices out of range, tree 1 only the valid ones
+        index = torch.stack([index, index[(index >= 0) & (index < num_leaves)].repeat(2)[: index.shape[0]]])
+        value = value.expand(members, -1).contiguous()
+    expected = sum_tree_zeros(capacity, members=members)
+    valid = (index >= 0) & (index < num_leaves)
+    for row in range(1 if members is None else members):  # the valid lanes alone, tree by tree
+        one = expected if members is None else expected[row]
+        lanes = valid if members is None else valid[row]
+        sum_tree_update_(
+            one,
+            (index if members is None else index[row])[lanes],
+            (value if members is None else value[row])[lanes],
+            backend="reference",
+        )
+    torch._dynamo.reset()
+    update = torch.compile(sum_tree_update_, dynamic=False) if compiled else sum_tree_update_
+    for backend in ["torch"] if compiled else BACKENDS:
+        tree = sum_tree_zeros(capacity, members=members)
+        update(tree, index, value, backend=backend)
+        assert torch.equal(tree, expected), backend
+
+
+@pytest.mark.needs_interpreter
 def test_empty_inputs():
     tree = sum_tree_zeros(8)
     empty = torch.zeros(0, dtype=torch.int64)
