@@ -86,12 +86,14 @@ def navigation_steps(shape: tuple[int, ...], device: torch.device, seed: int) ->
     return {"agent": {key: value.to(device) for key, value in group.items()}}
 
 
-def cases(batch_sizes: list[int]) -> list[tuple[str, str, int | None]]:
-    """`(operation, sampler, batch size)` of every row, in table order."""
+def cases(batch_sizes: list[int], compiled: bool = True) -> list[tuple[str, str, int | None]]:
+    """`(operation, sampler, batch size)` of every row, in table order; `compiled=False` leaves out the
+    compiled rows."""
     rows = [("extend", sampler, None) for sampler in ("uniform", "prioritized")]
     rows += [("sample", sampler, k) for sampler in ("uniform", "prioritized") for k in batch_sizes]
     rows += [(op, "prioritized", k) for op in ("update_priority", "sample + update_priority") for k in batch_sizes]
-    rows += [(COMPILED, "prioritized", k) for k in batch_sizes]  # vecmarl only: TorchRL has no such call
+    if compiled:
+        rows += [(COMPILED, "prioritized", k) for k in batch_sizes]  # vecmarl only: TorchRL has no such call
     return rows
 
 
@@ -128,7 +130,7 @@ def time_vecmarl(config: dict) -> dict[str, float]:
         buffer = filled_buffer(config, sampler)
         generator = torch.Generator(device).manual_seed(0)
         results.update(time_buffer(buffer, batch, sampler, config, lambda k, b=buffer, g=generator: b.sample(k, g)))
-        if sampler == "prioritized":
+        if sampler == "prioritized" and config["compiled"]:
             for k in config["batch_sizes"]:
                 call = compiled_draw_and_update(buffer, k, generator)
                 results[case_key(COMPILED, sampler, k)] = median_ms(call, config["repeats"], device)
@@ -272,8 +274,10 @@ def bench_replay(
     device: str = "cpu",
     threads: int | None = None,
     peer_python: str | None = None,
+    compiled: bool = True,
 ) -> dict:
-    """Time every case for vecmarl and (with `peer_python`) TorchRL, `rounds` times.
+    """Time every case for vecmarl and (with `peer_python`) TorchRL, `rounds` times; `compiled=False`
+    leaves out the compiled rows (`marl bench --quick`: their compilation takes a minute on a 2-core CPU).
 
     Returns `{"rows": [...], "peer": versions or why it failed, "threads": ..., "device": ...}`; each row
     has `call`, `operation`, `sampler`, `batch_size`, `size`, `vecmarl_ms`, `torchrl_ms` (None without a
@@ -288,6 +292,7 @@ def bench_replay(
         "repeats": repeats,
         "device": device,
         "threads": threads,
+        "compiled": compiled,
     }
     per_round, peer = [], "no --peer-python given"
     for _ in range(rounds):
@@ -297,7 +302,7 @@ def bench_replay(
             theirs, peer = torchrl_in_subprocess(peer_python, config)
         per_round.append((ours, theirs))
     rows = []
-    for operation, sampler, k in cases(list(batch_sizes)):
+    for operation, sampler, k in cases(list(batch_sizes), compiled):
         key = case_key(operation, sampler, k)
         ours = statistics.median(r[0][key] for r in per_round)
         # The compiled row against TorchRL's sample + update, the calls a learner makes there.

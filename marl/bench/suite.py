@@ -1,6 +1,6 @@
 """`marl bench`: vecmarl's benchmarks in one table, with the peers side by side when they are available.
 
-    marl bench --quick                                   # a few minutes on a 2-core CPU
+    marl bench --quick                                   # about a minute on a quiet 2-core CPU
     marl bench --json bench.json --vmas --jaxmarl-python ~/venvs/jaxmarl/bin/python \\
                --torchrl-python ~/venvs/torchrl/bin/python --benchmarl-python ~/venvs/torchrl/bin/python
 
@@ -28,6 +28,10 @@ Rows, each the median of repeats, with the peer measured in the same run (but se
   marl.bench.train` splits the iterations into phases and adds the native env).
 
 On a GPU the env and default-config training rows also run at 65,536 envs.
+
+`--quick` is a first look: one small size per section (env runs of 25 steps), eager only, no time-to-target.
+It leaves out the compiled rows (compiling an env step or a training step alone takes minutes on a 2-core
+CPU) and the target section (training runs to a return); its rows say their sizes and runs as always.
 
 Peers never become dependencies: VMAS runs in this process when installed; JaxMARL and TorchRL run in
 subprocesses of the interpreters given (BenchMARL in its own: it pins another tensordict). Without a peer
@@ -221,7 +225,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="small sizes and budgets: a few minutes on a 2-core CPU")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes and budgets, no compiled rows and no target section: about a minute on a quiet 2-core CPU",
+    )
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto, CUDA where available)")
     parser.add_argument(
         "--repeats",
@@ -309,10 +317,13 @@ def check_args(args: argparse.Namespace) -> None:
     for dest, (flag, modules) in PEER_PYTHONS.items():
         if getattr(args, dest) is not None:
             check_peer_python(flag, getattr(args, dest), modules)
-    # benchmarl runs only with its interpreter: without one, skipping the other five leaves nothing either.
+    # benchmarl runs only with its interpreter: without one, skipping the other five leaves nothing either;
+    # target does not run under --quick.
     left = [s for s in SECTIONS if s not in args.skip and (s != "benchmarl" or args.benchmarl_python)]
+    left = [s for s in left if not (s == "target" and args.quick)]
     if not left:
         unless = "" if "benchmarl" in args.skip else " (benchmarl runs only with --benchmarl-python)"
+        unless += "" if "target" in args.skip or not args.quick else " (--quick leaves out target)"
         raise ValueError(
             f"--skip {' '.join(args.skip)} leaves no section to run{unless}: the sections are {', '.join(SECTIONS)}"
         )
@@ -323,7 +334,11 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
     device = "cpu" if device == "auto" else device
     rows: list[dict] = []
     command = "marl bench " + " ".join(argv if argv is not None else sys.argv[2:])
-    print(f"command: {command}\ndevice: {device}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    # --quick says on the device line what it leaves out (the header and rows follow on the next lines)
+    quick_note = "; --quick: small sizes, no compiled rows, no target section" if args.quick else ""
+    print(
+        f"command: {command}\ndevice: {device}, torch {torch.__version__}, {torch.get_num_threads()} threads{quick_note}"
+    )
     print(
         f"{'section':<10}{'benchmark':<36}{'size':<14}{'vecmarl':>14}  {'unit':<13}{'peer':<16}{'peer value':>12}"
         f"{'ratio':>8}  median of"
@@ -354,18 +369,23 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
         )
 
     quick, repeats = args.quick, args.repeats
+    # --quick: eager only, since compiling (an env step, a training step, the replay's draw) takes minutes on
+    # a 2-core CPU; and no target section, whose training runs take minutes too.
+    compile_modes = (False,) if quick else (False, True)
     with_vmas = args.vmas and _installed("vmas")
     # On a GPU the issue's scale too: navigation and MAPPO at 65,536 envs.
     gpu_sizes = [65536] if device.startswith("cuda") and not quick else []
     if "env" not in args.skip:
         sizes = [1024] if quick else [1024, 4096, *gpu_sizes]
-        for env_name, steps in (("navigation", 100), ("spread", env_bench.SPREAD_STEPS * 4)):
+        # --quick: one spread episode per run (VMAS, stepped alongside, takes most of this section's time)
+        steps_of = {"navigation": 100, "spread": env_bench.SPREAD_STEPS * 4}
+        for env_name, steps in ((name, env_bench.SPREAD_STEPS if quick else n) for name, n in steps_of.items()):
             for num_envs in sizes:
                 vmas_rate = env_bench.time_vmas(env_name, num_envs, 3, steps, repeats, device) if with_vmas else None
                 jax_rate = None
                 if env_name == "spread" and args.jaxmarl_python:
                     jax_rate = jaxmarl_spread(args.jaxmarl_python, num_envs, steps, repeats)
-                for compiled in (False, True):
+                for compiled in compile_modes:
                     rate = env_bench.time_vecmarl(env_name, num_envs, 3, steps, repeats, device, compiled)
                     name = f"{env_name} env-steps{' (compile)' if compiled else ''}"
                     row = ("env", name, f"{num_envs} envs", rate, "env-steps/s")
@@ -405,7 +425,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
         if "train" not in args.skip:
             iterations = 2 if quick else 5
             train_runs = 1 if quick else repeats
-            for compiled in (False, True):
+            for compiled in compile_modes:
                 warmup = 2 if compiled else 1
                 suffix = " (compile)" if compiled else ""
                 for num_envs in [128] if quick else [256, *gpu_sizes]:
@@ -419,9 +439,9 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
                         "frames/s",
                         median_of=f"{train_runs} runs of {iterations} iterations",
                     )
-                for num_envs in (16, 1024):
+                for num_envs in (16,) if quick else (16, 1024):
                     config = jaxmarl_ippo_config(num_envs, 10**12, compiled, device, log_dir)
-                    run_iterations = iterations if num_envs == 1024 else 3 * iterations
+                    run_iterations = iterations if num_envs == 1024 or quick else 3 * iterations
                     rate = train_rate(config, warmup, run_iterations, train_runs)
                     emit(
                         "train",
@@ -433,8 +453,8 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
                         JAXMARL_IPPO_QUOTED,
                         median_of=f"{train_runs} runs of {run_iterations} iterations",
                     )
-        if "target" not in args.skip:
-            cap = 300_000 if quick else 2_000_000  # frames; the run stops there if the target is not reached
+        if "target" not in args.skip and not quick:
+            cap = 2_000_000  # frames; the run stops there if the target is not reached
             for env_name, config in (
                 ("navigation", navigation_config(cap, False, device, log_dir)),
                 ("spread", jaxmarl_ippo_config(16, cap, False, device, log_dir)),
@@ -455,13 +475,16 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
 
 def replay_rows(device: str, quick: bool, repeats: int, torchrl_python: str | None, emit) -> None:
     """The replay buffer's extend, sample and priority update at 1M navigation transitions (65,536 with
-    `--quick`), against TorchRL's buffer with the same storage and sampler (`marl.bench.replay`)."""
+    `--quick`, without the compiled row), against TorchRL's buffer with the same storage and sampler
+    (`marl.bench.replay`)."""
     from marl.bench.replay import bench_replay
 
     capacity = 65_536 if quick else 1_000_000
     batch_sizes = (128,) if quick else (128, 4096)
     calls = repeats * 4  # each call takes microseconds: more of them than of the other sections' runs
-    report = bench_replay(capacity, batch_sizes=batch_sizes, repeats=calls, device=device, peer_python=torchrl_python)
+    report = bench_replay(
+        capacity, batch_sizes=batch_sizes, repeats=calls, device=device, peer_python=torchrl_python, compiled=not quick
+    )
     for row in report["rows"]:
         theirs = 1e3 / row["torchrl_ms"] if row["torchrl_ms"] else None
         peer = "TorchRL" if theirs else None

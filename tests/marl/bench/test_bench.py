@@ -114,3 +114,54 @@ def test_gae_section_times_each_call_repeats_times(monkeypatch, capsys):
     monkeypatch.setattr(kernels.bench.gae, "median_seconds", fake_median_seconds)
     main(["bench", "--quick", "--device", "cpu", "--skip", "env", "replay", "train", "target", "--repeats", "7"])
     assert counts == [7]
+
+
+def test_quick_leaves_out_the_compiled_rows_and_the_target_section(monkeypatch, capsys, usage_error):
+    """`--quick` took over 4 minutes on a 2-core CPU, most of it compiling (env steps, training steps, the
+    replay's draw) and training to a target: it times eager rows at small sizes and says what it leaves out;
+    the full run is unchanged."""
+    import marl.bench.replay
+    import marl.bench.suite as suite
+
+    calls = []
+
+    def record(*call, value=1.0):
+        calls.append(call)
+        return value
+
+    monkeypatch.setattr(suite.env_bench, "time_vmas", lambda *args: 1.0)
+    monkeypatch.setattr(
+        suite.env_bench,
+        "time_vecmarl",
+        lambda env, n, agents, steps, runs, device, compiled: record("env", n, steps, compiled),
+    )
+    monkeypatch.setattr(
+        marl.bench.replay,
+        "bench_replay",
+        lambda capacity, **options: record("replay", capacity, options["compiled"], value={"rows": []}),
+    )
+    monkeypatch.setattr(
+        suite, "train_rate", lambda config, *args: record("train", config.env.num_envs, config.run.compile)
+    )
+    monkeypatch.setattr(suite, "yardsticks", lambda env_name, device: (0.0, 1.0))
+    monkeypatch.setattr(
+        suite, "time_to_target", lambda config, target: record("target", config.env.env, value=(1.0, 100, 1.0))
+    )
+    bench_main(["--quick", "--device", "cpu", "--skip", "gae"])
+    assert calls == [("env", 1024, 25, False)] * 2 + [
+        ("replay", 65_536, False),
+        ("train", 128, False),
+        ("train", 16, False),
+    ]
+    assert "; --quick: small sizes, no compiled rows, no target section" in capsys.readouterr().out.splitlines()[1]
+    calls.clear()
+    bench_main(["--device", "cpu", "--skip", "gae"])
+    env = [("env", n, 100, compiled) for n in (1024, 4096) for compiled in (False, True)]
+    train = [("train", n, compiled) for compiled in (False, True) for n in (256, 16, 1024)]
+    assert calls == [*env, *env, ("replay", 1_000_000, True), *train, ("target", "navigation"), ("target", "spread")]
+    assert "--quick" not in capsys.readouterr().out
+    with usage_error() as refused:  # target alone under --quick: nothing would run
+        bench_main(["--quick", "--skip", "env", "gae", "replay", "train"])
+    assert "leaves no section to run (benchmarl runs only with --benchmarl-python) (--quick leaves out target)" in (
+        refused.err
+    )
