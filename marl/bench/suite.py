@@ -268,6 +268,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 SECTIONS = ["env", "gae", "replay", "train", "target", "benchmarl"]  # in the order they run
+# The benchmark column fits the longest name and a space: the replay's "select + gather + set_priority_ of
+# 4096, compiled prioritized" (at 36 the replay's names ran into their size: "prioritized65,536 cap").
+NAME_WIDTH = 63
 
 
 # Checked as the arguments are parsed (argparse `type`s), so that both `marl bench` and `bench.main`
@@ -340,7 +343,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
         f"command: {command}\ndevice: {device}, torch {torch.__version__}, {torch.get_num_threads()} threads{quick_note}"
     )
     print(
-        f"{'section':<10}{'benchmark':<36}{'size':<14}{'vecmarl':>14}  {'unit':<13}{'peer':<16}{'peer value':>12}"
+        f"{'section':<10}{'benchmark':<{NAME_WIDTH}}{'size':<14}{'vecmarl':>14}  {'unit':<13}{'peer':<16}{'peer value':>12}"
         f"{'ratio':>8}  median of"
     )
 
@@ -363,7 +366,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
             }
         )
         print(
-            f"{section:<10}{benchmark:<36}{size:<14}{_number(value):>14}  {unit:<13}{peer or '-':<16}"
+            f"{section:<10}{benchmark:<{NAME_WIDTH}}{size:<14}{_number(value):>14}  {unit:<13}{peer or '-':<16}"
             f"{(_number(peer_value) if peer_value is not None else '-'):>12}{(f'{ratio:.2f}x' if ratio else '-'):>8}  {median_of}",
             flush=True,
         )

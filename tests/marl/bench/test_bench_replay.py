@@ -52,6 +52,17 @@ def test_the_suite_section_reports_calls_per_second(monkeypatch, capsys):
     assert "replay" in marl.bench.suite.__doc__
 
 
+def test_the_suite_table_keeps_the_longest_replay_names_apart_from_their_size(monkeypatch, capsys):
+    # At a width of 36 the names ran into the size column: "update_priority(...) prioritized65,536 cap".
+    names = ["update_priority(sample(4096).index, [4096])", "select + gather + set_priority_ of 4096, compiled"]
+    rows = [{"call": name, "sampler": "prioritized", "vecmarl_ms": 0.5, "torchrl_ms": None} for name in names]
+    monkeypatch.setattr("marl.bench.replay.bench_replay", lambda capacity, **options: {"rows": rows})
+    bench_main(["--quick", "--device", "cpu", "--skip", "env", "gae", "train"])
+    header, *lines = capsys.readouterr().out.splitlines()[2:]
+    for name, line in zip(names, lines, strict=True):
+        assert line.index(" 65,536 cap") + 1 == header.index("size") and f"{name} prioritized " in line
+
+
 def test_a_peer_python_that_is_not_python_is_refused_before_timing(tmp_path, usage_error, not_python):
     # Before, a program that is not Python ran vecmarl's side, then failed with an IndexError reading the
     # peer's report; a file that is not executable was timed without its peer ("peer failed: Permission denied").
