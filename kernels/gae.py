@@ -199,6 +199,10 @@ def gae(
     `[T, B, 1, 1]` against per-agent values `[T, B, n, 1]`); they are read through strides, not copied.
     Any strides are accepted.
 
+    Values are not checked (that would make the host wait for the device): the flags cut by multiplying,
+    so a NaN or inf in a column makes its earlier steps NaN, across `done` and from a terminated step's
+    `next_value` too (0 * inf is NaN).
+
     Returns:
         `(advantage, value_target)`, both `[T, *batch]` float32 and contiguous, with
         `value_target = advantage + value`. They are targets: no gradient flows through them.

@@ -17,6 +17,10 @@ Without a critic (`discounted_returns` without `next_value`), Monte-Carlo return
 
     G[t] = reward[t] + gamma * (1 - done[t]) * G[t + 1],   G[T] = 0
 
+Values are not checked (that would make the host wait for the device): the flags cut by multiplying, so
+a NaN or inf in a column makes its earlier steps NaN, across `done` and from a terminated step's
+`next_value` too (0 * inf is NaN), as in `kernels/gae.py`.
+
 One Triton kernel serves both ops (`BOOTSTRAP` chooses the formula); each op also has a fast torch path,
 a reference loop and one public function, as in `kernels/gae.py`.
 """

@@ -1,6 +1,8 @@
 """GAE: the Triton kernel (under TRITON_INTERPRET=1 here) and the fast torch path against the reference
 loop, and the reference against hand-computed numbers."""
 
+import math
+
 import pytest
 import torch
 from kernel_cases import DENSITIES, assert_close, rollout
@@ -162,6 +164,21 @@ def test_a_large_next_value_at_a_terminated_step_does_not_swamp_the_reward():
     data["terminated"][2] = data["done"][2] = True
     data["next_value"][2] = 1e6
     assert_matches_reference(data)
+
+
+def test_non_finite_values_spread_to_earlier_steps_as_the_docstring_says():
+    # Values are not checked, and the flags cut by multiplying: an inf next_value at a terminated step
+    # (column 0) and a NaN reward of the next episode (both columns) make the earlier steps NaN, on every
+    # backend alike. If that changes, the docstring's paragraph on values changes with it.
+    data = rollout(4, (2,), density=0.0)
+    data["done"][1] = True
+    data["terminated"][1, 0] = True
+    data["next_value"][1, 0] = math.inf
+    data["reward"][2] = math.nan
+    for backend in (*FAST, "reference"):
+        advantage, value_target = gae_by(backend, data)
+        assert advantage[:3].isnan().all() and value_target[:3].isnan().all(), backend
+        assert advantage[3].isfinite().all(), backend
 
 
 def test_one_dim_input_without_batch_dims():
