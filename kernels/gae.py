@@ -178,8 +178,9 @@ def gae(
     """Generalized advantage estimates and value targets of a time-major rollout.
 
     Args:
-        reward: `[T, *batch]` float32 or bfloat16, reward of each step.
-        value: `[T, *batch]` float32 or bfloat16, `V(obs[t])`; its shape is the output shape.
+        reward: `[T, *batch]` floating point (computed in float32), reward of each step.
+        value: `[T, *batch]` floating point (computed in float32), `V(obs[t])`; its shape is the output
+            shape.
         next_value: `[T, *batch]`, `V` of the true next observation of step `t` (before any reset).
         done: `[T, *batch]` bool (or float 0.0/1.0), the episode ended at step `t`, by termination or
             truncation: cuts the trace.

@@ -192,9 +192,9 @@ def td_lambda_returns(
     """TD(lambda) returns of a time-major rollout, bootstrapped from the critic.
 
     Args:
-        reward: `[T, *batch]` float32 or bfloat16, reward of each step.
-        next_value: `[T, *batch]` float32 or bfloat16, `V` of the true next observation of step `t`
-            (before any reset); its shape is the output shape.
+        reward: `[T, *batch]` floating point (computed in float32), reward of each step.
+        next_value: `[T, *batch]` floating point (computed in float32), `V` of the true next observation
+            of step `t` (before any reset); its shape is the output shape.
         done: `[T, *batch]` bool (or float 0.0/1.0), the episode ended at step `t`, by termination or
             truncation: cuts the trace.
         terminated: `[T, *batch]` bool (or float 0.0/1.0), the episode ended for real at step `t`:
@@ -232,7 +232,8 @@ def discounted_returns(
     """Discounted returns of a time-major rollout: Monte-Carlo, or bootstrapped from a critic.
 
     Args:
-        reward: `[T, *batch]` float32 or bfloat16, reward of each step; its shape is the output shape.
+        reward: `[T, *batch]` floating point (computed in float32), reward of each step; its shape is the
+            output shape.
         done: `[T, *batch]` bool (or float 0.0/1.0), the episode ended at step `t`: the return stops there.
         gamma: discount in [0, 1].
         next_value: optional `[T, *batch]`, `V` of the true next observation of step `t`. Without it the
