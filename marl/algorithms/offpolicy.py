@@ -573,7 +573,4 @@ def critic_loss(
     error = (q - target.unsqueeze(1)).square()
     if weight is not None:
         error = error * weight.view(-1, 1, 1)
-    if active is None:
-        return error.mean(dim=(0, 2)).sum()
-    # Every twin has as many active entries: the mean over all of them times the twins is the sum of theirs.
-    return masked_mean(error, active.unsqueeze(1)) * q.shape[1]
+    return masked_mean(error, None if active is None else active.unsqueeze(1), dim=(0, 2)).sum()

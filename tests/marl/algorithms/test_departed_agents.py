@@ -19,7 +19,7 @@ from marl.algorithms.sac import continuous_terms, discrete_terms
 from marl.app.trainer import Trainer
 from marl.config import EnvSettings, TrainConfig
 from marl.core.groups import GroupedEnv
-from marl.core.masking import masked_mean, standardized
+from marl.core.masking import masked_mean, masked_var, standardized
 from tests.marl.algorithms.test_offpolicy import small_config as off_policy_config
 from tests.marl.algorithms.test_ppo import reference_ppo
 from tests.marl.app.test_seeds import SEEDS, assert_rows_match
@@ -118,6 +118,24 @@ def test_masked_mean_and_standardized_count_active_entries_only():
     assert torch.allclose(standardized(x, active)[active], (kept - kept.mean()) / (kept.std() + 1e-8))
     one = torch.tensor([[True, False], [False, False], [False, False]])
     assert standardized(x, one)[0, 0].item() == 1.0  # one value has no spread: left as it is
+
+
+@pytest.mark.parametrize("size", [1, 3, 63, 500, 4097])
+def test_with_every_entry_active_the_helpers_equal_the_plain_reductions_bit_for_bit(size):
+    """An env that writes `_agent_terminated` but whose agents all end together (PettingZoo's MPE) takes the
+    masked path with `active` all True: it must train exactly as the plain reductions would."""
+    generator = torch.Generator().manual_seed(size)
+    every = torch.ones(size, 3, dtype=torch.bool)
+    for _ in range(10):  # an odd rounding is rare: several draws of each size
+        x = torch.randn(size, 3, generator=generator) * 3 + 1
+        assert torch.equal(masked_mean(x, every), x.mean())
+        assert torch.equal(masked_mean(x, every[:, :1], dim=0), x.mean(0))
+        assert torch.equal(standardized(x, every), (x - x.mean()) / (x.std() + 1e-8))
+        assert torch.equal(masked_var(x, every), x.var())
+    masked, plain = x.clone().requires_grad_(), x.clone().requires_grad_()
+    masked_mean(masked.square(), every).backward()
+    plain.square().mean().backward()
+    assert torch.equal(masked.grad, plain.grad)
 
 
 # ---- PPO ---------------------------------------------------------------------------------------------------
@@ -300,6 +318,39 @@ def test_an_update_with_departed_agents_reads_nothing_back_from_the_device(tmp_p
     with forbid_host_sync("cpu"):
         trainer.collector.collect()
         trainer.algorithm.update(trainer.buffer, trainer.timer)
+
+
+@pytest.mark.parametrize("algo", ["mappo", "masac", "qmix"])
+def test_agents_that_end_together_train_as_on_the_unmasked_path_bit_for_bit(tmp_path, monkeypatch, algo):
+    """PettingZoo's MPE: the adapter writes `_agent_terminated`, so its data holds `active` (all True there)
+    and the learners take the masked path. Parameters, optimiser state and logged terms equal those of the
+    same run forced onto the unmasked path (no `active`), bit for bit."""
+    pytest.importorskip("mpe2")
+    from envs.adapters.pettingzoo import PettingZooEnv
+    from envs.base import MultiAgentEnv
+
+    if algo == "mappo":
+        config = dataclasses.replace(
+            ppo_config(tmp_path), algo=dataclasses.replace(ppo_config(tmp_path).algo, minibatch_size=32)
+        )
+        config = dataclasses.replace(config, run=dataclasses.replace(config.run, rollout_length=8))
+    else:
+        config = off_policy_config(tmp_path, algo)
+    config = dataclasses.replace(config, env=EnvSettings(env="pettingzoo/mpe2.simple_spread_v3", num_envs=8))
+
+    def trained(name: str):
+        trainer = Trainer(config, run_dir=tmp_path / name)
+        rows = [trainer.train_iteration() for _ in range(3)]
+        rows = [{k: v for k, v in row.items() if not k.endswith("_s")} for row in rows]  # not the timings
+        return trainer.algorithm.state_dict(), rows, trainer.env.groups["agent"].agents_leave
+
+    masked = trained("masked")
+    monkeypatch.setattr(PettingZooEnv, "_agent_terminated", MultiAgentEnv._agent_terminated)
+    unmasked = trained("unmasked")
+    assert masked[2] and not unmasked[2]
+    torch.testing.assert_close(masked[0], unmasked[0], rtol=0, atol=0)
+    for row, other in zip(masked[1], unmasked[1]):
+        assert str(row) == str(other)  # NaN (no episode yet) equals itself here
 
 
 # ---- populations ---------------------------------------------------------------------------------------------
