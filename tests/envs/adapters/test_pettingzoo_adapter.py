@@ -4,6 +4,7 @@ agents that leave mid-episode, time limits, and its errors."""
 import importlib
 import re
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ pytest.importorskip("pettingzoo")
 pytest.importorskip("mpe2")
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 TOY = "tests.envs.pz_toy"
+COURIERS = "tests.envs.pz_couriers"  # deterministic; couriers leave at a set step and on reaching a goal
 
 
 @pytest.mark.parametrize(
@@ -26,8 +28,9 @@ TOY = "tests.envs.pz_toy"
         ("mpe2.simple_speaker_listener_v4", {"continuous_actions": True}, True),
         ("pettingzoo.classic.tictactoe_v3", {}, False),  # action masks; every game starts on an empty board
         (TOY, {"lifetimes": (4, 2, 3)}, True),  # agents leave mid-episode
+        (COURIERS, {}, False),  # two groups; agents leave at a set step and on a condition
     ],
-    ids=["simple_spread", "simple_tag", "simple_speaker_listener-continuous", "tictactoe", "runners"],
+    ids=["simple_spread", "simple_tag", "simple_speaker_listener-continuous", "tictactoe", "runners", "couriers"],
 )
 def test_passes_check_env(name, options, random_reset):
     env = envs.make(f"pettingzoo/{name}", num_envs=3, seed=0, max_steps=12, **options)
@@ -112,6 +115,61 @@ def test_agents_leave_through_per_agent_flags():
         obs = obs_next
     assert flags == [[False, False], [False, True], [False, True], [True, True]]
     assert next_td["terminated"].all() and (obs["runner", "observation"][:, :, 1] == 0).all()
+
+
+def test_the_couriers_env_passes_pettingzoos_api_test():
+    with warnings.catch_warnings():  # PettingZoo's test module imports its deprecated env modules
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from pettingzoo.test import parallel_api_test, parallel_seed_test
+    from tests.envs.pz_couriers import parallel_env
+
+    with warnings.catch_warnings():  # its warnings ("Live agent was not given ...") are failures here
+        warnings.simplefilter("error")
+        for max_cycles in (3, 40):  # episodes cut by the time limit, and long enough for couriers to leave
+            parallel_api_test(parallel_env(max_cycles=max_cycles), num_cycles=max_cycles)
+        parallel_seed_test(parallel_env)
+
+
+def test_departed_agents_follow_the_wrapped_env_step_by_step():
+    """The couriers env (two groups; couriers leave at a set step and on reaching a goal) against a plain loop
+    over the same PettingZoo envs, 60 steps of random actions on 4 envs (episodes of 8 steps, auto-reset):
+    `active` in `next` is whether the agent is still in its episode after the step (one truncated with the
+    rest at its end still is), in `obs` whether it acts at the next step (every agent after a reset); a
+    departed agent reads reward 0, `terminated`, and the observation PettingZoo last gave it."""
+    B = 4
+    env = envs.make(f"pettingzoo/{COURIERS}", num_envs=B, seed=0)
+    assert all(spec.agents_leave for spec in env.groups.values()) and env.max_steps == 8
+    copies, observations = raw_copies(COURIERS, B, 0, max_cycles=8)
+    last = [dict(o) for o in observations]  # each agent's last observation, as the adapter keeps it
+    obs = env.reset(seed=0)
+    generator = torch.Generator().manual_seed(0)
+    left, ended_seen = set(), 0  # the agents seen leaving mid-episode; the episodes ended
+    for _ in range(60):
+        for i, copy in enumerate(copies):
+            for g, j, agent in slots(env):
+                assert bool(obs[g, "active"][i, j]) == (agent in copy.agents), (i, agent)
+            assert_observations(obs, env, i, last[i])
+        action = env.sample_actions(generator, obs)
+        next_td, obs = env.step(action)
+        for i, copy in enumerate(copies):
+            actions = {a: int(action[g][i, j]) for g, j, a in slots(env) if a in copy.agents}
+            observations, rewards, terminations, truncations, _ = copy.step(actions)
+            last[i].update(observations)
+            ended = not copy.agents
+            for g, j, agent in slots(env):
+                still_in = agent in copy.agents or (ended and truncations.get(agent, False))
+                assert bool(next_td[g, "active"][i, j]) == still_in, (i, agent)
+                assert next_td[g, "reward"][i, j, 0] == np.float32(rewards.get(agent, 0.0)), (i, agent)
+                assert bool(next_td[g, "terminated"][i, j, 0]) == (not still_in), (i, agent)
+                assert bool(next_td[g, "truncated"][i, j, 0]) == (still_in and ended), (i, agent)
+                if not still_in and not ended:
+                    left.add(agent)
+            assert_observations(next_td, env, i, last[i])
+            assert bool(next_td["done"][i, 0]) == ended and bool(next_td["truncated"][i, 0]) == ended
+            if ended:  # the adapter reset it: every agent back (checked above), acting from the fresh observation
+                ended_seen += 1
+                last[i] = dict(copy.reset()[0])
+    assert left == {"courier_1", "courier_2"} and ended_seen >= B  # at a set step, on reaching the goal
 
 
 def test_episode_cut_by_the_env_before_max_steps_is_terminated_with_a_warning():
