@@ -21,10 +21,12 @@ What maps to what:
 - agents that leave mid-episode: an agent PettingZoo terminates (or truncates while others go on)
   reads `terminated` until its env resets; meanwhile its reward is 0, its observation keeps its last
   value, its action is not passed on and `(group, "active")` reads False (every group of the adapter
-  has the key: `GroupSpec.agents_leave`). An env is done when all its agents are. Learners leave those
-  steps out: PPO's losses and advantage normalisation, the off-policy critic and actor losses, IQL's TD
-  loss are means over the active agent-steps, VDN and QMIX sum or mix only the active agents' Qs
-  (`marl.core.masking`); centralised critics still see a departed agent's last observation;
+  has the key: `GroupSpec.agents_leave`). An env is done when all its agents are. Every agent is in its
+  episode from the reset (one missing then, or one that comes back after it left, is an error).
+  Learners leave those steps out: PPO's losses and advantage normalisation, the off-policy critic and
+  actor losses, IQL's TD loss are means over the active agent-steps, VDN and QMIX sum or mix only the
+  active agents' Qs (`marl.core.masking`); centralised critics still see a departed agent's last
+  observation;
 - time limits are vecmarl's `max_steps`. For envs with a `max_cycles` option (MPE, SISL, butterfly)
   the two are one number: `max_cycles=max_steps` is passed on (default: the env's own `max_cycles`).
   An env that ends by its own truncation before `max_steps` is reported as terminated, with a warning;
@@ -161,6 +163,13 @@ class PettingZooEnv(MultiAgentEnv):
             for i in indices:
                 observations, _ = self.copies[i].reset(seed=self._pending_seeds[i])
                 self._pending_seeds[i] = None
+                missing = [agent for agent in self._agents if agent not in self.copies[i].agents]
+                if missing:
+                    raise ValueError(
+                        f"{self.name}: copy {i} lacks the agents {missing} after its reset; the adapter takes every "
+                        "agent of possible_agents as in the episode from its start until it leaves (agents may leave "
+                        "early, not join late)"
+                    )
                 self._write_observations(i, observations)
         self._data = self._host.upload()
 
@@ -180,6 +189,12 @@ class PettingZooEnv(MultiAgentEnv):
                     f"{self.name}: copy {i} refused the actions {actions} ({type(error).__name__}: {error}); "
                     "with check_values=True the adapter checks them first and names the group"
                 ) from error
+            back = [agent for agent in copy.agents if agent not in actions]
+            if back:
+                raise ValueError(
+                    f"{self.name}: copy {i} brought back the agents {back} after they left; an agent that leaves "
+                    "stays out until its env resets (as PettingZoo's parallel_api_test asks)"
+                )
             self._write_observations(i, observations)
             ended = not copy.agents
             for agent, reward in rewards.items():

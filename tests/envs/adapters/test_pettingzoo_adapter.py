@@ -172,6 +172,38 @@ def test_departed_agents_follow_the_wrapped_env_step_by_step():
     assert left == {"courier_1", "courier_2"} and ended_seen >= B  # at a set step, on reaching the goal
 
 
+def test_agents_that_join_after_the_reset_are_refused(monkeypatch):
+    """The adapter takes every possible agent as in its episode from the reset until it leaves: an agent missing
+    at the reset would have acted (and counted in the losses) on zeros, one that comes back after it left would
+    read terminated. Both are refused with the agents named."""
+    from tests.envs import pz_couriers
+
+    reset, step = pz_couriers.CouriersEnv.reset, pz_couriers.CouriersEnv.step
+
+    def late_reset(self, seed=None, options=None):
+        observations, infos = reset(self, seed, options)
+        self.agents.remove("courier_2")
+        return {a: o for a, o in observations.items() if a != "courier_2"}, infos
+
+    monkeypatch.setattr(pz_couriers.CouriersEnv, "reset", late_reset)
+    with pytest.raises(ValueError, match=r"copy 0 lacks the agents \['courier_2'\] after its reset"):
+        envs.make(f"pettingzoo/{COURIERS}", num_envs=2, seed=0)
+    monkeypatch.setattr(pz_couriers.CouriersEnv, "reset", reset)
+
+    def returning_step(self, actions):
+        result = step(self, actions)
+        if self.t == 3:  # courier_1 left at step 2
+            self.agents.append("courier_1")
+        return result
+
+    monkeypatch.setattr(pz_couriers.CouriersEnv, "step", returning_step)
+    env = envs.make(f"pettingzoo/{COURIERS}", num_envs=2, seed=0)
+    stay = {"courier": torch.ones(2, 3, dtype=torch.long), "dispatcher": torch.ones(2, 1, dtype=torch.long)}
+    env.step(stay), env.step(stay)
+    with pytest.raises(ValueError, match=r"copy 0 brought back the agents \['courier_1'\] after they left"):
+        env.step(stay)
+
+
 def test_episode_cut_by_the_env_before_max_steps_is_terminated_with_a_warning():
     env = envs.make(f"pettingzoo/{TOY}", num_envs=1, seed=0, max_steps=5, lifetimes=(9, 9), limit=3)
     stay = {"runner": torch.ones(1, 2, dtype=torch.long)}
