@@ -18,6 +18,7 @@ import ast
 import contextlib
 import dataclasses
 import os
+import re
 import signal
 import sys
 import threading
@@ -553,10 +554,18 @@ def adapter_text(prefix: str) -> str:
     return f"  {text}"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, taking `-1e-3` for a negative number, a value, as it takes `-0.001`: before Python
+    3.14 its pattern of negative numbers has no exponent, so `--lr -1e-3` read as `--lr` missing its value.
+    (No option of marl looks like a negative number, the case where argparse takes them for options.)"""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="marl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = _Parser(prog="marl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _train_parser(subparsers).set_defaults(func=cmd_train)
 

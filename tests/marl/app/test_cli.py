@@ -467,6 +467,11 @@ def test_ctrl_c_ends_with_one_line_and_status_130(monkeypatch, capsys):
     [
         (["train", "--gamma", "1.5"], "invalid option for algo options: gamma must be in [0, 1], got 1.5"),
         (["train", "--env-option", "n_agents=0"], "invalid option for env 'navigation': n_agents must be in [1, "),
+        # A negative number is a value, with an exponent too (argparse took `-1e-3` for an option: "--lr: expected
+        # one argument"), with or without "=".
+        (["train", "--lr", "-1e-3"], "invalid option for algo options: lr must be > 0, got -0.001"),
+        (["train", "--lr=-1e-3"], "invalid option for algo options: lr must be > 0, got -0.001"),
+        (["train", "--lr", "-0.001"], "invalid option for algo options: lr must be > 0, got -0.001"),
     ],
 )
 def test_a_value_out_of_range_is_exactly_one_line(argv, message, capsys):
@@ -474,6 +479,12 @@ def test_a_value_out_of_range_is_exactly_one_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and message in err
+
+
+def test_options_that_may_be_negative_take_any_form_of_negative_number():
+    for value in ("-1", "-0.5", "-.5", "-5e-1", "-5E-1", "-5e+0", "-1.5e1"):
+        args = build_parser().parse_args(["train", "--env", "navigation", "--log-std-init", value])
+        assert config_from_args(args).model.log_std_init == float(value)
 
 
 def test_the_startup_line_names_what_each_groups_critic_sees():
