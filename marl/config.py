@@ -123,7 +123,9 @@ class ModelConfig:
     activation: Literal["tanh", "relu", "elu"] = "tanh"
     """Hidden activation."""
     share_params: bool = True
-    """Agents of a group share one network; else each has its own (stacked, one batched matmul)."""
+    """Agents of a group share one network; else each has its own (stacked, one batched matmul). A group of one
+    agent has nothing to share: --no-share-params is refused where every group has one (--group NAME.share_params
+    on such a group too)."""
     log_std_init: float = 0.0
     """Initial log standard deviation of continuous actions (before tanh squashing; PPO's and SAC's policies)."""
     std: Literal["param", "state"] = "param"

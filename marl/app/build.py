@@ -106,6 +106,23 @@ def check_std_used(config: TrainConfig, groups) -> None:
         raise options_without_effect(given, "continuous (Box) actions only", None, discrete)
 
 
+def check_share_params_used(config: TrainConfig, groups) -> None:
+    """A new run's `share_params` only where a group has several agents to share a network: a group's own on a
+    group of one is refused, and the run's `--no-share-params` where every group has one agent (as `--std` where
+    every group is discrete). Not on loading: a checkpoint of an earlier version that holds one resumes and
+    evaluates as trained."""
+    applies = "groups of several agents"
+    for group, overrides in config.group_overrides.items():
+        if "share_params" in overrides and groups[group].n_agents == 1:
+            flag = f"--group {group}.share_params={overrides['share_params']}"
+            raise options_without_effect(
+                [flag], applies, None, f"group {group!r} has one agent, with nothing to share: "
+            )
+    if not config.model.share_params and all(spec.n_agents == 1 for spec in groups.values()):
+        alone = f"{config.env.env}'s groups ({', '.join(groups)}) have one agent each, with nothing to share: "
+        raise options_without_effect(["--no-share-params"], applies, None, alone)
+
+
 def build_algorithm(config: TrainConfig, env, device: torch.device, world, generator: torch.Generator):
     """`config.algo`'s algorithm for `env`, its overrides checked against the env's groups."""
     check_group_overrides(config, env.groups)

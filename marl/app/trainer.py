@@ -36,7 +36,14 @@ from envs import cudagraphs
 from envs.base import canonical_device
 from marl import algorithms
 from marl.app import distributed, seeds
-from marl.app.build import build_algorithm, check_group_overrides, check_std_used, make_env, resolve_device
+from marl.app.build import (
+    build_algorithm,
+    check_group_overrides,
+    check_share_params_used,
+    check_std_used,
+    make_env,
+    resolve_device,
+)
 from marl.app.checkpoint import load_algorithm_state, load_checkpoint, save_checkpoint
 from marl.app.logger import LogWriteError, NoLogger, RunLogger, drop_rows_after, read_rows, writes_tensorboard
 from marl.app.paths import check_output_file, check_output_folder
@@ -114,6 +121,7 @@ class Trainer:
             seeds.check_memory(config, self.env, self.device, self.algorithm)  # before the rollout is allocated
         if not resuming:
             check_std_used(config, self.env.groups)
+            check_share_params_used(config, self.env.groups)
             config.algo.check_groups(config, self.env.groups)
         self.world.broadcast_parameters(check_parameters(self.algorithm))
         self.collector = Collector(

@@ -38,18 +38,49 @@ def test_per_group_configs_reach_their_networks(tmp_path):
             tmp_path,
             group_overrides={
                 "speaker": {"hidden": (16,), "lr": 3e-3, "activation": "relu", "critic_scope": "agent"},
-                "listener": {"share_params": False},
+                "listener": {"activation": "elu"},
             },
         )
     )
     speaker, listener = trainer.algorithm.learners["speaker"], trainer.algorithm.learners["listener"]
     assert [m.out_features for m in speaker.policy.net.layers if hasattr(m, "out_features")] == [16, 3]
     assert isinstance(speaker.policy.net.layers[1], torch.nn.ReLU)
+    assert isinstance(listener.policy.net.layers[1], torch.nn.ELU)
     assert speaker.optimizer.param_groups[0]["lr"] == 3e-3 and listener.optimizer.param_groups[0]["lr"] == 1e-3
     assert speaker.critic_input.scope == "agent" and listener.critic_input.scope == "global"
-    assert not listener.policy.net.share_params and speaker.policy.net.share_params
-    # The listener's critic sees every group: speaker (3) + listener (11) observations, no agent id.
-    assert listener.critic_input.size == 3 + 11
+    # The listener's critic sees every group: speaker (3) + listener (11) observations, and its one agent's id.
+    assert listener.critic_input.size == 3 + 11 + 1
+    predators = Trainer(config(tmp_path, env="tag", group_overrides={"predator": {"share_params": False}}))
+    learners = predators.algorithm.learners
+    assert not learners["predator"].policy.net.share_params and learners["prey"].policy.net.share_params
+
+
+def test_share_params_on_groups_of_one_agent_is_refused_for_a_new_run(tmp_path, monkeypatch, capsys):
+    """A group of one agent has no network to share: its own `share_params` is refused, and the run's
+    `--no-share-params` where every group has one agent (as `--std` where every group is discrete); tag's
+    predators (3) take the run's. A checkpoint that holds one (of an earlier version) resumes as trained."""
+    from marl.app import trainer as trainer_module
+    from marl.app.cli import main
+
+    with pytest.raises(
+        ValueError, match=r"^--group prey\.share_params=False: group 'prey' has one agent, with nothing "
+    ):
+        Trainer(config(tmp_path, env="tag", group_overrides={"prey": {"share_params": False}}))
+    alone = config(tmp_path, model=ModelConfig(hidden=(32, 32), share_params=False))
+    message = (
+        "--no-share-params: speaker_listener's groups (speaker, listener) have one agent each, with nothing to "
+        "share: it applies to groups of several agents: leave it out"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        Trainer(alone)
+    assert main(["train", "--env", "speaker_listener", "--no-share-params", "--log-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"marl train: error: {message}\n"
+    Trainer(config(tmp_path, env="tag", model=ModelConfig(hidden=(32, 32), share_params=False)))
+    with monkeypatch.context() as patched:  # a checkpoint of an earlier version, which took it
+        patched.setattr(trainer_module, "check_share_params_used", lambda config, groups: None)
+        earlier = Trainer(alone, run_dir=tmp_path / "earlier")
+        earlier.save()
+    Trainer.resume(tmp_path / "earlier" / "checkpoint.pt").train_iteration()
 
 
 def test_global_critic_input_shapes():
