@@ -83,9 +83,13 @@ def _read(path: Path, map_location: str | torch.device) -> Any:
             raise _not_a_checkpoint(path, "it is not a file written by torch.save")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError:
-        # torch's message suggests weights_only=False, which would run code from an untrusted file.
-        raise _not_a_checkpoint(path, "it holds Python objects other than tensors and plain containers") from None
+    except pickle.UnpicklingError as error:
+        # torch's message suggests weights_only=False, which would run code from an untrusted file. It raises
+        # this error also for damaged bytes ("Unsupported operand 0"); only a Python object names its GLOBAL.
+        if "GLOBAL" in str(error):
+            raise _not_a_checkpoint(path, "it holds Python objects other than tensors and plain containers") from None
+        reason = f"it is truncated or corrupted (torch.load: {_unpickler_reason(error)})"
+        raise _not_a_checkpoint(path, reason) from None
     except Exception as error:  # a truncated or corrupted archive: RuntimeError, EOFError, ...
         reason = f"it is truncated or corrupted (torch.load: {_first_sentence(error)})"
         raise _not_a_checkpoint(path, reason) from None
@@ -110,6 +114,14 @@ def load_algorithm_state(algorithm, state: dict[str, Any], setup: str) -> None:
 
 def _not_a_checkpoint(path: Path, reason: str) -> ValueError:
     return ValueError(f"{path} is not a vecmarl checkpoint (a checkpoint.pt written by marl train): {reason}")
+
+
+def _unpickler_reason(error: Exception) -> str:
+    """What torch's weights-only unpickler found (`Unsupported operand 0`), without the advice around it: the
+    first line after `WeightsUnpickler error:` in its message."""
+    _, marker, found = str(error).partition("WeightsUnpickler error:")
+    lines = [line.strip() for line in found.split("\n") if line.strip()]
+    return lines[0] if marker and lines else _first_sentence(error)
 
 
 def _first_sentence(error: Exception) -> str:

@@ -4,7 +4,10 @@ or log row that cannot be written."""
 
 import contextlib
 import errno
+import io
 import os
+import struct
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -79,6 +82,23 @@ def test_a_truncated_checkpoint_is_a_value_error(tmp_path, real_checkpoint):
     path.write_bytes(real_checkpoint[: len(real_checkpoint) // 2])
     with pytest.raises(ValueError, match="is truncated or corrupted"):
         load_checkpoint(path)
+
+
+def test_a_checkpoint_whose_pickle_is_damaged_is_corrupted_not_python_objects(tmp_path, real_checkpoint):
+    # Bytes of its data.pkl zeroed (a disk or copy error the zip does not catch): torch's weights-only
+    # unpickler raises the same UnpicklingError ("Unsupported operand 0") as for a Python object.
+    with zipfile.ZipFile(io.BytesIO(real_checkpoint)) as archive:
+        entry = next(i for i in archive.infolist() if i.filename.endswith("/data.pkl"))  # stored uncompressed
+    # Its bytes follow its local header: 30 bytes, then the name and the extra field, their lengths at 26 and 28.
+    name_length, extra_length = struct.unpack_from("<HH", real_checkpoint, entry.header_offset + 26)
+    middle = entry.header_offset + 30 + name_length + extra_length + entry.file_size // 2
+    damaged = bytearray(real_checkpoint)
+    damaged[middle : middle + 16] = bytes(16)
+    path = tmp_path / "checkpoint.pt"
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(ValueError, match=r"is truncated or corrupted \(torch.load: Unsupported operand 0\)") as error:
+        load_checkpoint(path)
+    assert "Python objects" not in str(error.value) and "weights_only" not in str(error.value)
 
 
 def test_a_python_object_in_the_file_is_refused_without_suggesting_weights_only_false(tmp_path):
