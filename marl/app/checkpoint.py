@@ -62,6 +62,13 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     path = Path(path)
     if path.is_dir() and (path / "checkpoint.pt").is_file():  # a run's folder: the usual slip
         raise FileNotFoundError(f"{path} is a run folder; pass its checkpoint, {path / 'checkpoint.pt'}")
+    if path.is_dir():
+        runs = sorted(path.glob("*/checkpoint.pt"))
+        if runs:
+            raise FileNotFoundError(f"{path} is a folder of runs; pass one's checkpoint, e.g. {runs[0]}")
+        raise FileNotFoundError(
+            f"{path} is a folder without a checkpoint.pt; pass the checkpoint.pt of a marl train run"
+        )
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
     state = _read(path, map_location)

@@ -115,6 +115,15 @@ def test_a_missing_checkpoint_stays_a_file_not_found_error(tmp_path):
     (tmp_path / "checkpoint.pt").write_bytes(b"")  # a run folder given for its checkpoint
     with pytest.raises(FileNotFoundError, match=f"{tmp_path} is a run folder; pass its checkpoint, {tmp_path}/"):
         load_checkpoint(tmp_path)
+    # A folder of runs, or one without a checkpoint (a run stopped before it wrote its first): not "no checkpoint at".
+    runs = tmp_path / "runs"
+    (runs / "a").mkdir(parents=True)
+    (runs / "a" / "checkpoint.pt").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=f"^{runs} is a folder of runs; pass one's checkpoint, e.g. {runs}/a/"):
+        load_checkpoint(runs)
+    (runs / "b").mkdir()
+    with pytest.raises(FileNotFoundError, match=f"^{runs / 'b'} is a folder without a checkpoint.pt; pass the"):
+        load_checkpoint(runs / "b")
 
 
 @pytest.mark.parametrize("command", ["train --resume", "eval --checkpoint"])
