@@ -29,6 +29,8 @@ def metrics_path(run_dir: str | Path) -> Path:
 def _hint(path: Path) -> str:
     """What to pass instead of `path`, which holds no metrics.csv: for the common mistakes, the run folder
     of a file in it, or the runs a folder of runs holds."""
+    if not path.exists():
+        return "there is no such folder"
     if path.is_file():
         return f"pass the run folder that holds it ({path.parent}), not a file"
     # A run holds metrics.csv, a population (`--seeds`) aggregate.csv.

@@ -52,6 +52,7 @@ def test_plot_reports_the_file_it_wrote(tmp_path, capsys, monkeypatch):
         ),
         (["runs"], "no metrics.csv in runs: it is a folder of runs (a, b); pass one or more of them, e.g. runs/a"),
         (["runs/a/metrics.csv"], "pass the run folder that holds it (runs/a), not a file"),
+        (["runs/c"], "no metrics.csv in runs/c: there is no such folder"),
         # --log-dir pops of a population: its runs hold aggregate.csv, their members' metrics one level down.
         (["pops"], "no metrics.csv in pops: it is a folder of runs (p); pass one or more of them, e.g. pops/p"),
         (["bad/none"], "bad/none: no episode has ended yet in its 2 iteration(s), so there is no return to plot"),
