@@ -3,6 +3,7 @@ one line before any work, and what they print and write is what they did."""
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,14 @@ def test_plot_refuses_what_it_cannot_draw_or_write_in_one_line(args, message, tm
     err = capsys.readouterr().err
     assert message in err and len(err.splitlines()) == 1
     assert not list(tmp_path.rglob("*.png")), "nothing is drawn when the input is refused"
+
+
+def test_plot_without_matplotlib_says_which_extra_to_install(tmp_path, monkeypatch, capsys):
+    run = write_run(tmp_path / "run", ["1.0", "2.0"])
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the `plot` extra were not installed
+    assert main(["plot", str(run)]) == 2
+    assert capsys.readouterr().err == 'marl plot: error: plotting needs matplotlib: pip install "vecmarl[plot]"\n'
+    assert not list(tmp_path.rglob("*.png"))
 
 
 def test_plot_refuses_a_read_only_run_folder_in_one_line_naming_out(tmp_path, capsys, read_only):
