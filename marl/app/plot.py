@@ -125,6 +125,8 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path | None = None, x: str 
         returns = [k for k in rows[0] if k.endswith("/episode_return")]
         if not returns:
             raise ValueError(f"{metrics_path(run_dir)} has no episode_return column: it is not a marl train log")
+        if X_AXES[x] not in rows[0]:
+            raise ValueError(f"{metrics_path(run_dir)} has no {X_AXES[x]} column to plot against (--x {x})")
         if not any(math.isfinite(r[k]) for r in rows for k in returns):
             raise ValueError(
                 f"{run_dir}: no episode has ended yet in its {len(rows)} iteration(s), so there is no return to "

@@ -58,6 +58,8 @@ def test_plot_reports_the_file_it_wrote(tmp_path, capsys, monkeypatch):
         (["pops"], "no metrics.csv in pops: it is a folder of runs (p); pass one or more of them, e.g. pops/p"),
         (["bad/none"], "bad/none: no episode has ended yet in its 2 iteration(s), so there is no return to plot"),
         (["bad/other"], "bad/other/metrics.csv has no episode_return column"),
+        # Was a bare KeyError: "marl plot: error: time_s".
+        (["bad/untimed", "--x", "time"], "bad/untimed/metrics.csv has no time_s column to plot against (--x time)"),
         (["bad/torn"], "bad/torn/metrics.csv, line 3: agent/episode_return is '1.2e', not a number"),
         # A population read from its aggregate.csv names that file, not a metrics.csv it does not have.
         (["bad/pop-empty"], "bad/pop-empty/aggregate.csv has no rows yet"),
@@ -75,6 +77,8 @@ def test_plot_refuses_what_it_cannot_draw_or_write_in_one_line(args, message, tm
     (tmp_path / "bad" / "torn").mkdir()  # a row cut short with rows after it (a cut last row is left out)
     torn = "frames,time_s,agent/episode_return\n100,1,1.0\n200,2,1.2e\n300,3,1.0\n"
     (tmp_path / "bad" / "torn" / "metrics.csv").write_text(torn)
+    (tmp_path / "bad" / "untimed").mkdir()  # a log cut down by hand
+    (tmp_path / "bad" / "untimed" / "metrics.csv").write_text("frames,agent/episode_return\n100,1.0\n")
     (tmp_path / "bad" / "other").mkdir()  # some other CSV
     (tmp_path / "bad" / "other" / "metrics.csv").write_text("frames,time_s,loss\n100,1,0.5\n")
     for name, text in (("empty", "frames,time_s,agent/episode_return\n"), ("other", "frames,time_s,loss\n100,1,0.5\n")):
