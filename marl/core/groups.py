@@ -147,7 +147,11 @@ class GroupedEnv:
             spec = source_specs[s]
             clash = spec.action != first.action or (not self.pad and spec.observation != first.observation)
             if clash:
-                hint = "" if self.pad or spec.action != first.action else " (or pass pad=True to pad observations)"
+                hint = (
+                    ""
+                    if self.pad or spec.action != first.action
+                    else " (or pad observations: pad=True, marl train --pad)"
+                )
                 raise ValueError(
                     f"cannot stack agent {first.agents[first_index]!r} (group {first_source!r}: observation "
                     f"{first.observation}, action {first.action}) with agent {spec.agents[i]!r} (group {s!r}: "

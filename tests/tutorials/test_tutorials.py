@@ -25,7 +25,7 @@ PRINTED = {
     "heterogeneous_groups": [
         "all in one, unpadded: cannot stack agent 'predator_0' (group 'predator': observation Box(shape=(16,)",
         "with agent 'prey_0' (group 'prey': observation Box(shape=(14,)",
-        "(or pass pad=True to pad observations)",
+        "(or pad observations: pad=True, marl train --pad)",
     ],
     # which property of check_env catches each of the three mistakes
     "write_a_gpu_env": [

@@ -121,7 +121,7 @@ def test_discrete_and_continuous_groups_train_in_one_run(tmp_path):
 
 
 def test_all_in_one_needs_padding_on_heterogeneous_envs(tmp_path):
-    with pytest.raises(ValueError, match="cannot stack agent 'predator_0'.*pass pad=True"):
+    with pytest.raises(ValueError, match=r"cannot stack agent 'predator_0'.*pad=True, marl train --pad\)$"):
         make_env(config(tmp_path, env_settings=EnvSettings(env="tag", num_envs=16, group_map="all_in_one")), "cpu")
     # Speaker and listener act differently: padding cannot help.
     with pytest.raises(ValueError, match="cannot stack agent 'speaker_0'.*keep them in separate groups$"):

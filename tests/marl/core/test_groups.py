@@ -80,7 +80,7 @@ def test_stacking_different_specs_names_both():
     message = str(error.value)
     assert "cannot stack agent 'red_0' (group 'red': observation Box(shape=(4,)" in message
     assert "with agent 'green_0' (group 'green': observation Box(shape=(2,)" in message
-    assert "pass pad=True" in message
+    assert "pad=True, marl train --pad" in message
 
 
 def test_padding_stacks_different_observation_sizes():
