@@ -25,8 +25,8 @@ What maps to what:
   episode from the reset (one missing then, or one that comes back after it left, is an error).
   Learners leave those steps out: PPO's losses and advantage normalisation, the off-policy critic and
   actor losses, IQL's TD loss are means over the active agent-steps, VDN and QMIX sum or mix only the
-  active agents' Qs (`marl.core.masking`); centralised critics still see a departed agent's last
-  observation;
+  active agents' Qs (`marl.core.masking`); centralised critics and QMIX's mixer read zeros for a
+  departed agent's observation and action (the env's `state` is left as the env gives it);
 - time limits are vecmarl's `max_steps`. For envs with a `max_cycles` option (MPE, SISL, butterfly)
   the two are one number: `max_cycles=max_steps` is passed on (default: the env's own `max_cycles`).
   An env that ends by its own truncation before `max_steps` is reported as terminated, with a warning;

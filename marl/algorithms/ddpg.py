@@ -40,7 +40,7 @@ from marl.algorithms.offpolicy import (
     td_targets,
 )
 from marl.config import TrainConfig
-from marl.core.masking import inactive_zeroed, masked_mean
+from marl.core.masking import agents_in, inactive_zeroed, masked_mean
 from marl.core.models import CriticInput, DeterministicPolicy, QCritic, action_features, action_size
 from marl.optim.update_step import Trainable, adam
 
@@ -209,19 +209,21 @@ class DDPG(OffPolicy):
     def losses(self, batch, weight, noise, t, next_actions, storage, index):
         groups = self.env.groups
         obs, next_obs, state, next_state = split(batch, groups)
+        active, next_active = agents_in(batch, groups), agents_in(batch, groups, next=True)
         stored = self.stored_actions(batch)
         next_actions = {g: features for g, (features, _) in next_actions.items()}
         total, terms, priority = 0.0, {}, {}
         for g, lr in self.learners.items():
             with torch.no_grad():
-                next_q = lr.target_critic(lr.critic_input(next_obs, next_state, next_actions))[:, 0, :, 0]
+                next_x = lr.critic_input(next_obs, next_state, next_actions, next_active)
+                next_q = lr.target_critic(next_x)[:, 0, :, 0]
                 target = td_targets(batch[g]["reward"], batch[g]["terminated"], next_q, lr.algo.gamma)
-            q = lr.critic(lr.critic_input(obs, state, stored))[..., 0]  # [k, 1, n]
+            q = lr.critic(lr.critic_input(obs, state, stored, active))[..., 0]  # [k, 1, n]
             own = action_features(lr.policy(obs[g]).mode(), groups[g], squashed=False)
-            q_policy = fixed(lr.critic, lr.critic_input(obs, state, {**stored, g: own}))[:, 0, :, 0]
-            active = batch[g].get("active")
-            group_terms = ddpg_terms(q, target, q_policy, weight, active)
+            q_policy = fixed(lr.critic, lr.critic_input(obs, state, {**stored, g: own}, active))[:, 0, :, 0]
+            counted = batch[g].get("active")
+            group_terms = ddpg_terms(q, target, q_policy, weight, counted)
             total = total + group_terms["loss"]
             terms[g] = torch.stack([*(group_terms[name].detach() for name in TERMS[:-1]), lr.policy.sigma])
-            priority[g] = inactive_zeroed((q.detach()[:, 0] - target).abs(), active)
+            priority[g] = inactive_zeroed((q.detach()[:, 0] - target).abs(), counted)
         return total, terms, priority

@@ -17,7 +17,9 @@ host; between two steps only `UpdateStep`'s Adam step sizes run eagerly.
 Targets are TD(0) and per agent: `y = r + gamma * (1 - terminated) * V'(s')`, from the true next
 observation, so a truncated episode bootstraps and a terminated one does not. The critic and actor
 losses are means over the agent-steps where the agent acted (`active`, where its group's agents may leave
-mid-episode: `marl.core.masking`); a departed agent's TD error sets no priority.
+mid-episode: `marl.core.masking`); a departed agent's TD error sets no priority. A centralised critic
+reads a departed agent's observation and action as zeros, at s and in the targets at s'
+(`marl.core.masking.agents_in` says which agents are in at each).
 
 What each group's critic sees (its scope, as PPO's: `marl.core.models.CriticInput`): agent (IDDPG,
 ISAC), group, or global (MADDPG, MASAC: every group's observations, or the env's state, and every

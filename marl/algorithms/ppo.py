@@ -9,7 +9,8 @@ critic, Adam and (with `--group` overrides) hyper-parameters.
 `ppo_loss` is a pure function of tensors shaped `[M, n]` (M samples of a group's n agents), so it can
 be checked by hand. Its means are over the active agent-steps only where the group's agents may leave
 mid-episode (`active` `[M, n]`, `marl.core.masking`; the advantages normalised over those too), over every
-entry else. It returns the named terms and diagnostics:
+entry else; there a centralised critic reads a departed agent's observation as zeros (`CriticInput`), in
+the values of the steps and of their next observations alike. It returns the named terms and diagnostics:
 
 - `policy_loss`: clipped surrogate, `-mean(min(r * A, clip(r, 1 - eps, 1 + eps) * A))`;
 - `value_loss`: `0.5 * mean((V - target)^2)`, or with `clip_value` the max of that and the clipped
@@ -45,7 +46,7 @@ import kernels
 from marl.algorithms.base import Algorithm, register
 from marl.config import AlgorithmConfig, TrainConfig
 from marl.core.distributions import Distribution
-from marl.core.masking import masked_mean, masked_moments, masked_var, standardized
+from marl.core.masking import agents_in, masked_mean, masked_moments, masked_var, standardized
 from marl.core.models import Critic, CriticInput, Policy, flat_observation
 from marl.core.networks import MultiAgentGRU
 from marl.core.rollout import Acting, observations
@@ -444,10 +445,12 @@ class PPO(Algorithm):
         groups = list(self.env.groups)
         obs, state = observations(batch, groups)
         next_obs, next_state = observations(batch, groups, next=True)
+        active, next_active = agents_in(batch, groups), agents_in(batch, groups, next=True)
         explained = {}
         for g, learner in self.learners.items():
             critic, data = learner.critic, batch[g]
-            x, next_x = learner.critic_input(obs, state), learner.critic_input(next_obs, next_state)
+            x = learner.critic_input(obs, state, active=active)
+            next_x = learner.critic_input(next_obs, next_state, active=next_active)
             if critic.gru is None:
                 value, next_value = critic.value(x), critic.value(next_x)  # [T, B, n]
             else:
@@ -583,7 +586,7 @@ class PPO(Algorithm):
             burn_in = self.config.algo.burn_in
             batch = {g: {k: v if k in PER_CHUNK else v.transpose(0, 1) for k, v in d.items()} for g, d in batch.items()}
             state = state.transpose(0, 1) if state is not None else None
-        obs = {g: data["observation"] for g, data in batch.items()}
+        obs, active = {g: data["observation"] for g, data in batch.items()}, agents_in(batch, batch)
         total, terms = 0.0, {}
         for g, learner in self.learners.items():
             data, a = batch[g], learner.algo
@@ -606,7 +609,7 @@ class PPO(Algorithm):
             if "critic" in nets:
                 parts.append(
                     value_terms(
-                        self._value(learner, data, obs, state, burn_in),  # normalised units, as the next two
+                        self._value(learner, data, obs, state, active, burn_in),  # normalised units, as the next two
                         main["old_value"],
                         main["value_target"],
                         clip_eps=a.clip_eps,
@@ -637,10 +640,11 @@ class PPO(Algorithm):
         data: dict[str, torch.Tensor],
         obs: dict[str, torch.Tensor],
         state: torch.Tensor | None,
+        active: dict[str, torch.Tensor],
         burn_in: int,
     ) -> torch.Tensor:
-        """The critic's values (normalised units) as `_policy`'s distributions."""
-        critic, x = learner.critic, learner.critic_input(obs, state)
+        """The critic's values (normalised units) as `_policy`'s distributions (`active`: `agents_in`'s)."""
+        critic, x = learner.critic, learner.critic_input(obs, state, active=active)
         if critic.gru is None:
             return critic(x[burn_in:])
         reset, valid = data["reset"], data["burn_valid"]

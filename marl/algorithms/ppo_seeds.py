@@ -53,7 +53,7 @@ from marl.algorithms.ppo import (
 )
 from marl.algorithms.seeded import Seeded, swept_options
 from marl.config import TrainConfig, options_without_effect
-from marl.core.masking import masked_moments, standardized
+from marl.core.masking import agents_in, masked_moments, standardized
 from marl.core.members import (
     MemberPolicy,
     Members,
@@ -185,21 +185,25 @@ class SeededPPO(Seeded):
         S, groups = self.count, list(self.env.groups)
         obs, state = observations(batch, groups)
         next_obs, next_state = observations(batch, groups, next=True)
+        active, next_active = agents_in(batch, groups), agents_in(batch, groups, next=True)
         # [T, S * B, ...] -> [S, T, B, ...]
-        obs, next_obs = ({g: split(x, S, 1) for g, x in o.items()} for o in (obs, next_obs))
+        obs, next_obs, active, next_active = (
+            {g: split(x, S, 1) for g, x in o.items()} for o in (obs, next_obs, active, next_active)
+        )
         state, next_state = (split(s, S, 1) if s is not None else None for s in (state, next_state))
         explained = {}
         for g, learner in self.template.learners.items():
             data = batch[g]
             if learner.critic.gru is not None:
-                values, next_values = self._recurrent_values(g, learner, batch, obs, state, next_obs, next_state)
+                inputs = (obs, state, active, next_obs, next_state, next_active)
+                values, next_values = self._recurrent_values(g, learner, batch, *inputs)
             else:
 
-                def value(obs, state, learner=learner):
-                    return learner.critic.value(learner.critic_input(obs, state))
+                def value(obs, state, active, learner=learner):
+                    return learner.critic.value(learner.critic_input(obs, state, active=active))
 
-                values = self._in_chunks(value, obs, state)  # [S, T, B, n]
-                next_values = self._in_chunks(value, next_obs, next_state)
+                values = self._in_chunks(value, obs, state, active)  # [S, T, B, n]
+                next_values = self._in_chunks(value, next_obs, next_state, next_active)
             advantage, target = self._gae(learner.algo, data, join(values, 1), join(next_values, 1))
             # As `PPO.advantages`: `old_value` in each member's normalised units before its moments move.
             data.update({"value": join(values, 1), "advantage": advantage, "value_target": target})
@@ -215,22 +219,25 @@ class SeededPPO(Seeded):
             explained[g] = vmap(explained_variance)(values, split(target, S, 1), *counted)
         return explained
 
-    def _recurrent_values(self, g: str, learner, batch: TensorDict, obs, state, next_obs, next_state):
+    def _recurrent_values(
+        self, g: str, learner, batch: TensorDict, obs, state, active, next_obs, next_state, next_active
+    ):
         """A recurrent critic's values of the rollout and of its next observations `[S, T, B, n]` (reward
         units), every member in one call from its envs' carried states (the template's `critic_hidden`,
         `[S * B, m, h]`), as `PPO.advantages`: it stores each step's starting state in `batch` and carries
-        the last to the next rollout. Not in chunks of steps: each step needs the previous one's state."""
+        the last to the next rollout. Not in chunks of steps: each step needs the previous one's state.
+        `active` and `next_active`: `agents_in`'s, of the steps and of their next observations."""
         S, critic, carried = self.count, learner.critic, self.template.critic_hidden[g]
 
-        def values(obs, state, next_obs, next_state, h0, reset):
-            x, next_x = learner.critic_input(obs, state), learner.critic_input(next_obs, next_state)
+        def values(obs, state, active, next_obs, next_state, next_active, h0, reset):
+            x = learner.critic_input(obs, state, active=active)
+            next_x = learner.critic_input(next_obs, next_state, active=next_active)
             value, next_value, started, last = critic.rollout_values(x, next_x, h0, reset)
             return critic.denormalize(value), critic.denormalize(next_value), started, last
 
         reset = split(batch["is_init"], S, 1)
-        value, next_value, started, last = self.members(
-            values, obs, state, next_obs, next_state, split(carried, S), reset
-        )
+        inputs = (obs, state, active, next_obs, next_state, next_active)
+        value, next_value, started, last = self.members(values, *inputs, split(carried, S), reset)
         batch[g]["critic_hidden"] = join(started, 1)  # [T, S * B, m, h]
         carried.copy_(join(last))  # the next rollout's first step zeroes it where is_init
         return value, next_value
@@ -252,18 +259,19 @@ class SeededPPO(Seeded):
         )
         return kernels.gae(*inputs, gamma=gamma, lmbda=lmbda)
 
-    def _in_chunks(self, fn, obs: dict, state):
-        """`self.members(fn, obs, state)` over `[S, T, B, ...]` inputs, on a CPU a few steps `T` at a time:
+    def _in_chunks(self, fn, obs: dict, state, active: dict):
+        """`self.members(fn, obs, state, active)` over `[S, T, B, ...]` inputs, on a CPU a few steps `T` at a time:
         every member's values at once would outgrow the CPU's caches (S times a single run's rows), and
         every elementwise op would then run at memory speed. On a GPU in one call (`chunked`)."""
         T, B = next(iter(obs.values())).shape[1:3]
         if not self.chunked:
-            return self.members(fn, obs, state)
+            return self.members(fn, obs, state, active)
         steps = max(1, CHUNK_ROWS // (self.count * B))
         parts = []
         for t in range(0, T, steps):
-            chunk = {g: o[:, t : t + steps] for g, o in obs.items()}
-            parts.append(self.members(fn, chunk, state[:, t : t + steps] if state is not None else None))
+            obs_part, active_part = ({g: x[:, t : t + steps] for g, x in d.items()} for d in (obs, active))
+            state_part = state[:, t : t + steps] if state is not None else None
+            parts.append(self.members(fn, obs_part, state_part, active_part))
         return torch.cat(parts, 1)
 
     def update_inputs(self, batch: TensorDict) -> tuple[dict[str, dict[str, torch.Tensor]], torch.Tensor | None]:

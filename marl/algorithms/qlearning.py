@@ -25,11 +25,12 @@ PyMARL's and BenchMARL's targets read (or, for a group of some of the env's agen
 it). Where all agents end together, as in the native envs, that is any agent's. An agent that left earlier
 (`envs.adapters.pettingzoo`: terminated, reward 0, until its env resets) adds no next value to the team's:
 its `Q'_i` is 0 in VDN's sum and QMIX's mixer (`team_step`), and from the step after it left (`active`
-False, `marl.core.masking`) its `Q_i` is 0 there too, and IQL's loss leaves its steps out. TD(0): a
-truncated step bootstraps from its true next observation, a terminated one does not (`td_targets`). With `n_step` > 1 the reward is the
-discounted sum of the next n (`n_step_returns`, cut after a step where all of the group's agents are done,
-or before a step not yet collected) and the bootstrap is `gamma^m` times the value at the last step's
-next observation.
+False, `marl.core.masking`) its `Q_i` is 0 there too; QMIX's mixer reads zeros in place of its
+observation among the group's stacked ones (at s while it is out, at s' from the step it leaves by; the
+env's state is the env's); IQL's loss leaves its steps out. TD(0): a truncated step bootstraps from its true
+next observation, a terminated one does not (`td_targets`). With `n_step` > 1 the reward is the discounted
+sum of the next n (`n_step_returns`, cut after a step where all of the group's agents are done, or before a
+step not yet collected) and the bootstrap is `gamma^m` times the value at the last step's next observation.
 `loss = mean(w * (Q - y)^2)` (`critic_loss`), `w` the importance weights of prioritized replay, whose
 priorities are `|Q - y|` (per agent for IQL, per env step for the mixers). Target networks (Q-network
 and mixer) move by Polyak averaging every step (`tau`), or are copied every `target_update_every`
@@ -615,13 +616,15 @@ class QLearning(OffPolicy):
                 # a step where the whole group had left counts for nothing.
                 q = inactive_zeroed(q, active)
                 counted = active.any(-1, keepdim=True) if active is not None else None  # [k, 1]
+                # The agents in at the (last counted step's) next observation, as `agents_in` reads them.
+                next_in = ~terminated if active is not None else None  # [k, n]
                 reward, terminated, next_q = team_step(reward, terminated, next_q)
                 if lr.mixer is None:
                     value, next_q = vdn_mix(q).unsqueeze(-1), vdn_mix(next_q).unsqueeze(-1)  # [k, 1]
                 else:
-                    value = lr.mixer(q, self._condition(batch, g, "")).unsqueeze(-1)
+                    value = lr.mixer(q, self._condition(batch, g, "", active)).unsqueeze(-1)
                     with torch.no_grad():
-                        next_q = lr.target_mixer(next_q, self._condition(after, g, "next_")).unsqueeze(-1)
+                        next_q = lr.target_mixer(next_q, self._condition(after, g, "next_", next_in)).unsqueeze(-1)
             with torch.no_grad():
                 target = td_targets(reward, terminated, next_q, gamma)  # [k, n] (iql) or [k, 1]
             loss = critic_loss(value.unsqueeze(1), target, weight, counted)
@@ -692,12 +695,14 @@ class QLearning(OffPolicy):
             after["next_state"] = storage[("next_state",)][last]
         return total, storage[(group, "terminated")][last], after, discount
 
-    def _condition(self, batch: dict, group: str, when: str) -> torch.Tensor:
+    def _condition(self, batch: dict, group: str, when: str, active: torch.Tensor | None) -> torch.Tensor:
         """What group `group`'s mixer sees at s (`when` "") or s' ("next_"): the env's state, else the
-        group's observations stacked, `[k, d]`."""
+        group's observations stacked, `[k, d]`, zeros for an agent that is out there (`active` `[k, n]`, or
+        None: all are in), as in a centralised critic's input (`CriticInput`)."""
         if f"{when}state" in batch:
             return batch[f"{when}state"].flatten(1)
-        return batch[group][f"{when}observation"].flatten(1)
+        observation = flat_observation(batch[group][f"{when}observation"], self.groups[group])  # [k, n, d]
+        return inactive_zeroed(observation, active).flatten(1)
 
     def state_dict(self, group_state=None) -> dict:
         return {**super().state_dict(group_state), "updates": self.updates.clone()}

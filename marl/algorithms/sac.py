@@ -46,7 +46,7 @@ from marl.algorithms.offpolicy import (
 )
 from marl.config import TrainConfig, changed_flags, options_without_effect
 from marl.core.distributions import draw_noise
-from marl.core.masking import inactive_zeroed, masked_mean
+from marl.core.masking import agents_in, inactive_zeroed, masked_mean
 from marl.core.models import CriticInput, Policy, QCritic, action_size
 from marl.optim.update_step import Trainable, adam
 
@@ -316,6 +316,7 @@ class SAC(OffPolicy):
     def losses(self, batch, weight, noise, t, after, storage, index):
         groups = self.env.groups
         obs, next_obs, state, next_state = split(batch, groups)
+        active, next_active = agents_in(batch, groups), agents_in(batch, groups, next=True)
         stored = self.stored_actions(batch)
         # Each group's policy at s (with gradients): the actions' features and log-probabilities
         # (continuous), or the log-probabilities (discrete).
@@ -335,7 +336,8 @@ class SAC(OffPolicy):
             next_features, next_log_prob = after[g]
             continuous = g in noise
             with torch.no_grad():
-                next_q = lr.target_critic(lr.critic_input(next_obs, next_state, next_actions)).amin(1)  # [k, n, out]
+                next_x = lr.critic_input(next_obs, next_state, next_actions, next_active)
+                next_q = lr.target_critic(next_x).amin(1)  # [k, n, out]
                 if continuous:
                     next_value = next_q[..., 0] - alpha * next_log_prob
                 else:
@@ -343,11 +345,11 @@ class SAC(OffPolicy):
                         next_features, next_q - alpha * next_log_prob, data.get("next_action_mask")
                     )
                 target = td_targets(data["reward"], data["terminated"], next_value, lr.algo.gamma)
-            q_all = lr.critic(lr.critic_input(obs, state, stored))  # [k, 2, n, out]
+            q_all = lr.critic(lr.critic_input(obs, state, stored, active))  # [k, 2, n, out]
             if continuous:
                 q = q_all[..., 0]
                 own, log_prob = now[g]
-                q_policy = fixed(lr.critic, lr.critic_input(obs, state, {**stored, g: own}))[..., 0]
+                q_policy = fixed(lr.critic, lr.critic_input(obs, state, {**stored, g: own}, active))[..., 0]
                 group_terms = continuous_terms(
                     q, target, q_policy, log_prob, log_alpha, lr.target_entropy, weight, data.get("active")
                 )

@@ -11,6 +11,8 @@ together, such as PettingZoo's MPE).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 import torch
 
 
@@ -75,6 +77,24 @@ def masked_moments(x: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor
 
 
 def inactive_zeroed(x: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
-    """`x` with its inactive entries 0 (`active` broadcast to its shape; None: `x` itself): a departed agent's
-    TD error must not raise the priority of its env step in a prioritized replay."""
-    return x if active is None else torch.where(active, x, 0.0)
+    """`x` with its inactive entries 0 (`active` `[*batch, n]` holds `x`'s leading dims, and is broadcast over
+    the rest, as an agent's features `[*batch, n, d]`; None: `x` itself): a departed agent's TD error must not
+    raise the priority of its env step in a prioritized replay, nor its observation reach a centralised critic."""
+    if active is None:
+        return x
+    return torch.where(active.view(*active.shape, *(1,) * (x.dim() - active.dim())), x, 0.0)
+
+
+def agents_in(data: Mapping, groups: Iterable[str], next: bool = False) -> dict[str, torch.Tensor]:
+    """Per group of `groups` whose agents may leave (its data, `data[group]`, holds `active`), which of its
+    agents are in at the step's observation, `active` `[*batch, n]`; with `next`, at the step's true next
+    observation, `~terminated`. Groups whose agents end together are absent: nothing of theirs is masked.
+
+    The next observation takes the next step's flag, not this one's: an agent that leaves at this step
+    (active here, terminated by it) is gone from the next observation on, so a critic that reads the others'
+    inputs sees its slot zeroed there (`marl.core.models.CriticInput`), and a target's `V'(s')` must read the
+    input the critic is trained on at `s'`, not the departing agent's last observation that no trained
+    input holds. `~terminated` is the env's `active` of the next observation wherever a target bootstraps:
+    they differ only where the env's episode terminated, where every agent reads terminated and no target
+    bootstraps."""
+    return {g: ~data[g]["terminated"] if next else data[g]["active"] for g in groups if "active" in data[g].keys()}

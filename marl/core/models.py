@@ -9,6 +9,8 @@ the agent's index follows them so the one network can still give each agent its 
 comes once, and the first layer adds each id's weights: `MultiAgentMLP`'s `agent_ids`). An action-value
 critic (`QCritic`: DDPG, SAC) also sees actions: each agent in its scope adds its action's features
 (`action_features`) beside its observation, and with the env's state every agent's action follows the state.
+In a centralised input an agent that has left its episode (`active` False, `marl.core.masking.agents_in`)
+reads zeros in place of its observation and action, as SMAC's and TorchRL's do; the env's state is the env's.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from marl.core.distributions import (
     TanhNormal,
     head_size,
 )
+from marl.core.masking import inactive_zeroed
 from marl.core.networks import MultiAgentGRU, MultiAgentMLP
 
 CRITIC_SCOPES = ("agent", "group", "global")
@@ -264,29 +267,44 @@ class CriticInput:
             size = sum(s.n_agents * per_agent(g) for g, s in groups.items())
         self.size = size + self.agent_ids
 
-    def _agent_features(self, g: str, observations, actions, with_observation: bool = True) -> torch.Tensor:
-        """Group `g`'s agents' observations and (where seen) actions: `[*batch, n_g, d]`."""
+    def _agent_features(
+        self, g: str, observations, actions, active: Mapping[str, torch.Tensor], with_observation: bool = True
+    ) -> torch.Tensor:
+        """Group `g`'s agents' observations and (where seen) actions: `[*batch, n_g, d]`, zeros for an agent
+        `active` (where it holds `g`) says is out."""
         parts = [flat_observation(observations[g], self.groups[g])] if with_observation else []
         if g in self.action_sizes:
             parts.append(actions[g])
-        return parts[0] if len(parts) == 1 else torch.cat(parts, -1)
+        features = parts[0] if len(parts) == 1 else torch.cat(parts, -1)
+        return inactive_zeroed(features, active.get(g))
 
     def __call__(
         self,
         observations: Mapping[str, torch.Tensor],
         state: torch.Tensor | None,
         actions: Mapping[str, torch.Tensor] | None = None,
+        active: Mapping[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        own = self._agent_features(self.group, observations, actions)  # [*batch, n, d]
+        """The input `[*batch, n or 1, size]` from every group's observations `[*batch, n_g, ...]`, the state
+        and (an action-value critic's) action features `[*batch, n_g, a_g]`. `active`: per group whose agents
+        may leave, `[*batch, n_g]` bool (`marl.core.masking.agents_in`); a centralised input reads zeros for
+        an agent that is out. An agent's own input (scope agent) is left as it is: only its own terms read it,
+        and they leave its departed steps out."""
         if self.scope == "agent":
-            return own
+            return self._agent_features(self.group, observations, actions, {})  # [*batch, n, d]
+        active = active or {}
+        own = self._agent_features(self.group, observations, actions, active)  # [*batch, n, d]
         if self.scope == "group":
             shared = own.flatten(-2)  # [*batch, n * d]
         elif self.use_state:
-            seen = [self._agent_features(g, observations, actions, False).flatten(-2) for g in self.action_sizes]
+            seen = [
+                self._agent_features(g, observations, actions, active, False).flatten(-2) for g in self.action_sizes
+            ]
             shared = torch.cat([state.flatten(len(own.shape) - 2), *seen], -1)  # [*batch, state + actions]
         else:
-            shared = torch.cat([self._agent_features(g, observations, actions).flatten(-2) for g in self.groups], -1)
+            shared = torch.cat(
+                [self._agent_features(g, observations, actions, active).flatten(-2) for g in self.groups], -1
+            )
         if self.shared_value or self.agent_ids:
             return shared.unsqueeze(-2)  # [*batch, 1, size - agent_ids]
         return shared.unsqueeze(-2).expand(*own.shape[:-2], self.n, shared.shape[-1])  # [*batch, n, size]

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import envs
+from envs.specs import Box, GroupSpec
 from envs.sync import forbid_host_sync
 from marl.algorithms import ppo_seeds
 from marl.algorithms.ddpg import ddpg_terms
@@ -19,7 +20,8 @@ from marl.algorithms.sac import continuous_terms, discrete_terms
 from marl.app.trainer import Trainer
 from marl.config import EnvSettings, TrainConfig
 from marl.core.groups import GroupedEnv
-from marl.core.masking import masked_mean, masked_var, standardized
+from marl.core.masking import agents_in, masked_mean, masked_var, standardized
+from marl.core.models import CriticInput
 from tests.marl.algorithms.test_offpolicy import small_config as off_policy_config
 from tests.marl.algorithms.test_ppo import reference_ppo
 from tests.marl.app.test_seeds import SEEDS, assert_rows_match
@@ -172,7 +174,9 @@ def test_ppo_update_and_critic_moments_leave_departed_agents_out(tmp_path):
     with torch.no_grad():
         data = flat["agent"]
         dist = learner.policy(data["observation"])
-        value = learner.critic(learner.critic_input({"agent": data["observation"]}, state))
+        # The centralised critic reads a departed agent's observation as zeros.
+        seen = torch.where(data["active"][..., None], data["observation"], 0.0)
+        value = learner.critic(learner.critic_input({"agent": seen}, state))
         inputs = (
             dist.log_prob(data["action"]),
             data["log_prob"],
@@ -251,23 +255,89 @@ def _loss(trainer: Trainer, index: torch.Tensor):
     return total, terms["agent"], priority["agent"]
 
 
-@pytest.mark.parametrize("algo", ["isac", "iddpg", "iql", "vdn"])
+@pytest.mark.parametrize("algo", ["isac", "iddpg", "iql", "vdn", "masac", "maddpg", "qmix"])
 def test_what_a_departed_agent_reads_does_not_reach_the_loss(tmp_path, algo):
-    """Each agent's terms here see its own data alone (IQL, VDN's sum, agent-scope critics): the loss, its
-    terms and the priorities are the same whatever a departed agent's observations and actions read."""
+    """The loss, its terms and the priorities are the same whatever a departed agent's observations and
+    actions read: at the steps after it left, and its next observation from the step it leaves by. Agent-scope
+    critics, IQL and VDN's sum see each agent's own data alone; centralised critics (MASAC, MADDPG) and QMIX's
+    mixer, which read the other agents' inputs, read zeros in its place."""
     trainer = off_policy(tmp_path, algo)
     trainer.buffer.extend(trainer.collector.collect())
     index = torch.arange(64)
     before = _loss(trainer, index)
     storage, gone = trainer.buffer.storage, ~trainer.buffer.storage[("agent", "active")]
-    assert gone[:64].any() and not gone[:64].all()
-    for key in ("observation", "next_observation"):
-        storage[("agent", key)][gone] = 5.0
+    leaving = storage[("agent", "terminated")] & ~gone  # in at the step, out at its next observation
+    assert gone[:64].any() and not gone[:64].all() and leaving[:64].any()
+    storage[("agent", "observation")][gone] = 5.0
+    storage[("agent", "next_observation")][gone | leaving] = 5.0
     action = storage[("agent", "action")]
     action[gone] = action[gone].flip(0)  # other actions the agents took
     after = _loss(trainer, index)
     for x, y in zip(before, after):
         torch.testing.assert_close(x, y)
+
+
+def test_what_a_departed_agent_reads_does_not_reach_mappo(tmp_path):
+    """MAPPO's centralised critic reads zeros for a departed agent, at the steps after it left and at the
+    next observation of the step it leaves by: values, advantages, targets and the update's terms are the
+    same whatever it reads there."""
+    trainer = on_policy(tmp_path)
+    algorithm, critic = trainer.algorithm, trainer.algorithm.learners["agent"].critic
+    batch = trainer.collector.collect()
+    gone, ended = ~batch["agent", "active"], batch["agent", "terminated"]
+    assert (ended & ~gone).any()
+    changed = batch.clone()
+    changed["agent", "observation"][gone] = 5.0
+    changed["agent", "next_observation"][ended] = 5.0
+    moments = {k: v.clone() for k, v in critic.state_dict().items()}
+    algorithm.advantages(batch)
+    critic.load_state_dict(moments)  # the second batch's moments start where the first's did
+    algorithm.advantages(changed)
+    for key in ("value", "advantage", "value_target"):
+        torch.testing.assert_close(changed["agent", key], batch["agent", key])
+    terms = [algorithm._minibatch_loss(*algorithm.update_inputs(b), slice(None))[1]["agent"] for b in (batch, changed)]
+    torch.testing.assert_close(terms[1], terms[0])
+
+
+def test_a_centralised_critic_input_reads_zeros_for_a_departed_agent():
+    """Group and global scopes: a departed agent's observation and action are zeros in the input every agent's
+    critic reads (the env's state is left as it is); scope agent: each agent's own input, as it is."""
+    leaving = GroupSpec(["a_0", "a_1"], Box((2,)), Box((1,), -1.0, 1.0), agents_leave=True)
+    groups = {"a": leaving, "b": GroupSpec(["b_0"], Box((1,)), Box((1,), -1.0, 1.0))}
+    observations = {"a": torch.tensor([[[1.0, 2.0], [3.0, 4.0]]]), "b": torch.tensor([[[5.0]]])}  # B = 1
+    actions = {"a": torch.tensor([[[0.5], [0.25]]]), "b": torch.tensor([[[0.75]]])}
+    active = {"a": torch.tensor([[True, False]])}  # a_1 has left
+    state = torch.tensor([[7.0, 8.0]])
+    sizes = {"a": 1, "b": 1}
+    expected = {
+        "group": [1.0, 2.0, 0.5, 0.0, 0.0, 0.0],
+        "global": [1.0, 2.0, 0.5, 0.0, 0.0, 0.0, 5.0, 0.75],
+        "state": [7.0, 8.0, 0.5, 0.0, 0.75],
+    }
+    for name, row in expected.items():
+        scope, state_size = ("global", 2) if name == "state" else (name, None)
+        seen = CriticInput(scope, "a", groups, state_size, agent_id=False, action_sizes=sizes)
+        x = seen(observations, state if state_size else None, actions, active)
+        assert x.tolist() == [[row, row]], name  # [B, n, size]: the same input for both agents
+        everything = seen(observations, state if state_size else None, actions)
+        assert everything[0, 0, 3].item() != 0.0  # without the flags, a_1's own observation
+    own = CriticInput("agent", "a", groups, None, agent_id=False, action_sizes=sizes)
+    assert own(observations, None, actions, active).tolist() == [[[1.0, 2.0, 0.5], [3.0, 4.0, 0.25]]]
+
+
+def test_the_next_observation_takes_the_flag_of_the_agents_still_in():
+    """`agents_in`: the step's flag for its observation; for its true next observation, the agents not
+    terminated by the step (an agent that leaves by the step is out there, though it acted at the step)."""
+    data = {
+        "agent": {
+            "active": torch.tensor([[True, True], [True, False]]),
+            "terminated": torch.tensor([[False, True], [False, True]]),
+        },
+        "other": {"terminated": torch.tensor([[False]])},  # its agents end together: no flag, nothing masked
+    }
+    assert agents_in(data, ["agent", "other"])["agent"].tolist() == [[True, True], [True, False]]
+    assert agents_in(data, ["agent", "other"], next=True).keys() == {"agent"}
+    assert agents_in(data, ["agent"], next=True)["agent"].tolist() == [[True, False], [True, False]]
 
 
 @pytest.mark.parametrize("algo", ["iql", "vdn", "qmix"])
@@ -296,9 +366,11 @@ def test_q_learning_loss_counts_active_agents_only(tmp_path, algo):
             reward, ended = b["reward"].mean(1), b["terminated"].all(1)
             if learner.mixer is None:
                 value, next_value = q.sum(1), next_q.sum(1)
-            else:
-                value = learner.mixer(q, b["observation"].flatten(1))
-                next_value = learner.target_mixer(next_q, b["next_observation"].flatten(1))
+            else:  # the mixer reads zeros for an agent out: at s' those terminated by the step
+                seen = torch.where(active[..., None], b["observation"], 0.0)
+                next_seen = torch.where(b["terminated"][..., None], 0.0, b["next_observation"])
+                value = learner.mixer(q, seen.flatten(1))
+                next_value = learner.target_mixer(next_q, next_seen.flatten(1))
             errors = [(value[i] - (reward[i] + 0.9 * (0.0 if ended[i] else next_value[i]))) ** 2 for i in range(64)]
         expected = sum(errors) / len(errors)
     assert total.item() == pytest.approx(expected.item(), rel=1e-5)
@@ -356,15 +428,16 @@ def test_agents_that_end_together_train_as_on_the_unmasked_path_bit_for_bit(tmp_
 # ---- populations ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("algo", ["mappo", "iql", "isac"])
+@pytest.mark.parametrize("algo", ["mappo", "iql", "isac", "masac", "maddpg", "qmix"])
 def test_each_member_with_departed_agents_trains_as_its_single_run(tmp_path, monkeypatch, algo):
     """A population's losses leave departed agents out as its single runs' do: per member its advantages
-    normalised over its active steps, its critic's moments, its masked means (in one part of rows)."""
+    normalised over its active steps, its critic's moments, its masked means (in one part of rows), and its
+    centralised critics' and mixer's inputs with departed agents zeroed."""
     if algo == "mappo":
         config = ppo_leavers_config(tmp_path)
     else:
         config = off_policy_config(tmp_path, algo, env="leavers")
-        config = dataclasses.replace(config, env=leavers_settings(8, algo == "iql"))
+        config = dataclasses.replace(config, env=leavers_settings(8, algo in ("iql", "qmix")))
 
     def with_run(**run) -> TrainConfig:
         return dataclasses.replace(config, run=dataclasses.replace(config.run, **run))

@@ -130,8 +130,8 @@ def test_a_critic_sees_each_groups_stored_action_as_the_env_action_it_sent_which
     for g in ("agent_0", "agent_1"):  # masac's and maddpg's: record what their critics are given
         learner = mixed.learners[g]
         inputs, calls = learner.critic_input, seen.setdefault(g, [])
-        learner.critic_input = lambda obs, state, actions, inputs=inputs, calls=calls: (
-            calls.append(actions) or inputs(obs, state, actions)
+        learner.critic_input = lambda obs, state, actions, active, inputs=inputs, calls=calls: (
+            calls.append(actions) or inputs(obs, state, actions, active)
         )
     index = torch.arange(16)
     mixed.loss(trainer.buffer.storage, index, None, mixed.draw_noise(1, 16), torch.zeros(1, dtype=torch.long))

@@ -254,8 +254,8 @@ def test_the_team_plays_on_after_an_agent_leaves(tmp_path, algo, n_step):
     episode. The team's targets, walked through the collected steps: its n-step sums run until the env's
     episode ends, it bootstraps unless the episode ended there (terminated: max_steps is 100), and
     runner_1's next value, once it has left, is 0 in the sum or the mixer (IQL: runner_0's n-step sums run
-    on past runner_1's leaving too). Once it has left, runner_1's Q is 0 in the sum or the mixer too, and
-    its own IQL error (and priority) is 0: it acts no more."""
+    on past runner_1's leaving too). Once it has left, runner_1's Q is 0 in the sum or the mixer too, the
+    mixer reads zeros for its observation, and its own IQL error (and priority) is 0: it acts no more."""
     pytest.importorskip("pettingzoo")
     config = discrete_config(tmp_path, algo, "pettingzoo/tests.envs.pz_toy", n_step=n_step, gamma=0.9, double_q=False)
     trainer = Trainer(config, run_dir=tmp_path / "run")
@@ -296,11 +296,14 @@ def test_the_team_plays_on_after_an_agent_leaves(tmp_path, algo, n_step):
             last = first + 8 * (m - 1)
             next_q = learner.target_q(steps["next_observation"][last]).amax(-1)  # [2]
             next_q = torch.where(steps["terminated"][last], 0.0, next_q)  # a runner that has left adds nothing
-            bootstrap = mix(next_q, steps["next_observation"][last], learner.target_mixer)
+            # The mixer reads zeros for a runner that has left: at s' one terminated by the step, at s one out.
+            next_seen = torch.where(steps["terminated"][last].unsqueeze(-1), 0.0, steps["next_observation"][last])
+            bootstrap = mix(next_q, next_seen, learner.target_mixer)
             reward = total if algo == "iql" else total.mean()
             target = reward + (0.0 if env_done[last] else 0.9**m * bootstrap)
             q = learner.policy.net(steps["observation"][first]).gather(-1, steps["action"][first].unsqueeze(-1))
-            value = mix(torch.where(active[first], q.squeeze(-1), 0.0), steps["observation"][first], learner.mixer)
+            seen = torch.where(active[first].unsqueeze(-1), steps["observation"][first], 0.0)
+            value = mix(torch.where(active[first], q.squeeze(-1), 0.0), seen, learner.mixer)
             error = (value - target).abs().expand(2)  # a mixer's one error for both runners
             if algo == "iql":
                 error = torch.where(active[first], error, 0.0)
@@ -310,7 +313,7 @@ def test_the_team_plays_on_after_an_agent_leaves(tmp_path, algo, n_step):
 def test_the_mixer_sees_the_state_when_the_env_has_one(tmp_path):
     trainer = Trainer(discrete_config(tmp_path, "qmix"), run_dir=tmp_path / "run")
     state = {"state": torch.randn(4, 2, 3), "next_state": torch.randn(4, 2, 3), "agent": {}}
-    condition, next_condition = (trainer.algorithm._condition(state, "agent", when) for when in ("", "next_"))
+    condition, next_condition = (trainer.algorithm._condition(state, "agent", when, None) for when in ("", "next_"))
     assert torch.equal(condition, state["state"].flatten(1)) and torch.equal(
         next_condition, state["next_state"].flatten(1)
     )
