@@ -17,9 +17,9 @@ host; between two steps only `UpdateStep`'s Adam step sizes run eagerly.
 Targets are TD(0) and per agent: `y = r + gamma * (1 - terminated) * V'(s')`, from the true next
 observation, so a truncated episode bootstraps and a terminated one does not. The critic and actor
 losses are means over the agent-steps where the agent acted (`active`, where its group's agents may leave
-mid-episode: `marl.core.masking`); a departed agent's TD error sets no priority. A centralised critic
-reads a departed agent's observation and action as zeros, at s and in the targets at s'
-(`marl.core.masking.agents_in` says which agents are in at each).
+mid-episode: `marl.core.masking`); a departed agent's TD error sets no priority, and `priority_reduce` mean
+is over the agents that acted. A centralised critic reads a departed agent's observation and action as
+zeros, at s and in the targets at s' (`marl.core.masking.agents_in` says which agents are in at each).
 
 What each group's critic sees (its scope, as PPO's: `marl.core.models.CriticInput`): agent (IDDPG,
 ISAC), group, or global (MADDPG, MASAC: every group's observations, or the env's state, and every
@@ -88,7 +88,8 @@ class OffPolicyConfig(AlgorithmConfig):
     """With --prioritized: the importance weights' exponent at the start, annealed to 1 over the schedules'
     frames (--schedule-frames, else total_frames)."""
     priority_reduce: Literal["max", "mean"] = "max"
-    """With --prioritized: how the agents' TD errors become one priority per env step."""
+    """With --prioritized: how the agents' TD errors become one priority per env step (over the agents that acted
+    there: an agent that left its episode counts in neither)."""
 
     anneal_options = "--prioritized (its importance weights' exponent, beta)"
     conditional: ClassVar[tuple[Conditional, ...]] = ()
@@ -375,8 +376,8 @@ class OffPolicy(Algorithm):
         self.update_targets()
         buffer = self.replay_buffer
         if buffer.prioritized is not None:
-            index, priority = aux
-            buffer.set_priority_(index, buffer.reduce_priority(priority))
+            index, priority, active = aux
+            buffer.set_priority_(index, buffer.reduce_priority(priority, active))
 
     def update_targets(self, polyak: Callable = polyak_) -> None:
         """After every optimiser step (inside the compiled graph when compiled): move the target networks;
@@ -470,9 +471,10 @@ class OffPolicy(Algorithm):
         return storage, index, weight, noise, t
 
     def step_loss(self, storage, index, weight, noise, t):
-        """`loss`'s total and terms, and as aux the slots and `loss`'s priorities (for `after_step`)."""
+        """`loss`'s total and terms, and as aux the slots, `loss`'s priorities and which agents acted at the
+        slots (`acted`; for `after_step`)."""
         total, terms, priority = self.loss(storage, index, weight, noise, t)
-        return total, terms, (index, priority)
+        return total, terms, (index, priority, acted(storage, index, priority))
 
     def loss(self, storage, index, weight, noise, t):
         """`(total, {group: terms [len(term_names)]}, {group: |TD error| [k, n]})` of the env steps `index`
@@ -552,6 +554,12 @@ def split(batch: dict, groups) -> tuple[dict, dict, torch.Tensor | None, torch.T
     obs = {g: batch[g]["observation"] for g in groups}
     next_obs = {g: batch[g]["next_observation"] for g in groups}
     return obs, next_obs, batch.get("state"), batch.get("next_state")
+
+
+def acted(storage, index: torch.Tensor, groups) -> dict[str, torch.Tensor]:
+    """Per group of `groups` whose agents may leave, which of them acted at the buffer's env steps `index`
+    `[k]`: `active` `[k, n]`, the agents a priority is reduced over (`ReplayBuffer.reduce_priority`)."""
+    return {g: storage[(g, "active")][index] for g in groups if (g, "active") in storage}
 
 
 def fixed(module: nn.Module, *args):

@@ -52,7 +52,7 @@ from torch import nn
 
 from marl.algorithms.base import build, register_seeded
 from marl.algorithms.ddpg import DDPG
-from marl.algorithms.offpolicy import OffPolicy
+from marl.algorithms.offpolicy import OffPolicy, acted
 from marl.algorithms.qlearning import by_step
 from marl.algorithms.sac import SAC
 from marl.algorithms.seeded import Seeded, swept_options
@@ -215,7 +215,11 @@ class SeededOffPolicy(Seeded):
         def loss(storage, index, weight, noise, swept):
             with swept_options(template, swept or {}):
                 total, terms, priority = template.loss(storage, index, weight, noise, t)
-            return (total, terms, buffer.reduce_priority(priority)) if prioritized else (total, terms)
+            return (
+                (total, terms, buffer.reduce_priority(priority, acted(storage, index, priority)))
+                if prioritized
+                else (total, terms)
+            )
 
         for optimizer in self.optimizers.values():
             optimizer.zero_grad(set_to_none=True)
@@ -254,7 +258,7 @@ class SeededOffPolicy(Seeded):
                 total, terms, priority = self.template.loss(storage, index, weight, noise, t)
         if not self.prioritized:
             return total, terms
-        return total, terms, (index, self.replay_buffer.reduce_priority(priority))
+        return total, terms, (index, self.replay_buffer.reduce_priority(priority, acted(storage, index, priority)))
 
     def after_step(self, aux) -> None:
         """After every optimiser step: the targets, then prioritized the drawn steps' priorities (`aux`)."""

@@ -518,15 +518,32 @@ class ReplayBuffer:
             self._check_priority_values(index, reduced)
         self.set_priority_(index, reduced)
 
-    def reduce_priority(self, priority: torch.Tensor | Mapping[str, torch.Tensor] | TensorDictBase) -> torch.Tensor:
+    def reduce_priority(
+        self,
+        priority: torch.Tensor | Mapping[str, torch.Tensor] | TensorDictBase,
+        active: Mapping[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """`update_priority`'s `priority` as one priority per env step `[k]`: the agents (of every group
-        given) reduced by `prioritized.reduce`. No checks: traceable."""
-        values = [priority] if isinstance(priority, torch.Tensor) else [priority[g] for g in priority.keys()]
+        given) reduced by `prioritized.reduce`. `active`: for groups of `priority` whose agents may leave, which
+        acted at each step (`[k, n]` bool, as stored); the others' priorities are left out, so a mean is
+        over the agents that acted (0 where none did). No checks: traceable."""
+        groups = [None] if isinstance(priority, torch.Tensor) else list(priority.keys())
+        values = [priority if g is None else priority[g] for g in groups]
         columns = [value.reshape(value.shape[0], -1) for value in values]  # [k, agents] each
+        if active:  # [k, agents] each: every agent of a group whose agents end together acts
+            acted = [
+                active[g].reshape(c.shape) if g in active else torch.ones_like(c, dtype=torch.bool)
+                for g, c in zip(groups, columns)
+            ]
+            columns = [torch.where(a, c, 0.0) for a, c in zip(acted, columns)]
         if len(columns) == 1 and columns[0].shape[1] == 1:
             return columns[0][:, 0]
         stacked = columns[0] if len(columns) == 1 else torch.cat(columns, dim=1)  # [k, agents of all groups]
-        return stacked.amax(1) if self.prioritized.reduce == "max" else stacked.mean(1)
+        if self.prioritized.reduce == "max":  # priorities are >= 0: the zeros of agents out change no max
+            return stacked.amax(1)
+        if not active:
+            return stacked.mean(1)
+        return stacked.sum(1) / torch.cat(acted, dim=1).sum(1).clamp_min(1)
 
     def set_priority_(self, index: torch.Tensor, reduced: torch.Tensor) -> None:
         """Set the priorities of slots `index` `[k]` to `reduced` `[k]` (`reduce_priority`'s), in place: the

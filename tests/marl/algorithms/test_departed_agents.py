@@ -22,10 +22,12 @@ from marl.config import EnvSettings, TrainConfig
 from marl.core.groups import GroupedEnv
 from marl.core.masking import agents_in, masked_mean, masked_var, standardized
 from marl.core.models import CriticInput
+from marl.core.replay import Prioritized, ReplayBuffer
 from tests.marl.algorithms.test_offpolicy import small_config as off_policy_config
 from tests.marl.algorithms.test_ppo import reference_ppo
 from tests.marl.app.test_seeds import SEEDS, assert_rows_match
 from tests.marl.app.test_training import small_config as ppo_config
+from tests.marl.core.test_replay import leaves
 from tests.marl.leavers_env import Leavers, LeaversConfig
 
 LIFETIMES = (3, 1)  # agent_1 acts at each episode's first step only; agent_0 ends the 3-step episode
@@ -340,6 +342,40 @@ def test_the_next_observation_takes_the_flag_of_the_agents_still_in():
     assert agents_in(data, ["agent"], next=True)["agent"].tolist() == [[True, False], [True, False]]
 
 
+@pytest.mark.parametrize("reduce", ["max", "mean"])
+def test_a_priority_is_reduced_over_the_agents_that_acted(reduce):
+    buffer = ReplayBuffer(
+        {"a": GroupSpec(["a_0", "a_1"], Box((1,)), Box((1,))), "b": GroupSpec(["b_0"], Box((1,)), Box((1,)))},
+        4,
+        prioritized=Prioritized(reduce=reduce),
+    )
+    priority = {"a": torch.tensor([[1.0, 9.0], [2.0, 4.0], [0.0, 6.0]]), "b": torch.tensor([[3.0], [5.0], [0.0]])}
+    active = {"a": torch.tensor([[True, False], [True, True], [False, False]])}  # b's agents end together
+    expected = {"max": [3.0, 5.0, 0.0], "mean": [(1 + 3) / 2, (2 + 4 + 5) / 3, 0.0]}[reduce]
+    assert buffer.reduce_priority(priority, active).tolist() == pytest.approx(expected)
+    everything = {"max": [9.0, 5.0, 6.0], "mean": [13 / 3, 11 / 3, 2.0]}[reduce]
+    assert buffer.reduce_priority(priority).tolist() == pytest.approx(everything)
+
+
+@pytest.mark.parametrize("algo", ["isac", "vdn"])
+def test_a_prioritized_step_sets_the_mean_priority_of_the_agents_that_acted(tmp_path, algo):
+    """With --priority-reduce mean a step's priority is the mean TD error of the agents that acted there, not
+    lowered by a departed agent's zeroed one (VDN: the team's error)."""
+    trainer = off_policy(tmp_path, algo, prioritized=True, priority_reduce="mean", priority_alpha=1.0)
+    buffer, algorithm = trainer.buffer, trainer.algorithm
+    buffer.extend(trainer.collector.collect())
+    algorithm.replay_buffer = buffer
+    index = torch.arange(64)
+    noise = algorithm.draw_noise(1, len(index), torch.Generator().manual_seed(0))
+    _, _, aux = algorithm.step_loss(buffer.storage, index, None, noise, torch.tensor([0]))
+    algorithm.after_step(aux)
+    error, active = aux[1]["agent"], buffer.storage[("agent", "active")][index]
+    expected = [sum(error[i, j].item() for j in range(2) if active[i, j]) / active[i].sum().item() for i in range(64)]
+    assert leaves(buffer)[:64].tolist() == pytest.approx([p + buffer.prioritized.eps for p in expected], rel=1e-6)
+    if algo == "isac":  # VDN's is the team's error at every agent: its mean over all of them was the team's too
+        assert not torch.allclose(error.mean(1).double() + buffer.prioritized.eps, leaves(buffer)[:64])
+
+
 @pytest.mark.parametrize("algo", ["iql", "vdn", "qmix"])
 def test_q_learning_loss_counts_active_agents_only(tmp_path, algo):
     """IQL's TD loss over the active agent-steps; VDN's and QMIX's team value from the active agents' Qs alone
@@ -385,7 +421,8 @@ def test_an_update_with_departed_agents_reads_nothing_back_from_the_device(tmp_p
             batch = trainer.collector.collect()
             trainer.algorithm.update(batch, trainer.timer)
         return
-    trainer = off_policy(tmp_path, algo, **({"prioritized": True} if algo == "qmix" else {}))
+    prioritized = {"prioritized": True, "priority_reduce": "mean"}
+    trainer = off_policy(tmp_path, algo, **(prioritized if algo in ("masac", "qmix") else {}))
     trainer.buffer.extend(trainer.collector.collect())
     with forbid_host_sync("cpu"):
         trainer.collector.collect()
@@ -432,11 +469,13 @@ def test_agents_that_end_together_train_as_on_the_unmasked_path_bit_for_bit(tmp_
 def test_each_member_with_departed_agents_trains_as_its_single_run(tmp_path, monkeypatch, algo):
     """A population's losses leave departed agents out as its single runs' do: per member its advantages
     normalised over its active steps, its critic's moments, its masked means (in one part of rows), and its
-    centralised critics' and mixer's inputs with departed agents zeroed."""
+    centralised critics' and mixer's inputs with departed agents zeroed (QMIX: prioritized, the mean over the
+    agents that acted)."""
     if algo == "mappo":
         config = ppo_leavers_config(tmp_path)
     else:
-        config = off_policy_config(tmp_path, algo, env="leavers")
+        prioritized = {"prioritized": True, "priority_reduce": "mean"} if algo == "qmix" else {}
+        config = off_policy_config(tmp_path, algo, env="leavers", **prioritized)
         config = dataclasses.replace(config, env=leavers_settings(8, algo in ("iql", "qmix")))
 
     def with_run(**run) -> TrainConfig:

@@ -374,9 +374,9 @@ class Recording:
         self.step, self.trainables, self.aux = step, step.trainables, []
 
     def __call__(self, *inputs):
-        out, (index, priority) = self.step(*inputs)
+        out, (index, priority, active) = self.step(*inputs)
         self.aux.append((index.clone(), {g: v.clone() for g, v in priority.items()}))
-        return out, (index, priority)
+        return out, (index, priority, active)
 
 
 @pytest.mark.slow
