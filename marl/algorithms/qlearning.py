@@ -19,18 +19,21 @@ network (double Q, `double_q`) or of the target network, valued by the target ne
   hypernetworks of the env's state `s` (or, without one, the group's stacked observations), its target
   copy mixing the next values at `s'`.
 
-For VDN and QMIX the team's reward is the mean of its agents' rewards (BenchMARL's convention), and the
-team's episode has terminated when every one of its agents' has: when the env's episode has, whose flag
-PyMARL's and BenchMARL's targets read (or, for a group of some of the env's agents, when they have all left
-it). Where all agents end together, as in the native envs, that is any agent's. An agent that left earlier
-(`envs.adapters.pettingzoo`: terminated, reward 0, until its env resets) adds no next value to the team's:
-its `Q'_i` is 0 in VDN's sum and QMIX's mixer (`team_step`), and from the step after it left (`active`
-False, `marl.core.masking`) its `Q_i` is 0 there too; QMIX's mixer reads zeros in place of its
-observation among the group's stacked ones (at s while it is out, at s' from the step it leaves by; the
-env's state is the env's); IQL's loss leaves its steps out. TD(0): a truncated step bootstraps from its true
-next observation, a terminated one does not (`td_targets`). With `n_step` > 1 the reward is the discounted
-sum of the next n (`n_step_returns`, cut after a step where all of the group's agents are done, or before a
-step not yet collected) and the bootstrap is `gamma^m` times the value at the last step's next observation.
+For VDN and QMIX the team's reward is the mean of its agents' rewards (BenchMARL's convention); an agent
+that left earlier adds its reward 0 to it. So the team's reward is the sum of its agents' rewards over n at
+every step, one scale for the whole episode (a mean over the agents still in would weigh a lone remaining
+agent's reward n times as much as while all played). The team's episode has terminated when every one of
+its agents' has: when the env's episode has, whose flag PyMARL's and BenchMARL's targets read (or, for a
+group of some of the env's agents, when they have all left it). Where all agents end together, as in the
+native envs, that is any agent's. An agent that left earlier (`envs.adapters.pettingzoo`: terminated,
+reward 0, until its env resets) adds no next value to the team's: its `Q'_i` is 0 in VDN's sum and QMIX's
+mixer (`team_step`), and from the step after it left (`active` False, `marl.core.masking`) its `Q_i` is 0
+there too; QMIX's mixer reads zeros in place of its observation among the group's stacked ones (at s while
+it is out, at s' from the step it leaves by; the env's state is the env's); IQL's loss leaves its steps
+out. TD(0): a truncated step bootstraps from its true next observation, a terminated one does not
+(`td_targets`). With `n_step` > 1 the reward is the discounted sum of the next n (`n_step_returns`, cut
+after a step where all of the group's agents are done, or before a step not yet collected) and the
+bootstrap is `gamma^m` times the value at the last step's next observation.
 `loss = mean(w * (Q - y)^2)` (`critic_loss`), `w` the importance weights of prioritized replay, whose
 priorities are `|Q - y|` (per agent for IQL, per env step for the mixers). Target networks (Q-network
 and mixer) move by Polyak averaging every step (`tau`), or are copied every `target_update_every`
@@ -369,10 +372,11 @@ def vdn_mix(q: torch.Tensor) -> torch.Tensor:
 def team_step(
     reward: torch.Tensor, terminated: torch.Tensor, next_q: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The team's reward (the mean over the agents) and termination (every agent's: the env's episode ended,
-    or the group's agents have all left it) `[k, n] -> [k, 1]` each, and the agents' next values `[k, n]` with
-    those of terminated agents zeroed: an agent that left earns nothing more, so its Q' must not enter the
-    team's bootstrap while the others play on. Where all agents end together this is any agent's termination."""
+    """The team's reward (the mean over the agents, a departed one's 0 included) and termination (every
+    agent's: the env's episode ended, or the group's agents have all left it) `[k, n] -> [k, 1]` each, and the
+    agents' next values `[k, n]` with those of terminated agents zeroed: an agent that left earns nothing more,
+    so its Q' must not enter the team's bootstrap while the others play on. Where all agents end together this
+    is any agent's termination."""
     return reward.mean(-1, keepdim=True), terminated.all(-1, keepdim=True), next_q.masked_fill(terminated, 0.0)
 
 
