@@ -474,9 +474,9 @@ class PPO(Algorithm):
             old_value = critic.normalize_values(value)
             data.update({"value": value, "old_value": old_value, "advantage": advantage, "value_target": target})
             # A departed agent's targets (0 at each of its steps) stay out of the moments and the diagnostic.
-            active = data.get("active", None)
-            learner.critic.update_moments(*self.world.sum(masked_moments(target, active)))
-            explained[g] = explained_variance(value, target, active)
+            in_group = data.get("active", None)
+            learner.critic.update_moments(*self.world.sum(masked_moments(target, in_group)))
+            explained[g] = explained_variance(value, target, in_group)
         return explained
 
     def update_inputs(

@@ -208,14 +208,14 @@ class SeededPPO(Seeded):
             # As `PPO.advantages`: `old_value` in each member's normalised units before its moments move.
             data.update({"value": join(values, 1), "advantage": advantage, "value_target": target})
             data["old_value"] = join(self._normalized(g, values), 1)
-            active = split(data["active"], S, 1) if "active" in data.keys() else None  # [S, T, B, n]
-            if active is None:
+            in_group = split(data["active"], S, 1) if "active" in data.keys() else None  # [S, T, B, n]
+            if in_group is None:
                 wide = split(target.double(), S, 1).flatten(1)  # [S, T * B * n]
                 moments = (wide.new_full((S,), wide.shape[1]), wide.sum(1), wide.square().sum(1))
             else:  # as `PPO.advantages`: each member's moments over its active agent-steps
-                moments = vmap(masked_moments)(split(target, S, 1), active).unbind(-1)
+                moments = vmap(masked_moments)(split(target, S, 1), in_group).unbind(-1)
             self.members.broadcast(learner.critic.update_moments, *moments)
-            counted = () if active is None else (active,)  # vmap takes tensors only
+            counted = () if in_group is None else (in_group,)  # vmap takes tensors only
             explained[g] = vmap(explained_variance)(values, split(target, S, 1), *counted)
         return explained
 

@@ -72,3 +72,36 @@ def test_train_and_eval_on_a_users_pettingzoo_env_whose_agents_leave(tmp_path, c
     for g, value in expected.items():  # the env and the modes are deterministic: every episode the same
         assert f"{g}: mean episode return {value:.4f} over 3 episodes (std across episodes 0.0000)" in lines
     assert "mean episode length 8.0" in lines
+
+
+@pytest.mark.parametrize("algo", ["mappo", "qmix"])
+def test_a_population_trains_on_a_users_pettingzoo_env_whose_agents_leave(tmp_path, capsys, algo):
+    # Two groups that may lose agents: each group's values and moments read its own `active` flags.
+    sizes = ["--minibatch-size", "32"] if algo == "mappo" else ["--batch-size", "32", "--updates-per-iteration", "2"]
+    argv = [
+        "train",
+        "--algo",
+        algo,
+        "--env",
+        ENV,
+        "--num-envs",
+        "8",
+        "--rollout-length",
+        "8",
+        *sizes,
+        "--seeds",
+        "0",
+        "1",
+    ]
+    argv += [
+        "--total-frames",
+        "128",
+        "--log-dir",
+        str(tmp_path),
+        "--run-name",
+        algo,
+        "--no-progress",
+        "--no-tensorboard",
+    ]
+    assert main(argv) == 0
+    assert "dispatcher" in capsys.readouterr().out
