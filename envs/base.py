@@ -14,8 +14,10 @@ observation where the env is not done, a fresh reset observation where it is (au
 Envs whose agents leave mid-episode write `_agent_terminated`; their groups' specs then say `agents_leave`
 and their reset and step data hold `(group, "active")` `[B, n]` bool: False for an agent that has left its
 episode, until its env resets (`next`'s: still in after this step; `obs`'s: acts at the next step). Such an
-agent reads per-agent `terminated` and `done` True, reward 0 and its last observation; learners leave its
-steps out of their losses (`marl.core.rollout` stores `active` with each step). Other envs hold no `active`.
+agent reads per-agent `terminated` and `done` True; the env gives it reward 0 and may keep its last
+observation, and `_agent_terminated` stays True for it until `_reset` clears it (`check_env` checks this);
+learners leave its steps out of their losses (`marl.core.rollout` stores `active` with each step). Other
+envs hold no `active`.
 
 An env author subclasses `MultiAgentEnv` and writes only the physics:
 

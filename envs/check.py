@@ -7,6 +7,8 @@ It checks, in order, and stops at the first property that fails, naming it with 
   the env keeps its state in the tensors `_init_state` allocates (no state attribute that `_reset` or
   `_step` creates, no Python number attribute that they change);
 - `flags`: `done == terminated | truncated`, never both, and an env-level `done` finishes every agent;
+  where agents leave (`_agent_terminated`), every agent is active when its episode starts, one that left
+  stays out (reward 0) until its env resets;
 - `host_sync`: `reset` and `step` never synchronise with the host, make data-dependent shapes, or copy
   host data to the env's device (a CPU env's device is treated as remote, as `forbid_host_sync` explains,
   so a copy that would sync on a GPU fails here too; not checked for adapters of host simulators, whose
@@ -196,10 +198,14 @@ class _Checker:
                 key="state",
             )
         self.check_observations(start, "reset")
+        before = start
         for next_td, obs in trajectory:
             self.check_observations(obs, "step's obs")
             self.check_observations(next_td, "step's next")
             self.check_transition(next_td)
+            self.check_departures(before, next_td, obs)
+            before = obs
+        self.check_departures(None, None, start)
 
     def check_observations(self, td: TensorDictBase, where: str) -> None:
         env, B = self.env, self.B
@@ -252,6 +258,45 @@ class _Checker:
             self.check_flags(flags, group)
             if bool((root["done"] & ~flags["done"].all(1)).any()):
                 self.fail("flags", "the env is done but some of its agents are not", group, "done")
+
+    def check_departures(self, before: TensorDictBase | None, next_td: TensorDictBase | None, obs: TensorDictBase):
+        """Where agents leave: `obs`'s new episodes (where `next_td` is done, or all of them) start with every
+        agent active; an agent out `before` the step is still out in `next_td`, with reward 0."""
+        fresh = (
+            torch.ones(self.B, dtype=torch.bool, device=self.env.device) if next_td is None else next_td["done"][:, 0]
+        )
+        for group, spec in self.env.groups.items():
+            if not spec.agents_leave:
+                continue
+            if not bool(obs[group, "active"][fresh].all()):
+                self.fail(
+                    "flags",
+                    "an agent is out (not active) at the start of an episode: _reset must bring every agent back "
+                    "where mask is true, clearing what _agent_terminated reads (e.g. "
+                    "self.out = torch.where(mask[:, None], False, self.out))",
+                    group,
+                    "active",
+                )
+            if before is None:
+                continue
+            out = ~before[group, "active"]  # [B, n]: left at an earlier step
+            if bool((out & next_td[group, "active"]).any()):
+                self.fail(
+                    "flags",
+                    "an agent that left its episode is active again before its env reset: _agent_terminated must "
+                    "stay True from the step an agent leaves until _reset clears it (keep it in a state tensor, "
+                    "e.g. self.out = self.out | leaving)",
+                    group,
+                    "active",
+                )
+            if bool((out & (next_td[group, "reward"][..., 0] != 0)).any()):
+                self.fail(
+                    "flags",
+                    "an agent that left its episode got a reward: _step gives it 0 until its env resets "
+                    "(torch.where(out, 0.0, reward), out as before the step)",
+                    group,
+                    "reward",
+                )
 
     def check_flags(self, flags: dict, group: str | None) -> None:
         if not torch.equal(flags["done"], flags["terminated"] | flags["truncated"]):

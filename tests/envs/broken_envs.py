@@ -323,3 +323,48 @@ class PythonNumberState(Counter):
     def _step(self, action):
         self.elapsed += 1
         return super()._step(action)
+
+
+class Exits(Counter):
+    """A correct env whose movers leave: a mover that has moved right past 0.5 is out (`_agent_terminated`)
+    with reward 0 until its env resets; the env terminates when every mover is out."""
+
+    def _init_state(self):
+        super()._init_state()
+        self.out = torch.zeros(self.num_envs, self.config.n_agents, dtype=torch.bool, device=self.device)  # [B, n]
+
+    def _reset(self, mask):
+        super()._reset(mask)
+        self.out = torch.where(mask[:, None], False, self.out)
+
+    def _step(self, action):
+        reward, _ = super()._step(action)
+        was_out = self.out
+        self.out = self.out | (self.pos > 0.5)
+        reward["mover"] = torch.where(was_out, 0.0, reward["mover"])
+        return reward, self.out.all(-1)
+
+    def _agent_terminated(self):
+        return {"mover": self.out.clone()}
+
+
+class KeepsDepartedOnReset(Exits):
+    """Its _reset forgets to bring the departed movers back: every later episode starts with them out."""
+
+    def _reset(self, mask):
+        Counter._reset(self, mask)
+
+
+class DepartedComeBack(Exits):
+    """Reports a mover out only while it stands past 0.5: one that moves back is in again mid-episode."""
+
+    def _agent_terminated(self):
+        return {"mover": self.pos > 0.5}
+
+
+class DepartedEarnReward(Exits):
+    """Keeps rewarding a mover after it has left (its reward should be 0 until its env resets)."""
+
+    def _step(self, action):
+        reward, terminated = super()._step(action)
+        return {"mover": -(self.pos - self.target).abs(), "picker": reward["picker"]}, terminated

@@ -8,6 +8,10 @@ def test_correct_toy_env_passes():
     envs.check_env(broken.Counter(num_envs=5, seed=0))
 
 
+def test_correct_env_whose_agents_leave_passes():
+    envs.check_env(broken.Exits(num_envs=5, seed=0))
+
+
 @pytest.mark.parametrize("num_envs", [1, 4])
 @pytest.mark.parametrize("n_agents", [1, 3, 24])
 def test_navigation_passes(num_envs, n_agents):
@@ -43,6 +47,9 @@ def test_navigation_passes(num_envs, n_agents):
         (broken.NoActionAllowed, "data", "action_mask"),
         (broken.StateCreatedInStep, "data", "state"),
         (broken.PythonNumberState, "data", "state"),
+        (broken.KeepsDepartedOnReset, "flags", "active"),
+        (broken.DepartedComeBack, "flags", "active"),
+        (broken.DepartedEarnReward, "flags", "reward"),
     ],
     ids=lambda v: v.__name__ if isinstance(v, type) else str(v),
 )
@@ -75,6 +82,8 @@ def test_names_what_the_env_returned_and_what_was_expected():
         ),
         (broken.RewardOnly, r"_step\(\) must return a pair \(reward .*, terminated bool \[num_envs\]\), got a dict"),
         (broken.NoActionAllowed, r"'picker', key 'action_mask': action_mask allows no action for some agent"),
+        (broken.KeepsDepartedOnReset, r"'mover', key 'active': an agent is out .* at the start of an episode: _reset"),
+        (broken.DepartedEarnReward, r"'mover', key 'reward': an agent that left its episode got a reward: _step gives"),
         # The base class's value checks (check_env turns check_values on) name the method and the envs.
         (broken.NanRewardAtStep3, r"_step\(\)'s reward for group 'mover' contains NaN or inf in 1 of 4 envs \(env 2\)"),
         (broken.InfObservation, r"_observe\(\) for group 'mover' contains NaN or inf in 1 of 4 envs \(env 1\)"),
