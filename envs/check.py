@@ -13,6 +13,8 @@ It checks, in order, and stops at the first property that fails, naming it with 
   host data to the env's device (a CPU env's device is treated as remote, as `forbid_host_sync` explains,
   so a copy that would sync on a GPU fails here too; not checked for adapters of host simulators, whose
   class sets `runs_on_host = True`);
+- `vectorised`: `reset` and `step` run as many tensor ops for more envs (a Python loop over the envs
+  runs more; checked for native envs, built again with a few more envs);
 - `seeding`: one seed gives one trajectory, different seeds give different starts;
 - `independence`: changing env 0's actions changes nothing in the other envs;
 - `truncation`: `truncated` is set exactly at `max_steps` (and `terminated` is not);
@@ -24,13 +26,16 @@ It checks, in order, and stops at the first property that fails, naming it with 
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import torch
 from tensordict import TensorDictBase
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from envs.base import EnvOutputError, MultiAgentEnv, check_is_env
 from envs.specs import Box, Discrete, GroupSpec, MultiDiscrete
-from envs.sync import HostSyncError, forbid_host_sync
+from envs.sync import HostSyncError, caller, describe_caller, forbid_host_sync
 
 FLAGS = ("terminated", "truncated", "done")
 # What `reset(seed=...)` seeds is a native env's own stream: any other source of randomness breaks seeding, and
@@ -73,6 +78,7 @@ def check_env(
     try:
         checker.specs()
         checker.host_sync()
+        checker.vectorised()  # after host_sync: without a sync, no op can depend on data
         checker.data_and_flags()
         checker.seeding(random_reset)
         checker.independence()
@@ -84,6 +90,18 @@ def check_env(
     finally:
         env.check_values = previous
     env.reset(seed=seed)  # not in `finally`: an env that failed may fail to reset too, hiding the CheckError
+
+
+class _CountOps(TorchDispatchMode):
+    """Counts the aten ops run inside the block, by the line that asked for each (`envs.sync.caller`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: collections.Counter[tuple[str, int, str] | None] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.lines[caller(skip=(__file__,))] += 1
+        return func(*args, **(kwargs or {}))
 
 
 def _python_numbers(env: MultiAgentEnv) -> dict[str, object]:
@@ -159,6 +177,35 @@ class _Checker:
             if clash:
                 self.fail("specs", f"agent names {sorted(clash)} appear in more than one group", group)
             seen.update(spec.agents)
+
+    def vectorised(self) -> None:
+        """Count the tensor ops of a reset and a step, by the line that asks for each, in two fresh eager envs of
+        the class: one of `num_envs` envs and one with a few more. A batched env runs the same ops for both. Only
+        for native envs (built by `MultiAgentEnv.__init__`, traceable: no op depends on data)."""
+        env = self.env
+        if env.runs_on_host or not env.traceable or type(env).__init__ is not MultiAgentEnv.__init__:
+            return
+        sizes = (self.B, self.B + (len(env.seed) if isinstance(env.seed, tuple) else 1))
+        counts = []
+        for num_envs in sizes:
+            other = type(env)(env.config, num_envs=num_envs, device=env.device, seed=env.seed)
+            with _CountOps() as reset_ops:
+                obs = other.reset()
+            action = other.sample_actions(torch.Generator(env.device).manual_seed(3), obs)
+            with _CountOps() as step_ops:
+                other.step(action)
+            counts.append((reset_ops.lines, step_ops.lines))
+        for what, small, large in zip(("reset", "step"), *counts):
+            grows = [line for line in large if large[line] > small.get(line, 0)]
+            if grows:
+                line = grows[0]
+                at = f" at {describe_caller(line)}" if line is not None else ""
+                self.fail(
+                    "vectorised",
+                    f"the number of tensor ops in {what} grows with num_envs ({small.get(line, 0)} ops for {sizes[0]} "
+                    f"envs, {large[line]} for {sizes[1]}){at}, as a Python loop over the envs does (one small op per "
+                    "env): compute all envs at once with batched ops over dim 0 (broadcasting, torch.where, gather)",
+                )
 
     def host_sync(self) -> None:
         env = self.env

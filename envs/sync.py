@@ -27,9 +27,10 @@ adapter's own code around such calls stays under the guard.
 from __future__ import annotations
 
 import contextlib
+import linecache
 import os
+import sys
 import threading
-import traceback
 from collections.abc import Iterator
 
 import tensordict
@@ -78,16 +79,32 @@ _DATA_DEPENDENT_OPS = {
 _LIBRARIES = (os.path.dirname(torch.__file__), os.path.dirname(tensordict.__file__), os.path.abspath(__file__))
 
 
+def caller(skip: tuple[str, ...] = ()) -> tuple[str, int, str] | None:
+    """Where the running op was asked for, `(file, line, function)`: the innermost caller outside torch,
+    tensordict, this module and the files `skip` (an env's `_reset`, say), which a traceback buries under
+    torch's frames; None when there is none. Walks the frames without reading source (cheap per op)."""
+    libraries = _LIBRARIES + tuple(os.path.abspath(path) for path in skip)
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not os.path.abspath(filename).startswith(libraries):
+            return filename, frame.f_lineno, frame.f_code.co_name
+        frame = frame.f_back
+    return None
+
+
+def describe_caller(where: tuple[str, int, str]) -> str:
+    """`caller()`'s answer as `file:line in function: `code``."""
+    filename, lineno, name = where
+    return f"{filename}:{lineno} in {name}: `{linecache.getline(filename, lineno).strip()}`"
+
+
 def _error(what: str, kind: str = "host sync") -> HostSyncError:
-    """The error for `what`, naming the line that asked for it: the innermost caller outside torch,
-    tensordict and this module (an env's `_reset`, say), which a traceback buries under torch's frames."""
-    callers = [f for f in traceback.extract_stack() if not os.path.abspath(f.filename).startswith(_LIBRARIES)]
-    if not callers:
+    """The error for `what`, naming the line that asked for it (`caller`)."""
+    where = caller()
+    if where is None:
         return HostSyncError(f"{kind}: {what} is not allowed here")
-    line = callers[-1]
-    return HostSyncError(
-        f"{kind}: {what} is not allowed here (at {line.filename}:{line.lineno} in {line.name}: `{line.line}`)"
-    )
+    return HostSyncError(f"{kind}: {what} is not allowed here (at {describe_caller(where)})")
 
 
 def _is_bool_index(indices) -> bool:

@@ -368,3 +368,12 @@ class DepartedEarnReward(Exits):
     def _step(self, action):
         reward, terminated = super()._step(action)
         return {"mover": -(self.pos - self.target).abs(), "picker": reward["picker"]}, terminated
+
+
+class LoopsOverEnvs(Counter):
+    """Computes each env's distance in a Python loop over the envs: one small op per env on every step."""
+
+    def _step(self, action):
+        reward, terminated = super()._step(action)
+        distance = torch.stack([(self.pos[b] - self.target[b]).abs() for b in range(self.num_envs)])  # [B, n]
+        return {"mover": -distance, "picker": reward["picker"]}, terminated
