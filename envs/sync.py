@@ -2,8 +2,10 @@
 
 `forbid_host_sync()` is a context manager under which any operation that would make the host wait for
 the device raises `HostSyncError`: reading values (`.item()`, `.tolist()`, `.numpy()`, `.cpu()`,
-`bool(t)`, `int(t)`, `float(t)`, `if t:`), and ops whose output shape depends on data (`nonzero`,
-boolean-mask indexing and assignment, `masked_select`, `unique`, `repeat_interleave` by a tensor).
+`bool(t)`, `int(t)`, `float(t)`, `if t:`, `F.one_hot` without `num_classes`), and ops whose output shape
+depends on data (`nonzero`, boolean-mask indexing and assignment, `masked_select`, `unique`,
+`repeat_interleave` by a tensor). What syncs on the CPU only passes: `F.one_hot(index, num_classes)` checks
+the range of a CPU tensor's indices on the host, of a CUDA tensor's by a device assert.
 It works on CPU tensors too, so CI (without a GPU) proves that reset, step, rollout, advantages and
 loss never wait on the device.
 
@@ -139,16 +141,27 @@ class _ForbidMethods(TorchFunctionMode):
         what = _SYNCING_METHODS.get(func)
         if what is not None:
             raise _error(what)
+        # F.one_hot(index, n) checks the range of a CPU tensor's indices on the host, of a CUDA tensor's by a
+        # device assert: the CPU's check is no sync on a GPU, so it is let through.
+        cpu_only_sync = contextlib.nullcontext()
+        if func is torch.nn.functional.one_hot:
+            num_classes = args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
+            if num_classes < 0:
+                raise _error("one_hot without num_classes (it reads the largest index on the host; pass num_classes)")
+            if args[0].device.type == "cpu":
+                cpu_only_sync = allow_host_sync()
         if func is torch.Tensor.to and args and isinstance(args[0], torch.Tensor):
             target = _to_target(args, kwargs)
             if isinstance(target, torch.device) and target.type == "cpu" and args[0].device.type != "cpu":
                 raise _error("copying a device tensor to the CPU")
         if self.device is None:
-            return func(*args, **kwargs)
+            with cpu_only_sync:
+                return func(*args, **kwargs)
         what = self._host_to_device(func, args, kwargs)
         if what is not None:
             raise _error(what, "host-to-device copy")
-        out = func(*args, **kwargs)
+        with cpu_only_sync:
+            out = func(*args, **kwargs)
         if self.simulate and self._makes_host_tensors(func, args, kwargs):
             for t in pytree.tree_leaves(out):
                 if isinstance(t, torch.Tensor) and t.device.type == "cpu":

@@ -53,6 +53,26 @@ def test_device_side_operations_pass():
     assert y.shape == (3,)
 
 
+@pytest.mark.parametrize("device", [None, "cpu"], ids=["no_device", "cpu_as_remote"])
+def test_one_hot_with_num_classes_passes_as_it_does_on_cuda(device):
+    # On CUDA F.one_hot(index, n) leaves the range check to a device assert; on the CPU it reads the indices'
+    # min and max on the host, which failed check_env for an env that never syncs on a GPU.
+    index = torch.tensor([0, 2, 1])
+    with forbid_host_sync(device):
+        a = torch.nn.functional.one_hot(index, 3)
+        b = torch.nn.functional.one_hot(index, num_classes=3)
+    assert torch.equal(a, torch.eye(3, dtype=torch.long)[[0, 2, 1]]) and torch.equal(a, b)
+
+
+def test_one_hot_without_num_classes_raises_saying_to_pass_it():
+    # Without num_classes, one_hot reads the largest index on the host, on CUDA too.
+    with (
+        pytest.raises(HostSyncError, match=r"one_hot without num_classes .*; pass num_classes\) is not allowed"),
+        forbid_host_sync(),
+    ):
+        torch.nn.functional.one_hot(torch.tensor([0, 2, 1]))
+
+
 def test_allow_host_sync_lifts_the_guard_for_its_block_only():
     with forbid_host_sync():
         with allow_host_sync():
