@@ -27,13 +27,19 @@ An env author subclasses `MultiAgentEnv` and writes only the physics:
   `_reset` and `_step` then update: one first created there is refused, as a compiled step would not hold
   it in place);
 - `_reset(mask)`: re-initialise the state where the bool `[B]` mask is true (draw random numbers for
-  the whole batch from `self.rng`, the env's counter-based stream (`envs.random`), and select with
-  `torch.where`, so no shape depends on data and the step compiles into one graph);
-- `_step(action) -> (reward, terminated)`: advance every env and agent at once; `reward` is
-  float32 `{group: [B, n]}` (one per agent, also for a team reward), `terminated` a bool `[B]`;
+  the whole batch from `self.rng`, the env's counter-based stream (`envs.random`; sizes as separate ints:
+  `self.rng.rand(B, n, 2)`, `self.rng.randint(high, B, n)`), and select with `torch.where`, so no shape
+  depends on data and the step compiles into one graph);
+- `_step(action) -> (reward, terminated)`: advance every env and agent at once; `action` is
+  `{group: [B, n, *action_shape]}` (a `Box`'s float, clipped to its bounds; a `Discrete`'s int64 `[B, n]`);
+  `reward` is float32 `{group: [B, n]}` (one per agent, also for a team reward), `terminated` a bool `[B]`;
 - `_observe() -> {group: [B, n, *obs_shape]}` of the observation spec's dtype (never a state tensor
-  that `_reset` or `_step` then update in place); optionally `_action_mask()`, `_state()`,
-  `_agent_terminated()` and `_render(index)`.
+  that `_reset` or `_step` then update in place).
+
+Optionally: `_action_mask() -> {group: bool [B, n, n_actions]}` for exactly the groups whose action is
+`Discrete(masked=True)`; `_state_spec() -> Box` with `_state() -> [B, *state_spec.shape]`, a global state
+for centralised critics (both or neither); `_agent_terminated() -> {group: bool [B, n]}` for agents that
+leave (above); `_render(index) -> uint8 [H, W, 3]`, an image of env `index`.
 
 The base class owns step counting, truncation at `max_steps`, masked auto-reset, seeding and the
 argument checks. Shape, dtype and device checks of the actions and of what the env author's methods

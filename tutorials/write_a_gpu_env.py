@@ -56,7 +56,9 @@ device = "cuda" if torch.cuda.is_available() else "cpu"
 # - `_reset(mask)`: start new episodes in the envs where the bool `[B]` `mask` is true, and only there;
 # - `_step(action)`: advance every env and agent at once; return the rewards `{group: [B, n]}` and the
 #   termination flags `[B]`;
-# - `_observe`: the observations `{group: [B, n, *obs_shape]}`; optionally `_render(index)`.
+# - `_observe`: the observations `{group: [B, n, *obs_shape]}`; optionally `_render(index)`, and, for
+#   other tasks, `_action_mask` (masked `Discrete` actions), `_state_spec` with `_state` (a global state)
+#   and `_agent_terminated` (agents that leave early), with their shapes in the `envs.base` docstring.
 #
 # Three habits keep it on the device and correct:
 #
@@ -356,6 +358,9 @@ print(f"figures written to {OUT}")
 # %% [markdown]
 # ## Where to go from here
 #
+# - To train it from the command line, put the class in a module of your own (`my_envs.py`, in the
+#   folder you run `marl` from or on `PYTHONPATH`): `marl train --imports my_envs --env rendezvous`;
+#   `marl eval` finds the module again from the checkpoint.
 # - To ship the env with vecmarl, put the class in its own module under `envs/native/` (one file, like
 #   `envs/native/navigation.py`), import that module in `envs/__init__.py`, and add a test that runs
 #   `check_env` on it over a few sizes (like `tests/envs/native/test_spread.py`). It is then also available
