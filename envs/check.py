@@ -27,6 +27,7 @@ It checks, in order, and stops at the first property that fails, naming it with 
 from __future__ import annotations
 
 import collections
+import math
 
 import numpy as np
 import torch
@@ -268,8 +269,9 @@ class _Checker:
             low, high = spec.observation.bounds(env.device)
             if not bool(torch.isfinite(obs).all()):
                 self.fail("data", f"{where} observation has NaN or inf", group, "observation")
-            if bool(((obs < low) | (obs > high)).any()):
-                self.fail("data", f"{where} observation is outside its Box bounds", group, "observation")
+            outside = (obs < low) | (obs > high)  # [B, n, *shape]
+            if bool(outside.any()):
+                self.fail("data", self.out_of_bounds(where, obs, outside, low, high), group, "observation")
             if spec.has_action_mask:
                 mask = self.tensor(td, (group, "action_mask"), (B, n, spec.action.n), torch.bool, where)
                 if not bool(mask.any(-1).all()):
@@ -278,6 +280,19 @@ class _Checker:
             state = self.tensor(td, ("state",), (B, *env.state_spec.shape), env.state_spec.dtype, where)
             if not bool(torch.isfinite(state).all()):
                 self.fail("data", f"{where} state has NaN or inf", key="state")
+
+    @staticmethod
+    def out_of_bounds(where: str, obs: torch.Tensor, outside: torch.Tensor, low, high) -> str:
+        """Which element of the observations `obs` `[B, n, *shape]` is `outside` its bounds, and its range."""
+        shape = tuple(low.shape)
+        element = int(outside.reshape(-1, math.prod(shape)).any(0).nonzero()[0])  # in the flattened shape
+        values = obs.reshape(-1, math.prod(shape))[:, element]
+        index = tuple(int(i) for i in np.unravel_index(element, shape))
+        bound = low.reshape(-1)[element].item(), high.reshape(-1)[element].item()
+        return (
+            f"{where} observation is outside its Box bounds: element {index} has values in "
+            f"[{values.min().item():.4g}, {values.max().item():.4g}], outside [{bound[0]:.4g}, {bound[1]:.4g}]"
+        )
 
     def tensor(self, td: TensorDictBase, key: tuple, shape: tuple, dtype: torch.dtype, where: str) -> torch.Tensor:
         group, name = (key[0], key[-1]) if len(key) > 1 else (None, key[0])

@@ -377,3 +377,12 @@ class LoopsOverEnvs(Counter):
         reward, terminated = super()._step(action)
         distance = torch.stack([(self.pos[b] - self.target[b]).abs() for b in range(self.num_envs)])  # [B, n]
         return {"mover": -distance, "picker": reward["picker"]}, terminated
+
+
+class ObservationOutOfBounds(Counter):
+    """Declares the movers' target (observation element 1) in [0, 0.5], but draws it in [0, 1)."""
+
+    def _make_groups(self):
+        groups = super()._make_groups()
+        mover = dataclasses.replace(groups["mover"], observation=Box((2,), (-1e9, 0.0), (1e9, 0.5)))
+        return {**groups, "mover": mover}

@@ -94,6 +94,13 @@ def test_names_what_the_env_returned_and_what_was_expected():
             envs.check_env(env_class(num_envs=4, seed=0))
 
 
+def test_observation_out_of_bounds_names_the_element_and_its_values():
+    # It said only "observation is outside its Box bounds", not which of its numbers nor by how much.
+    message = r"'mover', key 'observation': reset observation is outside its Box bounds: element \(1,\) has values in \[0\.\d+, 0\.\d+\], outside \[0, 0\.5\]"
+    with pytest.raises(envs.CheckError, match=message):
+        envs.check_env(broken.ObservationOutOfBounds(num_envs=4, seed=0))
+
+
 def test_aliased_observation_names_the_in_place_update():
     with pytest.raises(envs.CheckError, match="_observe returns a state tensor that _reset then updates in place"):
         envs.check_env(broken.AliasedObservation(num_envs=4, seed=0))
