@@ -15,7 +15,7 @@ It checks, in order, and stops at the first property that fails, naming it with 
   class sets `runs_on_host = True`);
 - `vectorised`: `reset` and `step` run as many tensor ops for more envs (a Python loop over the envs
   runs more; checked for native envs, built again with a few more envs);
-- `seeding`: one seed gives one trajectory, different seeds give different starts;
+- `seeding`: one seed gives one trajectory, whatever ran before it, and different seeds give different starts;
 - `independence`: changing env 0's actions changes nothing in the other envs;
 - `truncation`: `truncated` is set exactly at `max_steps` (and `terminated` is not);
 - `auto_reset`: `next` keeps the true final observation of a finished episode while `obs` holds a fresh
@@ -368,6 +368,9 @@ class _Checker:
 
     def seeding(self, random_reset: bool) -> None:
         start_a, run_a = self.run(self.short_run)
+        # Other actions in between: state that _reset leaves would then differ at the next start, even state
+        # that only the last action sets (run_a ends as the run before it, with the same actions).
+        self.run(self.short_run, action_seed=2)
         start_b, run_b = self.run(self.short_run)
         fix = ": " + (self.env.seeding_advice or NATIVE_SEEDING_ADVICE)
         self.compare(start_a, start_b, "seeding", "two resets with the same seed differ" + fix)

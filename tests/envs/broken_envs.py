@@ -386,3 +386,18 @@ class ObservationOutOfBounds(Counter):
         groups = super()._make_groups()
         mover = dataclasses.replace(groups["mover"], observation=Box((2,), (-1e9, 0.0), (1e9, 0.5)))
         return {**groups, "mover": mover}
+
+
+class KeepsLastPickOnReset(Counter):
+    """The picker observes its last pick, which _reset forgets to clear: an episode starts showing the last
+    one's final pick (the same after any run whose last actions were the same)."""
+
+    def _reset(self, mask):
+        picks = self.picks
+        super()._reset(mask)
+        self.picks = picks
+
+    def _step(self, action):
+        reward, terminated = super()._step(action)
+        self.picks = action["picker"][:, 0].float()
+        return reward, terminated

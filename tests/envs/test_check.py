@@ -146,6 +146,17 @@ def test_seeding_failure_names_state_that_reset_leaves():
         envs.check_env(broken.KeepsPositionOnReset(num_envs=4, seed=0))
 
 
+def test_seeding_catches_state_that_reset_leaves_whatever_the_history():
+    # The two runs it compared had the same actions, so state that only the last action sets ended them alike,
+    # and a _reset that forgot it passed.
+    with pytest.raises(
+        envs.CheckError,
+        match=r"'seeding' failed for group 'picker', key 'observation': two resets with the same seed differ: .*"
+        r"let _reset overwrite every state tensor where mask",
+    ):
+        envs.check_env(broken.KeepsLastPickOnReset(num_envs=4, seed=0))
+
+
 @pytest.mark.parametrize("take", [envs.check_env, envs.to_pettingzoo], ids=["check_env", "to_pettingzoo"])
 def test_a_name_where_an_env_goes_is_refused_saying_how_to_make_one(take):
     # was "AttributeError: 'str' object has no attribute 'check_values'" (and 'name' for to_pettingzoo)
