@@ -46,13 +46,14 @@ def greedy_returns(checkpoint) -> dict[str, float]:
     return {g: float(np.mean([returns[a] for a in spec.agents])) for g, spec in env.groups.items()}
 
 
-@pytest.mark.parametrize("algo", ["mappo", "ippo", "masac", "iql", "qmix"])
-def test_train_and_eval_on_a_users_pettingzoo_env_whose_agents_leave(tmp_path, capsys, algo):
+def train_argv(tmp_path, algo: str, *more: str) -> list[str]:
+    """`marl train` of `algo` on the couriers for 128 frames (8 envs, 8 steps), in `tmp_path/algo`."""
     sizes = (
         ["--minibatch-size", "32"] if algo.endswith("ppo") else ["--batch-size", "32", "--updates-per-iteration", "2"]
     )
-    argv = ["train", "--algo", algo, "--env", ENV, "--num-envs", "8", "--rollout-length", "8", *sizes]
-    argv += [
+    argv = ["train", "--algo", algo, "--env", ENV, "--num-envs", "8", "--rollout-length", "8", *sizes, *more]
+    return [
+        *argv,
         "--total-frames",
         "128",
         "--log-dir",
@@ -62,7 +63,11 @@ def test_train_and_eval_on_a_users_pettingzoo_env_whose_agents_leave(tmp_path, c
         "--no-progress",
         "--no-tensorboard",
     ]
-    assert main(argv) == 0
+
+
+@pytest.mark.parametrize("algo", ["mappo", "ippo", "masac", "iql", "qmix"])
+def test_train_and_eval_on_a_users_pettingzoo_env_whose_agents_leave(tmp_path, capsys, algo):
+    assert main(train_argv(tmp_path, algo)) == 0
     out = capsys.readouterr().out
     assert "courier        mean episode return" in out and "dispatcher     mean episode return" in out
     checkpoint = tmp_path / algo / "checkpoint.pt"
@@ -77,31 +82,5 @@ def test_train_and_eval_on_a_users_pettingzoo_env_whose_agents_leave(tmp_path, c
 @pytest.mark.parametrize("algo", ["mappo", "qmix"])
 def test_a_population_trains_on_a_users_pettingzoo_env_whose_agents_leave(tmp_path, capsys, algo):
     # Two groups that may lose agents: each group's values and moments read its own `active` flags.
-    sizes = ["--minibatch-size", "32"] if algo == "mappo" else ["--batch-size", "32", "--updates-per-iteration", "2"]
-    argv = [
-        "train",
-        "--algo",
-        algo,
-        "--env",
-        ENV,
-        "--num-envs",
-        "8",
-        "--rollout-length",
-        "8",
-        *sizes,
-        "--seeds",
-        "0",
-        "1",
-    ]
-    argv += [
-        "--total-frames",
-        "128",
-        "--log-dir",
-        str(tmp_path),
-        "--run-name",
-        algo,
-        "--no-progress",
-        "--no-tensorboard",
-    ]
-    assert main(argv) == 0
+    assert main(train_argv(tmp_path, algo, "--seeds", "0", "1")) == 0
     assert "dispatcher" in capsys.readouterr().out
