@@ -190,8 +190,13 @@ class PPOConfig(AlgorithmConfig):
                 f"--model gru: a minibatch holds whole chunks; minibatch_size ({self.minibatch_size}) is less than "
                 f"one chunk (chunk_length {self.chunk_length})"
             )
-        if self.burn_in >= T:
-            raise ValueError(f"--model gru: burn_in ({self.burn_in}) must be less than rollout_length ({T})")
+        if self.burn_in > T - self.chunk_length:
+            # A chunk burns in only where its burn-in steps lie in the rollout: none would past this.
+            raise ValueError(
+                f"--model gru: burn_in ({self.burn_in}) must be at most rollout_length - chunk_length ({T} - "
+                f"{self.chunk_length} = {T - self.chunk_length}): only chunks at least burn_in steps into the rollout "
+                "burn in; pass a smaller --burn-in, or a longer --rollout-length"
+            )
         if self.overlap_critic:
             raise ValueError("--model gru: overlap_critic is not supported with recurrent nets; drop --overlap-critic")
 

@@ -197,6 +197,12 @@ def test_gru_options_are_checked_at_the_config(tmp_path):
         ModelConfig(model="gru", gru_hidden=0)
     with pytest.raises(ValueError, match="burn_in >= 0"):
         PPOConfig(burn_in=-1)
+    # Only chunks at least burn_in steps into the rollout burn in: past rollout_length - chunk_length none would.
+    with pytest.raises(
+        ValueError, match=r"burn_in \(17\) must be at most rollout_length - chunk_length \(24 - 8 = 16\)"
+    ):
+        dataclasses.replace(config, algo=dataclasses.replace(config.algo, burn_in=17))
+    assert dataclasses.replace(config, algo=dataclasses.replace(config.algo, burn_in=16)).algo.burn_in == 16
     # A group's override to gru is refused by an MLP-only algorithm too, its own where it has one.
     with pytest.raises(ValueError, match=r"--model gru \(group 'agent'\): --algo masac trains MLPs only"):
         TrainConfig(algo=algorithms.default_config("masac"), group_overrides={"agent": {"model": "gru"}})
