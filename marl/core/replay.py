@@ -57,6 +57,7 @@ from kernels.sum_tree import (
     sum_tree_write_,
     sum_tree_zeros,
 )
+from marl.core.masking import masked_mean
 from marl.core.rollout import transition_layout
 
 Key = tuple[str, ...]
@@ -541,9 +542,7 @@ class ReplayBuffer:
         stacked = columns[0] if len(columns) == 1 else torch.cat(columns, dim=1)  # [k, agents of all groups]
         if self.prioritized.reduce == "max":  # priorities are >= 0: the zeros of agents out change no max
             return stacked.amax(1)
-        if not active:
-            return stacked.mean(1)
-        return stacked.sum(1) / torch.cat(acted, dim=1).sum(1).clamp_min(1)
+        return masked_mean(stacked, torch.cat(acted, dim=1) if active else None, dim=1)
 
     def set_priority_(self, index: torch.Tensor, reduced: torch.Tensor) -> None:
         """Set the priorities of slots `index` `[k]` to `reduced` `[k]` (`reduce_priority`'s), in place: the
