@@ -11,6 +11,17 @@ ordered mapping name -> `GroupSpec`); each group's tensors are shaped `[B, n, ..
 `"terminated" | "truncated" | "done"` `[B, 1]`. `obs` is what the policy acts on next: `next`'s
 observation where the env is not done, a fresh reset observation where it is (auto-reset by mask).
 
+The auto-reset leaves nothing to see of the state an episode ended in, which a recording needs (`marl eval
+--render`: the agents on their goals). `step(action, auto_reset=False)` leaves the done envs as the step
+left them, with `obs` `next`'s observation; the caller renders them, then resets them before the next step:
+
+    next, obs = env.step(action, auto_reset=False)
+    frame = env.render(0)                       # env 0 after the action, also where it is done
+    obs = env.reset(mask=next["done"][:, 0])    # the `obs` that `step(action)` gives, from the same draws
+
+The two run what `step(action)` runs, in its order and with its random draws, so a run is the same
+either way. (`compile=True` compiles only the auto-resetting step; this one runs eagerly.)
+
 Envs whose agents leave mid-episode write `_agent_terminated`; their groups' specs then say `agents_leave`
 and their reset and step data hold `(group, "active")` `[B, n]` bool: False for an agent that has left its
 episode, until its env resets (`next`'s: still in after this step; `obs`'s: acts at the next step). Such an
@@ -319,9 +330,12 @@ class MultiAgentEnv:
         `mask` is true; returns the observations of all envs."""
         return self._as_tensordict(self.reset_data(seed, mask=mask))
 
-    def step(self, action: Mapping[str, torch.Tensor] | TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
-        """Advance every env one step; returns `(next, obs)` (see the module docstring)."""
-        next_data, obs_data = self.step_data(action)
+    def step(
+        self, action: Mapping[str, torch.Tensor] | TensorDictBase, *, auto_reset: bool = True
+    ) -> tuple[TensorDictBase, TensorDictBase]:
+        """Advance every env one step; returns `(next, obs)`. With `auto_reset=False` the done envs are
+        left for the caller to reset (see the module docstring)."""
+        next_data, obs_data = self.step_data(action, auto_reset=auto_reset)
         return self._as_tensordict(next_data), self._as_tensordict(obs_data)
 
     def reset_data(self, seed: int | None = None, *, mask: torch.Tensor | None = None) -> dict:
@@ -354,12 +368,18 @@ class MultiAgentEnv:
             )
         return seed
 
-    def step_data(self, action: Mapping[str, torch.Tensor] | TensorDictBase) -> tuple[dict, dict]:
+    def step_data(
+        self, action: Mapping[str, torch.Tensor] | TensorDictBase, *, auto_reset: bool = True
+    ) -> tuple[dict, dict]:
         """`step` returning nested dicts of tensors instead of TensorDicts (same keys and shapes): the
         rollout's hot path, which skips building two TensorDicts per step."""
+        if not isinstance(auto_reset, bool):  # "no" would be truthy
+            raise TypeError(f"{self.name}: auto_reset must be True or False, got {auto_reset!r}")
         action = self._check_action(action)
-        # Traced into a caller's graph (the compiled rollout), the body is traced inline: no nested compile.
-        next_data, obs = (self._step_body if torch.compiler.is_compiling() else self._step_call)(action)
+        if not auto_reset:  # eager: a compiled step (`compile=True`) is the auto-resetting one
+            next_data, obs = self._step_body(action, auto_reset=False)
+        else:  # traced into a caller's graph (the compiled rollout), the body is traced inline: no nested compile
+            next_data, obs = (self._step_body if torch.compiler.is_compiling() else self._step_call)(action)
         if self.check_values:
             # `obs` equals `next`'s observation where no env was reset, so what is only in `obs` came from a reset.
             self._check_output_values((next_data, ""), (obs, " (after the auto-reset)"))
@@ -370,7 +390,7 @@ class MultiAgentEnv:
         self._reset_where(mask)
         return self._observation_data()
 
-    def _step_body(self, action: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+    def _step_body(self, action: dict[str, torch.Tensor], auto_reset: bool = True) -> tuple[dict, dict]:
         """`step_data` after the action checks: the physics, step counts, flags, auto-reset and both
         observations. Compiled, it is one graph: the output checks are on shapes and dtypes only, which
         torch.compile decides while tracing, so they cost nothing when it runs."""
@@ -392,6 +412,8 @@ class MultiAgentEnv:
         truncated = (self.step_count >= self.max_steps) & ~terminated  # [B]
         done = terminated | truncated
         next_data = self._observation_data()
+        if not auto_reset:  # `obs` is `next`'s observation: observed again, noise would be drawn twice
+            obs = {key: dict(value) if isinstance(value, dict) else value for key, value in next_data.items()}
         for group, spec in self.groups.items():
             n = spec.n_agents
             if not spec.agents_leave:  # the env's flags hold for every agent: views, no ops
@@ -411,6 +433,8 @@ class MultiAgentEnv:
                 "done": done.unsqueeze(-1),
             }
         )
+        if not auto_reset:
+            return next_data, obs
         self._reset_where(done)
         return next_data, self._observation_data()
 

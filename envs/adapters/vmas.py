@@ -242,9 +242,11 @@ class VmasEnv(MultiAgentEnv):
             self._seed_vmas(seed)
         return super().reset_data(seed, mask=mask)
 
-    def step_data(self, action: Mapping[str, torch.Tensor] | TensorDictBase) -> tuple[dict, dict]:
+    def step_data(
+        self, action: Mapping[str, torch.Tensor] | TensorDictBase, *, auto_reset: bool = True
+    ) -> tuple[dict, dict]:
         """As `MultiAgentEnv.step_data`, with VMAS's info in `next` as `(group, "info", key)`."""
-        next_data, obs = super().step_data(action)
+        next_data, obs = super().step_data(action, auto_reset=auto_reset)
         for group, info in self._info.items():
             if info:
                 next_data[group]["info"] = info

@@ -33,7 +33,8 @@ def evaluate(
 
     Every env contributes its first episode only, so short episodes are not over-counted; with more
     episodes than `num_envs` (default min(episodes, 256)) the envs run in rounds with fresh seeds.
-    `render`: write env 0's first episode to this GIF path. A checkpoint of several seeds (`marl train
+    `render`: write env 0's first episode to this GIF path, from its first state to the one its last action
+    reached (episode length + 1 frames). A checkpoint of several seeds (`marl train
     --seeds`) evaluates its `member` (a seed, or with a sweep the member's name, `seed_0-lr_0.001`), from
     that member's own checkpoint in the run folder.
     """
@@ -99,9 +100,12 @@ def evaluate(
         finished = torch.zeros(k, dtype=torch.bool, device=device)
         final = {g: torch.zeros(k, device=device) for g in env.groups}
         length = torch.zeros(k, device=device)
+        if render and round_index == 0:
+            frames.append(env.render(0))
         while not bool(finished.all()):
-            if render and round_index == 0 and not bool(finished[0]):
-                frames.append(env.render(0))
+            # Until env 0's first episode ends, the step leaves done envs to be reset here, after env 0's
+            # frame: the auto-reset would draw the next episode's first state over its last one.
+            recording = render and round_index == 0 and not bool(finished[0])
             actions = {}
             for g, policy in policies.items():
                 if g in hidden:
@@ -119,7 +123,10 @@ def evaluate(
                 else:
                     raw = dist.sample(draw_noise(env.groups[g].action, (k, env.groups[g].n_agents), generator, device))
                 actions[g] = dist.env_action(raw)
-            next_td, obs = env.step(actions)
+            next_td, obs = env.step(actions, auto_reset=not recording)
+            if recording:
+                frames.append(env.render(0))
+                obs = env.reset(mask=next_td["done"][:, 0])
             for g, h in hidden.items():
                 hidden[g] = h.masked_fill(next_td["done"][:, 0, None, None], 0.0)
             done = next_td["done"][:, 0] & ~finished

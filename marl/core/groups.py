@@ -184,15 +184,19 @@ class GroupedEnv:
     def reset(self, seed: int | None = None, *, mask: torch.Tensor | None = None) -> TensorDictBase:
         return self._as_tensordict(self.reset_data(seed, mask=mask))
 
-    def step(self, action: Mapping[str, torch.Tensor] | TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
-        next_data, obs = self.step_data(action)
+    def step(
+        self, action: Mapping[str, torch.Tensor] | TensorDictBase, *, auto_reset: bool = True
+    ) -> tuple[TensorDictBase, TensorDictBase]:
+        next_data, obs = self.step_data(action, auto_reset=auto_reset)
         return self._as_tensordict(next_data), self._as_tensordict(obs)
 
     def reset_data(self, seed: int | None = None, *, mask: torch.Tensor | None = None) -> dict:
         return self._regroup(self.env.reset_data(seed, mask=mask))
 
-    def step_data(self, action: Mapping[str, torch.Tensor] | TensorDictBase) -> tuple[dict, dict]:
-        next_data, obs = self.env.step_data(self._split_action(action))
+    def step_data(
+        self, action: Mapping[str, torch.Tensor] | TensorDictBase, *, auto_reset: bool = True
+    ) -> tuple[dict, dict]:
+        next_data, obs = self.env.step_data(self._split_action(action), auto_reset=auto_reset)
         return self._regroup(next_data), self._regroup(obs)
 
     def _as_tensordict(self, data: dict) -> TensorDict:

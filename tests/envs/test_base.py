@@ -1,6 +1,7 @@
 """The base class's argument checks, auto-reset and flags, on the toy env and on navigation."""
 
 import dataclasses
+import functools
 import re
 
 import numpy as np
@@ -21,6 +22,7 @@ from tests.envs.broken_envs import (
     WrongDtype,
     WrongShape,
 )
+from tests.envs.caller_reset import steps_without_auto_reset
 
 
 def make(**kwargs):
@@ -201,6 +203,30 @@ def test_flags_and_auto_reset_at_max_steps():
     # After the time limit every env restarted: counters are back to zero, targets are fresh.
     assert torch.equal(env.step_count, torch.zeros(4, dtype=torch.long))
     assert not torch.equal(next_td["mover", "observation"][..., 1], obs["mover", "observation"][..., 1])
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_a_step_without_auto_reset_leaves_done_envs_as_the_last_action_left_them(request, compile):
+    # `marl eval --render` drew env 0 only after `step` had reset it: an episode's last state (the agents on
+    # their goals) was never drawn. Without the auto-reset, it is there until the caller resets the env.
+    if compile:
+        request.getfixturevalue("without_inductor")
+    make = functools.partial(envs.make, "navigation", num_envs=3, seed=0, n_agents=2, compile=compile)
+    auto, manual = make(max_steps=3), make(max_steps=3)
+    long = make(max_steps=100)  # the same run, with no end in these steps
+    for env in (auto, manual):  # env i ends after 3 - i steps: masked resets
+        env.step_count.copy_(torch.arange(3))
+    generator = torch.Generator().manual_seed(0)
+    actions = [auto.sample_actions(generator) for _ in range(7)]  # truncated, never all on their goals
+    for t, (next_td, action) in enumerate(zip(steps_without_auto_reset(auto, manual, actions), actions), 1):
+        assert next_td["done"][:, 0].tolist() == [(t + i) % 3 == 0 for i in range(3)]
+        if t <= 3:  # env 0's first episode
+            long.step(action)
+            assert np.array_equal(manual.render(0), long.render(0))
+        if t == 3:  # `auto` has begun env 0's next episode, `manual` not yet
+            assert not np.array_equal(auto.render(0), long.render(0))
+            assert manual.step_count.tolist() == [3, 1, 2] and auto.step_count.tolist() == [0, 1, 2]
+    assert t == len(actions) and torch.equal(manual.step_count, auto.step_count)
 
 
 def test_tensordict_actions_are_accepted():

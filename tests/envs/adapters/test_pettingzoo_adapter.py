@@ -12,6 +12,7 @@ import torch
 
 import envs
 from tests.envs.adapters import assert_seeding_advice
+from tests.envs.caller_reset import steps_without_auto_reset
 
 pytest.importorskip("pettingzoo")
 pytest.importorskip("mpe2")
@@ -115,6 +116,21 @@ def test_agents_leave_through_per_agent_flags():
         obs = obs_next
     assert flags == [[False, False], [False, True], [False, True], [True, True]]
     assert next_td["terminated"].all() and (obs["runner", "observation"][:, :, 1] == 0).all()
+
+
+def test_a_step_without_auto_reset_leaves_done_envs_as_the_last_action_left_them():
+    """As a native env's (`tests/envs/test_base.py`): the adapter resets its copies in the base class's
+    auto-reset, which `auto_reset=False` leaves to the caller."""
+    auto, manual = (envs.make(f"pettingzoo/{TOY}", num_envs=2, seed=0, max_steps=10, lifetimes=(4, 2)) for _ in "ab")
+    for env in (auto, manual):  # env 1 is truncated after 2 steps (a masked reset), env 0 terminated after 4
+        env.step_count.copy_(torch.tensor([0, 8]))
+    generator = torch.Generator().manual_seed(0)
+    actions = [auto.sample_actions(generator) for _ in range(6)]
+    for t, next_td in enumerate(steps_without_auto_reset(auto, manual, actions), 1):
+        assert next_td["done"][:, 0].tolist() == [t == 4, t in (2, 6)]
+        if t == 4:  # copy 0 ended its episode: `manual`'s is still at its end, `auto`'s has begun the next
+            assert (manual.copies[0].t, manual.copies[0].agents) == (4, []) and auto.copies[0].t == 0
+    assert t == len(actions)
 
 
 def test_the_couriers_env_passes_pettingzoos_api_test():

@@ -12,6 +12,7 @@ import torch
 import envs
 from envs.adapters import vmas as vmas_adapter
 from tests.envs.adapters import assert_seeding_advice
+from tests.envs.caller_reset import steps_without_auto_reset
 from tests.envs.row_invariant_random import RowInvariantRandom
 
 vmas = pytest.importorskip("vmas")
@@ -165,6 +166,33 @@ def test_masked_reset_equals_vmas_reset_at(scenario, options):
             torch.testing.assert_close(next_td[g, "observation"], stacked(raw_obs, env, g), rtol=0, atol=0)
             torch.testing.assert_close(next_td[g, "reward"][..., 0], stacked(raw_reward, env, g), rtol=0, atol=0)
         assert torch.equal(next_td["terminated"][:, 0], raw_done)
+
+
+def test_a_step_without_auto_reset_leaves_done_envs_as_the_last_action_left_them():
+    """As a native env's (`tests/envs/test_base.py`): the adapter's reset, masked or full, is the base
+    class's auto-reset, which `auto_reset=False` leaves to the caller."""
+    B = 3
+    auto, manual, long = (
+        envs.make("vmas/navigation", num_envs=B, seed=0, n_agents=2, max_steps=m) for m in (3, 3, 100)
+    )
+    for env in (auto, manual):  # env 1 ends a step before envs 0 and 2: masked resets
+        env.step_count.copy_(torch.tensor([0, 1, 0]))
+    generator = torch.Generator().manual_seed(0)
+    actions = [auto.sample_actions(generator) for _ in range(7)]
+
+    def positions(env) -> torch.Tensor:  # [n, 2] env 0's agents
+        return torch.stack([agent.state.pos[0] for agent in env.vmas_env.agents])
+
+    for t, (next_td, action) in enumerate(zip(steps_without_auto_reset(auto, manual, actions), actions), 1):
+        assert next_td["done"][:, 0].tolist() == [t % 3 == 0, t % 3 == 2, t % 3 == 0]
+        if t <= 3:  # env 0's first episode
+            long.step(action)
+            assert torch.equal(positions(manual), positions(long))
+            if vmas_adapter.render_problem() is None:
+                assert np.array_equal(manual.render(0), long.render(0))
+        if t == 3:  # `auto` has begun env 0's next episode, `manual` not yet
+            assert not torch.equal(positions(auto), positions(long))
+    assert t == len(actions)
 
 
 def test_returns_ordinary_tensors():
