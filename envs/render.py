@@ -154,18 +154,24 @@ def play(
     """Run `policy` (obs TensorDict -> `{group: action}`) on `env` for `steps` steps from a reset.
 
     Returns each group's mean episode return per agent over the episodes that finished (NaN when none
-    did), read back once at the end. With `gif`, env 0's frames are written there.
+    did), read back once at the end. With `gif`, env 0's frames are written there: each of its episodes
+    from its first state to the one its last action reached.
     """
     obs = env.reset()
     running = {g: torch.zeros(env.num_envs, device=env.device) for g in env.groups}  # [B] return so far
     total = {g: torch.zeros((), device=env.device) for g in env.groups}
     finished = torch.zeros((), device=env.device)
-    frames = []
-    for _ in range(steps):
+    frames = [env.render(0)] if gif else []
+    for t in range(steps):
+        # Recording, the step leaves done envs to be reset here, after env 0's frame: the auto-reset would
+        # draw the next episode's first state over the last one (the same draws either way).
+        next_td, obs = env.step(policy(obs), auto_reset=not gif)
+        done = next_td["done"][:, 0]
         if gif:
             frames.append(env.render(0))
-        next_td, obs = env.step(policy(obs))
-        done = next_td["done"][:, 0]
+            obs = env.reset(mask=done)
+            if t + 1 < steps and bool(done[0]):  # env 0's next episode starts from the reset's state
+                frames.append(env.render(0))
         finished += done.sum()
         for g in env.groups:
             running[g] += next_td[g, "reward"][..., 0].mean(-1)

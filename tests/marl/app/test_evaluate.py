@@ -2,62 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
-
-import numpy as np
-import torch
-from PIL import Image, ImageSequence
-
 import envs
-from envs.base import EnvConfig, MultiAgentEnv
-from envs.specs import Box, GroupSpec
 from marl.algorithms.ppo import PPOConfig
 from marl.app.evaluate import evaluate
 from marl.app.trainer import Trainer
 from marl.config import EnvSettings, ModelConfig, RunConfig, TrainConfig
+from tests.envs.ticker import TICK_GREY, Ticker, gif_greys
 
-TICK_GREY = 40  # a frame is grey 40 * ticks
-
-
-@dataclasses.dataclass(frozen=True)
-class TickerConfig(EnvConfig):
-    max_steps: int = 10
-
-
-@envs.register("ticker")
-class Ticker(MultiAgentEnv):
-    """Env i ticks once a step and terminates at `4 + i` ticks (before `max_steps`), whatever the actions;
-    its frame is grey `TICK_GREY * ticks`: a hand-checked episode, env 0's last frame grey 160."""
-
-    Config = TickerConfig
-
-    def _make_groups(self):
-        return {"agent": GroupSpec(["agent_0"], Box((1,)), Box((1,), -1.0, 1.0))}
-
-    def _init_state(self):
-        self.ticks = torch.zeros(self.num_envs, device=self.device)  # [B]
-        self.length = 4.0 + torch.arange(self.num_envs, device=self.device)  # [B] each env's episode length
-
-    def _reset(self, mask):
-        self.ticks = torch.where(mask, 0.0, self.ticks)
-
-    def _step(self, action):
-        self.ticks = self.ticks + 1
-        return {"agent": torch.zeros(self.num_envs, 1, device=self.device)}, self.ticks >= self.length
-
-    def _observe(self):
-        return {"agent": self.ticks[:, None, None] / 10}
-
-    def _render(self, index):
-        return np.full((4, 4, 3), TICK_GREY * int(self.ticks[index]), dtype=np.uint8)
-
-
-def gif_greys(path) -> list[int]:
-    """Each frame's grey level (the frames are uniform)."""
-    with Image.open(path) as image:
-        frames = [np.asarray(frame.convert("RGB")) for frame in ImageSequence.Iterator(image)]
-    assert all((frame == frame[0, 0, 0]).all() for frame in frames)
-    return [int(frame[0, 0, 0]) for frame in frames]
+envs.register("ticker")(Ticker)  # the trainer makes its env by name
 
 
 def test_the_gif_ends_with_the_state_the_last_action_reached(tmp_path):
