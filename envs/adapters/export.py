@@ -9,8 +9,10 @@ actions, so make the vecmarl env with `num_envs=1` unless you want the others to
 from the group specs: an agent of a group with action masks observes a Dict
 `{"observation": Box, "action_mask": Box(0, 1, (n,), int8)}`, as PettingZoo's classic games do.
 Agents whose per-agent `done` is set leave `agents`, as PettingZoo expects; when the env is done all
-of them have left, and the next `reset()` starts a new episode (vecmarl has already started one:
-`reset()` draws a fresh start either way, so that `reset(seed=s)` reproduces an episode).
+of them have left, and the next `reset()` starts a new episode. Until then the env stays as the last
+action left it, for `render()` and `state()` (the batch's other envs start their next episode as they end,
+from the draws vecmarl's auto-reset takes); `reset()` draws a fresh start, so that `reset(seed=s)`
+reproduces an episode.
 It passes PettingZoo's `parallel_api_test` and `parallel_seed_test` (see tests/envs/adapters/test_export.py).
 
 `step(actions)` needs an action for every agent in `agents`, of its action space's shape (an integer for
@@ -56,6 +58,7 @@ class VecmarlParallelEnv(ParallelEnv):
         self.possible_agents = list(env.agents)
         self.agents: list[str] = []
         self._slot = {agent: (group, j) for group, spec in env.groups.items() for j, agent in enumerate(spec.agents)}
+        self._others = torch.arange(env.num_envs, device=env.device) != index  # [B]: the envs reset as they end
         self._obs: TensorDictBase | None = None
         # One space object per agent, kept: PettingZoo seeds and samples them in place.
         self._observation_spaces = {agent: self._observation_space(agent) for agent in self.possible_agents}
@@ -77,7 +80,9 @@ class VecmarlParallelEnv(ParallelEnv):
     def step(self, actions: dict):
         if not self.agents:
             raise RuntimeError(f"{self.env.name}: step() after the episode ended; call reset() first")
-        next_td, self._obs = self.env.step(self._batched_actions(self._checked_actions(actions)))
+        # Not the auto-reset, which would leave `render()` the next episode's start: this env waits for `reset()`.
+        next_td, _ = self.env.step(self._batched_actions(self._checked_actions(actions)), auto_reset=False)
+        self._obs = self.env.reset(mask=next_td["done"][:, 0] & self._others)
         acting = self.agents
         row = next_td[self.index]
         rewards, terminations, truncations = {}, {}, {}

@@ -5,6 +5,7 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 
 import envs
 from envs.base import MultiAgentEnv
@@ -166,6 +167,26 @@ def test_actions_of_agents_that_left_are_ignored():
         runs.append(trajectory)
     first, second = _leaves(runs[0]), _leaves(runs[1])
     assert len(first) == len(second) and all(np.array_equal(a, b) for a, b in zip(first, second))
+
+
+def test_render_after_the_last_step_shows_the_state_it_reached():
+    """`render()` after an episode's last step drew the next episode's start: the step auto-reset the env."""
+    B, index = 2, 1
+    ending, running = (envs.make("navigation", num_envs=B, seed=0, max_steps=m) for m in (3, 100))
+    par_env, twin = envs.to_pettingzoo(ending, index), envs.to_pettingzoo(running, index)
+    par_env.reset(seed=0), twin.reset(seed=0)
+    ending.step_count.copy_(torch.tensor([1, 0]))  # env 0, another of the batch, ends a step before env 1
+    spaces = {agent: par_env.action_space(agent) for agent in par_env.possible_agents}
+    for i, space in enumerate(spaces.values()):
+        space.seed(i)
+    for t in range(1, 4):
+        actions = {agent: spaces[agent].sample() for agent in par_env.agents}
+        observations = par_env.step(actions)[0]
+        twin_observations = twin.step(actions)[0]
+        assert all(np.array_equal(observations[agent], twin_observations[agent]) for agent in observations)
+        assert np.array_equal(par_env.render(), twin.render())  # env 1 as its last action left it
+        # env 0 carries on from its reset, env 1 waits for reset()
+        assert (ending.step_count.tolist(), par_env.agents == []) == ([[2, 0, 1][t - 1], t], t == 3)
 
 
 class NoRender(Counter):
