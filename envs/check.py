@@ -19,7 +19,9 @@ It checks, in order, and stops at the first property that fails, naming it with 
 - `independence`: changing env 0's actions changes nothing in the other envs;
 - `truncation`: `truncated` is set exactly at `max_steps` (and `terminated` is not);
 - `auto_reset`: `next` keeps the true final observation of a finished episode while `obs` holds a fresh
-  one; where an env is not done, `obs` equals `next`'s observation;
+  one; where an env is not done, `obs` equals `next`'s observation; and (checked after `masked_reset`, as it
+  resets by mask) `step(action, auto_reset=False)` then `reset(mask=next["done"][:, 0])`, how a recording
+  keeps an episode's last state, gives what `step(action)` gives;
 - `masked_reset`: `reset(mask=...)` resets the masked envs only, and the others carry on unchanged;
 - `render`: `render()` gives an RGB uint8 image (when the env renders).
 """
@@ -85,6 +87,7 @@ def check_env(
         checker.independence()
         checker.truncation_and_auto_reset()
         checker.masked_reset()
+        checker.caller_reset()
         checker.render()
     except EnvOutputError as error:  # the base class's own checks of what `_step`, `_observe`, ... return
         raise CheckError(env, "data", str(error), error.group, error.key) from error
@@ -427,6 +430,7 @@ class _Checker:
     def truncation_and_auto_reset(self) -> None:
         env = self.env
         _, trajectory = self.run(self.long_run)
+        self.auto_reset_run = trajectory  # for `caller_reset`
         count = torch.zeros(self.B, dtype=torch.long, device=env.device)
         saw_done = False
         at_limit = ended_terminated_at_limit = 0
@@ -482,6 +486,36 @@ class _Checker:
             )
         if env.max_steps + 2 <= self.long_run and not saw_done:
             self.fail("truncation", f"no episode ended in {self.long_run} steps with max_steps={env.max_steps}")
+
+    def caller_reset(self) -> None:
+        """Property `auto_reset`, continued: `step(action, auto_reset=False)`, then `reset(mask=next["done"][:, 0])`,
+        the caller's reset that `marl eval --render` and the demos record with, give what `step(action)` gave in
+        `truncation_and_auto_reset`'s run (the same seed and actions), up to the step after the first reset."""
+        env = self.env
+        fix = (
+            "an override of step or step_data must take auto_reset and pass it on: "
+            "super().step(action, auto_reset=auto_reset) (or step_data's)"
+        )
+        obs = env.reset(seed=self.seed)
+        generator = torch.Generator(env.device).manual_seed(1)  # `run`'s actions
+        reset_before = False
+        for t, (next_auto, obs_auto) in enumerate(self.auto_reset_run, 1):
+            action = self.actions(generator, obs)
+            try:
+                next_td, obs = env.step(action, auto_reset=False)
+            except TypeError as error:
+                self.fail("auto_reset", f"step(action, auto_reset=False) raised TypeError: {error}; {fix}")
+            step = f"at step {t}, step(action, auto_reset=False)"
+            self.compare(next_auto, next_td, "auto_reset", f"{step} gave another next than step(action); {fix}")
+            observed = next_td.select(*obs.keys(True, True))
+            detail = f"{step} gave an obs other than next's observation (did it reset the done envs?); {fix}"
+            self.compare(observed, obs, "auto_reset", detail)
+            obs = env.reset(mask=next_td["done"][:, 0])
+            detail = f"{step} then reset(mask=next['done'][:, 0]) gave another obs than step(action); {fix}"
+            self.compare(obs_auto, obs, "auto_reset", detail)
+            if reset_before:
+                return
+            reset_before = bool(next_td["done"].any())
 
     def render(self) -> None:
         try:

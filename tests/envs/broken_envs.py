@@ -187,6 +187,22 @@ class OverwritesNext(Counter):
         return next_td, obs
 
 
+class StepWithoutAutoReset(Counter):
+    """Overrides `step` as a wrapper might, without the `auto_reset` keyword: `step(action)` works, a
+    recording's step (`step(action, auto_reset=False)`, `marl eval --render`) fails."""
+
+    def step(self, action):
+        return super().step(action)
+
+
+class IgnoresAutoResetFalse(Counter):
+    """Takes `auto_reset` but does not pass it on: the step resets the done envs, and the caller's reset
+    after it draws them a second start."""
+
+    def step_data(self, action, *, auto_reset=True):
+        return super().step_data(action)
+
+
 class TimeLimitAsTermination(Counter):
     """Reports hitting the time limit as a termination."""
 

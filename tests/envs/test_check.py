@@ -34,6 +34,8 @@ def test_navigation_passes(num_envs, n_agents):
         (broken.IgnoresResetMask, "masked_reset", None),
         (broken.SkipsAutoReset, "auto_reset", "observation"),
         (broken.OverwritesNext, "auto_reset", "observation"),
+        (broken.StepWithoutAutoReset, "auto_reset", None),
+        (broken.IgnoresAutoResetFalse, "auto_reset", "observation"),
         (broken.TimeLimitAsTermination, "truncation", "truncated"),
         (broken.BadRender, "render", None),
         (broken.PerEnvReward, "data", "reward"),
@@ -110,6 +112,22 @@ def test_auto_reset_failure_names_the_likely_causes():
     # ResetsEveryEnv's _reset ignores its mask; the message used to name no cause.
     with pytest.raises(envs.CheckError, match=r"_reset changed envs outside its mask .* or _observe draws random"):
         envs.check_env(broken.ResetsEveryEnv(num_envs=4, seed=0))
+
+
+@pytest.mark.parametrize(
+    "env_class, message",
+    [
+        (broken.StepWithoutAutoReset, r"raised TypeError: .*unexpected keyword argument 'auto_reset'"),
+        (broken.IgnoresAutoResetFalse, r"gave an obs other than next's observation \(did it reset the done envs\?\)"),
+    ],
+    ids=lambda v: v.__name__ if isinstance(v, type) else "",
+)
+def test_a_step_that_drops_auto_reset_false_says_to_pass_it_on(env_class, message):
+    # Such an env passed, and failed only under `marl eval --render` (or a demo's --gif).
+    with pytest.raises(
+        envs.CheckError, match=message + r".*pass it on: super\(\)\.step\(action, auto_reset=auto_reset\)"
+    ):
+        envs.check_env(env_class(num_envs=4, seed=0))
 
 
 def test_host_to_device_copy_names_the_line():
