@@ -70,7 +70,8 @@ def check_env(
 
     Args:
         env: the env to check; it is reset and stepped (with value checks on) and, if it passes, left reset.
-        seed: the seed used for its runs.
+        seed: the seed used for its runs; an env built with `S` seeds (a population's, `marl train --seeds`)
+            is reset with the `S` seeds `seed, seed + 1, ..., seed + S - 1`.
         max_check_steps: the longest run; the truncation check needs `max_steps + 2` steps.
         random_reset: the env's starts are random, so different seeds must give different starts.
     """
@@ -93,7 +94,7 @@ def check_env(
         raise CheckError(env, "data", str(error), error.group, error.key) from error
     finally:
         env.check_values = previous
-    env.reset(seed=seed)  # not in `finally`: an env that failed may fail to reset too, hiding the CheckError
+    env.reset(seed=checker.seed)  # not in `finally`: an env that failed may fail to reset too, hiding the CheckError
 
 
 class _CountOps(TorchDispatchMode):
@@ -115,7 +116,13 @@ def _python_numbers(env: MultiAgentEnv) -> dict[str, object]:
 
 class _Checker:
     def __init__(self, env: MultiAgentEnv, seed: int, max_check_steps: int) -> None:
-        self.env, self.seed = env, seed
+        self.env = env
+        # What `reset(seed=...)` takes: an int, or as many seeds as the env was built with.
+        self.members = len(env.seed) if isinstance(getattr(env, "seed", None), tuple) else None
+        self.seed = seed if self.members is None else tuple(range(seed, seed + self.members))
+        self.other_seed = (
+            seed + 1 if self.members is None else tuple(range(seed + self.members, seed + 2 * self.members))
+        )
         self.B = env.num_envs
         self.long_run = min(env.max_steps + 2, max_check_steps)
         self.short_run = min(self.long_run, 20)
@@ -189,7 +196,7 @@ class _Checker:
         env = self.env
         if env.runs_on_host or not env.traceable or type(env).__init__ is not MultiAgentEnv.__init__:
             return
-        sizes = (self.B, self.B + (len(env.seed) if isinstance(env.seed, tuple) else 1))
+        sizes = (self.B, self.B + (self.members or 1))
         counts = []
         for num_envs in sizes:
             other = type(env)(env.config, num_envs=num_envs, device=env.device, seed=env.seed)
@@ -381,7 +388,7 @@ class _Checker:
             self.compare(next_a, next_b, "seeding", "the same seed and actions gave different transitions" + fix)
             self.compare(obs_a, obs_b, "seeding", "the same seed and actions gave different observations" + fix)
         if random_reset:
-            other = self.env.reset(seed=self.seed + 1)
+            other = self.env.reset(seed=self.other_seed)
             same = all(torch.equal(start_a[g, "observation"], other[g, "observation"]) for g in self.env.groups)
             if same:
                 self.fail("seeding", "different seeds gave identical starts (pass random_reset=False if intended)")

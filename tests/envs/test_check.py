@@ -147,6 +147,19 @@ def test_loop_over_envs_names_the_line():
         envs.check_env(broken.LoopsOverEnvs(num_envs=4, seed=0))
 
 
+@pytest.mark.parametrize(
+    "make",
+    [lambda: broken.Counter(num_envs=4, seed=(0, 1)), lambda: envs.make("tag", num_envs=4, seed=(3, 5))],
+    ids=["counter", "tag"],
+)
+def test_env_built_with_several_seeds_passes(make):
+    # As a population builds its envs (one seed per member, marl train --seeds): check_env reset it with an
+    # int seed, which such an env refuses.
+    env = make()
+    envs.check_env(env)
+    assert isinstance(env.seed, tuple) and len(env.seed) == 2
+
+
 def test_seeding_failure_names_the_env_stream():
     # It said only "two resets with the same seed differ", not where the randomness must come from.
     with pytest.raises(
