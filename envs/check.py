@@ -13,8 +13,9 @@ It checks, in order, and stops at the first property that fails, naming it with 
   host data to the env's device (a CPU env's device is treated as remote, as `forbid_host_sync` explains,
   so a copy that would sync on a GPU fails here too; not checked for adapters of host simulators, whose
   class sets `runs_on_host = True`);
-- `vectorised`: `reset` and `step` run as many tensor ops for more envs (a Python loop over the envs
-  runs more; checked for native envs, built again with a few more envs);
+- `vectorised`: `reset` and `step` run as many tensor ops for more envs, and no op more times for each agent
+  more (a Python loop over the envs or the agents runs more; checked for native envs, built again with a few
+  more envs, and with more agents where an int config field sets a group's agent count, e.g. `n_agents`);
 - `seeding`: one seed gives one trajectory, whatever ran before it, and different seeds give different starts;
 - `independence`: changing env 0's actions changes nothing in the other envs;
 - `truncation`: `truncated` is set exactly at `max_steps` (and `terminated` is not);
@@ -29,7 +30,10 @@ It checks, in order, and stops at the first property that fails, naming it with 
 from __future__ import annotations
 
 import collections
+import dataclasses
+import itertools
 import math
+import sys
 
 import numpy as np
 import torch
@@ -48,6 +52,12 @@ NATIVE_SEEDING_ADVICE = (
     "(torch.rand, randn_like, ...), Python's random or numpy's; and let _reset overwrite every state tensor where "
     "mask is true (torch.where(mask, fresh, old)), so that no episode starts from what the last one left"
 )
+# How many consecutive values of a config field that sets an agent count `vectorised` runs the env with. A loop
+# over the agents runs its ops once more at each agent more, from the same path of calls. Without one, more
+# agents may still change what runs once: a helper may run only from 2 agents on (navigation's lidar), a reshape
+# that is a view for 2 agents copies for 3 (an op more on the line, at another count for each caller of the
+# helper). So an op must run more times from one path at each of the 2 steps.
+AGENT_COUNTS = 3
 
 
 class CheckError(AssertionError):
@@ -98,15 +108,42 @@ def check_env(
 
 
 class _CountOps(TorchDispatchMode):
-    """Counts the aten ops run inside the block, by the line that asked for each (`envs.sync.caller`)."""
+    """Counts the aten ops run inside the block: `lines[line]` by the line that asked for each (`envs.sync.caller`),
+    and `calls[(path, op)]` by the op and the path of calls that led to it (every frame's code and line, up to
+    the frame that opened the block), whose line is `where[(path, op)]`."""
 
     def __init__(self) -> None:
         super().__init__()
         self.lines: collections.Counter[tuple[str, int, str] | None] = collections.Counter()
+        self.calls: collections.Counter[tuple[tuple, object]] = collections.Counter()
+        self.where: dict[tuple[tuple, object], tuple[str, int, str] | None] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.lines[caller(skip=(__file__,))] += 1
+        line = caller(skip=(__file__,))
+        self.lines[line] += 1
+        frame, path = sys._getframe(1), []
+        while frame is not None and frame.f_code.co_filename != __file__:
+            path.append((frame.f_code, frame.f_lineno))
+            frame = frame.f_back
+        key = (tuple(path), func)
+        self.calls[key] += 1
+        self.where.setdefault(key, line)
         return func(*args, **(kwargs or {}))
+
+
+def _count_ops(env: MultiAgentEnv) -> tuple[_CountOps, _CountOps]:
+    """The tensor ops of `env`'s reset and of one random step, each counted by line and by path (`_CountOps`)."""
+    with _CountOps() as reset_ops:
+        obs = env.reset()
+    action = env.sample_actions(torch.Generator(env.device).manual_seed(3), obs)
+    with _CountOps() as step_ops:
+        env.step(action)
+    return reset_ops, step_ops
+
+
+def _at(line: tuple[str, int, str] | None) -> str:
+    """` at <file:line in function: `code`>` for a line `_CountOps` counted, or nothing where no line asked."""
+    return f" at {describe_caller(line)}" if line is not None else ""
 
 
 def _python_numbers(env: MultiAgentEnv) -> dict[str, object]:
@@ -190,33 +227,85 @@ class _Checker:
             seen.update(spec.agents)
 
     def vectorised(self) -> None:
-        """Count the tensor ops of a reset and a step, by the line that asks for each, in two fresh eager envs of
-        the class: one of `num_envs` envs and one with a few more. A batched env runs the same ops for both. Only
-        for native envs (built by `MultiAgentEnv.__init__`, traceable: no op depends on data)."""
+        """Count the tensor ops of a reset and a step, by the line that asks for each, in fresh eager envs of the
+        class: one of `num_envs` envs and one with a few more, where a batched env runs the same ops; and for each
+        int config field that sets a group's agent count (`n_agents`, tag's `n_predators`), envs with the field at
+        `AGENT_COUNTS` consecutive values (the env's own and the next ones, or lower ones where the config refuses
+        those), where no op may run more times from one path of calls at each agent more. Only for native envs
+        (built by `MultiAgentEnv.__init__`, traceable: no op depends on data)."""
         env = self.env
         if env.runs_on_host or not env.traceable or type(env).__init__ is not MultiAgentEnv.__init__:
             return
         sizes = (self.B, self.B + (self.members or 1))
-        counts = []
-        for num_envs in sizes:
-            other = type(env)(env.config, num_envs=num_envs, device=env.device, seed=env.seed)
-            with _CountOps() as reset_ops:
-                obs = other.reset()
-            action = other.sample_actions(torch.Generator(env.device).manual_seed(3), obs)
-            with _CountOps() as step_ops:
-                other.step(action)
-            counts.append((reset_ops.lines, step_ops.lines))
-        for what, small, large in zip(("reset", "step"), *counts):
+        base = _count_ops(self.build(env.config, sizes[0]))
+        larger = _count_ops(self.build(env.config, sizes[1]))
+        for index, what in enumerate(("reset", "step")):
+            small, large = base[index].lines, larger[index].lines
             grows = [line for line in large if large[line] > small.get(line, 0)]
             if grows:
                 line = grows[0]
-                at = f" at {describe_caller(line)}" if line is not None else ""
                 self.fail(
                     "vectorised",
                     f"the number of tensor ops in {what} grows with num_envs ({small.get(line, 0)} ops for {sizes[0]} "
-                    f"envs, {large[line]} for {sizes[1]}){at}, as a Python loop over the envs does (one small op per "
-                    "env): compute all envs at once with batched ops over dim 0 (broadcasting, torch.where, gather)",
+                    f"envs, {large[line]} for {sizes[1]}){_at(line)}, as a Python loop over the envs does (one small "
+                    "op per env): compute all envs at once with batched ops over dim 0 (broadcasting, torch.where, "
+                    "gather)",
                 )
+        for field, group, values in self.agent_counts():
+            runs = [base if other is None else _count_ops(other) for _, other in values]
+            for index, what in enumerate(("reset", "step")):
+                calls = [run[index].calls for run in runs]
+                grows = [
+                    key for key in calls[-1] if all(a.get(key, 0) < b.get(key, 0) for a, b in itertools.pairwise(calls))
+                ]
+                if grows:
+                    line = runs[-1][index].where[grows[0]]
+                    counts = [run[index].lines for run in runs]
+                    seen = ", ".join(
+                        f"{count.get(line, 0)}{' ops' if i == 0 else ''} with {field}={value}"
+                        for i, (count, (value, _)) in enumerate(zip(counts, values))
+                    )
+                    self.fail(
+                        "vectorised",
+                        f"the number of tensor ops in {what} grows with the number of agents ({seen}){_at(line)}, as "
+                        "a Python loop over the agents does (one small op per agent): compute all agents at once "
+                        "with batched ops over the agent dim (dim 1 of [num_envs, n_agents, ...]: broadcasting, "
+                        "torch.where, gather)",
+                        group,
+                    )
+
+    def build(self, config, num_envs: int) -> MultiAgentEnv:
+        """A fresh eager env of the checked env's class, seeded alike."""
+        env = self.env
+        return type(env)(config, num_envs=num_envs, device=env.device, seed=env.seed)
+
+    def agent_counts(self):
+        """`(field, group, [(value, env)] * AGENT_COUNTS)` for each int field of the env's config that sets a
+        group's agent count: consecutive values of the field, from the env's own up where the config takes them
+        (else from lower), each with an env of `num_envs` envs built with it (None for the env's own value);
+        `group`'s agent count differs there. A field is skipped where the config (or the env) takes no such
+        values, or where changing it changes which groups exist (more groups run more ops, one set per group, by
+        design); `max_steps`, the episode length, is no agent count."""
+        env, config = self.env, self.env.config
+        if not dataclasses.is_dataclass(config):
+            return
+        for field in dataclasses.fields(config):
+            value = getattr(config, field.name)
+            if not field.init or field.name == "max_steps" or isinstance(value, bool) or not isinstance(value, int):
+                continue
+            for low in range(value, value - AGENT_COUNTS, -1):
+                values = [v for v in range(low, low + AGENT_COUNTS) if v != value]
+                try:  # `dataclasses.replace` runs the config's own checks, `build` the env's
+                    configs = [dataclasses.replace(config, **{field.name: v}) for v in values]
+                    first = self.build(configs[0], self.B)
+                    grown = [g for g, spec in env.groups.items() if first.groups.get(g, spec).n_agents != spec.n_agents]
+                    if list(first.groups) != list(env.groups) or not grown:
+                        break
+                    built = [first, *(self.build(c, self.B) for c in configs[1:])]
+                except (TypeError, ValueError):
+                    continue
+                yield field.name, grown[0], sorted([(value, None), *zip(values, built)], key=lambda pair: pair[0])
+                break
 
     def host_sync(self) -> None:
         env = self.env

@@ -395,6 +395,31 @@ class LoopsOverEnvs(Counter):
         return {"mover": -distance, "picker": reward["picker"]}, terminated
 
 
+class LoopsOverAgents(Counter):
+    """Computes each mover's distance in a Python loop over the agents: one small op per agent on every step."""
+
+    def _step(self, action):
+        reward, terminated = super()._step(action)
+        distance = torch.stack([(self.pos[:, i] - self.target[:, i]).abs() for i in range(self.config.n_agents)], 1)
+        return {"mover": -distance, "picker": reward["picker"]}, terminated  # distance: [B, n]
+
+
+@dataclasses.dataclass(frozen=True)
+class AtMost3MoversConfig(CounterConfig):
+    n_agents: int = 3
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 1 <= self.n_agents <= 3:
+            raise ValueError(f"n_agents must be in [1, 3], got {self.n_agents}")
+
+
+class LoopsOverAtMost3Agents(LoopsOverAgents):
+    """`LoopsOverAgents` at the most agents its config takes."""
+
+    Config = AtMost3MoversConfig
+
+
 class ObservationOutOfBounds(Counter):
     """Declares the movers' target (observation element 1) in [0, 0.5], but draws it in [0, 1)."""
 

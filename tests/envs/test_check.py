@@ -53,6 +53,7 @@ def test_navigation_passes(num_envs, n_agents):
         (broken.DepartedComeBack, "flags", "active"),
         (broken.DepartedEarnReward, "flags", "reward"),
         (broken.LoopsOverEnvs, "vectorised", None),
+        (broken.LoopsOverAgents, "vectorised", None),
     ],
     ids=lambda v: v.__name__ if isinstance(v, type) else str(v),
 )
@@ -145,6 +146,26 @@ def test_loop_over_envs_names_the_line():
     )
     with pytest.raises(envs.CheckError, match=message):
         envs.check_env(broken.LoopsOverEnvs(num_envs=4, seed=0))
+
+
+def test_loop_over_agents_names_the_field_and_the_line():
+    # A Python loop over the agents passed every property, the loop over envs' too (its op count grows with
+    # n_agents, not num_envs).
+    message = (
+        r"'vectorised' failed for group 'mover': .* in step grows with the number of agents \(8 ops with "
+        r"n_agents=2, 12 with n_agents=3, 16 with n_agents=4\) at .*broken_envs\.py:\d+ in \S+: "
+        r"`.*for i in range\(self\.config\.n_agents\)"
+        r".*batched ops over the agent dim"
+    )
+    with pytest.raises(envs.CheckError, match=message):
+        envs.check_env(broken.LoopsOverAgents(num_envs=4, seed=0))
+
+
+def test_loop_over_agents_is_found_below_the_most_agents_the_config_takes():
+    # n_agents=3 is its config's maximum: the check counts the ops with 1, 2 and 3 agents instead.
+    message = r"grows with the number of agents \(\d+ ops with n_agents=1, \d+ with n_agents=2, \d+ with n_agents=3\)"
+    with pytest.raises(envs.CheckError, match=message):
+        envs.check_env(broken.LoopsOverAtMost3Agents(num_envs=4, seed=0))
 
 
 @pytest.mark.parametrize(
