@@ -29,6 +29,7 @@ adapter's own code around such calls stays under the guard.
 from __future__ import annotations
 
 import contextlib
+import functools
 import linecache
 import os
 import sys
@@ -85,14 +86,19 @@ def caller(skip: tuple[str, ...] = ()) -> tuple[str, int, str] | None:
     """Where the running op was asked for, `(file, line, function)`: the innermost caller outside torch,
     tensordict, this module and the files `skip` (an env's `_reset`, say), which a traceback buries under
     torch's frames; None when there is none. Walks the frames without reading source (cheap per op)."""
-    libraries = _LIBRARIES + tuple(os.path.abspath(path) for path in skip)
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not os.path.abspath(filename).startswith(libraries):
+        if not _is_library(filename, skip):
             return filename, frame.f_lineno, frame.f_code.co_name
         frame = frame.f_back
     return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_library(filename: str, skip: tuple[str, ...]) -> bool:
+    """Whether `caller` passes over `filename`'s frames: cached, as `check_env` asks for every op it counts."""
+    return os.path.abspath(filename).startswith(_LIBRARIES + tuple(os.path.abspath(path) for path in skip))
 
 
 def describe_caller(where: tuple[str, int, str]) -> str:
