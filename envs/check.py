@@ -52,12 +52,13 @@ NATIVE_SEEDING_ADVICE = (
     "(torch.rand, randn_like, ...), Python's random or numpy's; and let _reset overwrite every state tensor where "
     "mask is true (torch.where(mask, fresh, old)), so that no episode starts from what the last one left"
 )
-# How many consecutive values of a config field that sets an agent count `vectorised` runs the env with. A loop
-# over the agents runs its ops once more at each agent more, from the same path of calls. Without one, more
-# agents may still change what runs once: a helper may run only from 2 agents on (navigation's lidar), a reshape
-# that is a view for 2 agents copies for 3 (an op more on the line, at another count for each caller of the
-# helper). So an op must run more times from one path at each of the 2 steps.
-AGENT_COUNTS = 3
+# How many sizes `vectorised` runs an env at: num_envs and the next ones, and consecutive values of a config
+# field that sets an agent count. A loop over the envs or agents runs its ops once more at each env or agent
+# more, from the same path of calls. Without one, size may still change what runs once: a helper may run only
+# from 2 agents on (navigation's lidar), a reshape that is a view for 2 agents copies for 3, a matmul of one env
+# takes other ops than of two (an op more on the line, at another count for each caller of the helper). So an
+# op must run more times from one path at each of the 2 steps.
+COUNTS = 3
 
 
 class CheckError(AssertionError):
@@ -146,6 +147,24 @@ def _at(line: tuple[str, int, str] | None) -> str:
     return f" at {describe_caller(line)}" if line is not None else ""
 
 
+def _growth(runs: list[tuple[_CountOps, _CountOps]], labels: list[str]) -> tuple[str, object, str] | None:
+    """`(what, line, counts)` for the first of reset and step where some op runs more times from one path of
+    calls at each step of `runs` (`_count_ops` of envs of growing size, labelled by `labels`), as a loop over the
+    envs or agents makes it: `line` asked for it, `counts` says how many ops that line ran in each env."""
+    for index, what in enumerate(("reset", "step")):
+        calls = [run[index].calls for run in runs]
+        grows = [key for key in calls[-1] if all(a.get(key, 0) < b.get(key, 0) for a, b in itertools.pairwise(calls))]
+        if grows:
+            line = runs[-1][index].where[grows[0]]
+            counts = [run[index].lines.get(line, 0) for run in runs]
+            return (
+                what,
+                line,
+                ", ".join(f"{n}{' ops' if i == 0 else ''} {label}" for i, (n, label) in enumerate(zip(counts, labels))),
+            )
+    return None
+
+
 def _python_numbers(env: MultiAgentEnv) -> dict[str, object]:
     """The env's attributes that hold a Python (or numpy) number."""
     return {k: v for k, v in vars(env).items() if isinstance(v, (int, float, complex, np.generic))}
@@ -227,52 +246,41 @@ class _Checker:
             seen.update(spec.agents)
 
     def vectorised(self) -> None:
-        """Count the tensor ops of a reset and a step, by the line that asks for each, in fresh eager envs of the
-        class: one of `num_envs` envs and one with a few more, where a batched env runs the same ops; and for each
-        int config field that sets a group's agent count (`n_agents`, tag's `n_predators`), envs with the field at
-        `AGENT_COUNTS` consecutive values (the env's own and the next ones, or lower ones where the config refuses
-        those), where no op may run more times from one path of calls at each agent more. Only for native envs
-        (built by `MultiAgentEnv.__init__`, traceable: no op depends on data)."""
+        """Count the tensor ops of a reset and a step, by the path of calls that asks for each, in fresh eager envs
+        of the class: of `num_envs` envs and `COUNTS - 1` larger sizes; and for each int config field that sets a
+        group's agent count (`n_agents`, tag's `n_predators`), with the field at `COUNTS` consecutive values (the
+        env's own and the next ones, or lower ones where the config refuses those). A batched env runs no op more
+        times from one path at each env or agent more. Only for native envs (built by `MultiAgentEnv.__init__`,
+        traceable: no op depends on data)."""
         env = self.env
         if env.runs_on_host or not env.traceable or type(env).__init__ is not MultiAgentEnv.__init__:
             return
-        sizes = (self.B, self.B + (self.members or 1))
+        step = self.members or 1  # an env of S seeds takes S envs at a time
+        sizes = [self.B + k * step for k in range(COUNTS)]
         base = _count_ops(self.build(env.config, sizes[0]))
-        larger = _count_ops(self.build(env.config, sizes[1]))
-        for index, what in enumerate(("reset", "step")):
-            small, large = base[index].lines, larger[index].lines
-            grows = [line for line in large if large[line] > small.get(line, 0)]
-            if grows:
-                line = grows[0]
-                self.fail(
-                    "vectorised",
-                    f"the number of tensor ops in {what} grows with num_envs ({small.get(line, 0)} ops for {sizes[0]} "
-                    f"envs, {large[line]} for {sizes[1]}){_at(line)}, as a Python loop over the envs does (one small "
-                    "op per env): compute all envs at once with batched ops over dim 0 (broadcasting, torch.where, "
-                    "gather)",
-                )
+        runs = [base, *(_count_ops(self.build(env.config, size)) for size in sizes[1:])]
+        growth = _growth(runs, [f"for {size} envs" for size in sizes])
+        if growth:
+            what, line, seen = growth
+            self.fail(
+                "vectorised",
+                f"the number of tensor ops in {what} grows with num_envs ({seen}){_at(line)}, as a Python loop over "
+                "the envs does (one small op per env): compute all envs at once with batched ops over dim 0 "
+                "(broadcasting, torch.where, gather)",
+            )
         for field, group, values in self.agent_counts():
             runs = [base if other is None else _count_ops(other) for _, other in values]
-            for index, what in enumerate(("reset", "step")):
-                calls = [run[index].calls for run in runs]
-                grows = [
-                    key for key in calls[-1] if all(a.get(key, 0) < b.get(key, 0) for a, b in itertools.pairwise(calls))
-                ]
-                if grows:
-                    line = runs[-1][index].where[grows[0]]
-                    counts = [run[index].lines for run in runs]
-                    seen = ", ".join(
-                        f"{count.get(line, 0)}{' ops' if i == 0 else ''} with {field}={value}"
-                        for i, (count, (value, _)) in enumerate(zip(counts, values))
-                    )
-                    self.fail(
-                        "vectorised",
-                        f"the number of tensor ops in {what} grows with the number of agents ({seen}){_at(line)}, as "
-                        "a Python loop over the agents does (one small op per agent): compute all agents at once "
-                        "with batched ops over the agent dim (dim 1 of [num_envs, n_agents, ...]: broadcasting, "
-                        "torch.where, gather)",
-                        group,
-                    )
+            growth = _growth(runs, [f"with {field}={value}" for value, _ in values])
+            if growth:
+                what, line, seen = growth
+                self.fail(
+                    "vectorised",
+                    f"the number of tensor ops in {what} grows with the number of agents ({seen}){_at(line)}, as "
+                    "a Python loop over the agents does (one small op per agent): compute all agents at once "
+                    "with batched ops over the agent dim (dim 1 of [num_envs, n_agents, ...]: broadcasting, "
+                    "torch.where, gather)",
+                    group,
+                )
 
     def build(self, config, num_envs: int) -> MultiAgentEnv:
         """A fresh eager env of the checked env's class, seeded alike."""
@@ -280,7 +288,7 @@ class _Checker:
         return type(env)(config, num_envs=num_envs, device=env.device, seed=env.seed)
 
     def agent_counts(self):
-        """`(field, group, [(value, env)] * AGENT_COUNTS)` for each int field of the env's config that sets a
+        """`(field, group, [(value, env)] * COUNTS)` for each int field of the env's config that sets a
         group's agent count: consecutive values of the field, from the env's own up where the config takes them
         (else from lower), each with an env of `num_envs` envs built with it (None for the env's own value);
         `group`'s agent count differs there. A field is skipped where the config (or the env) takes no such
@@ -293,8 +301,8 @@ class _Checker:
             value = getattr(config, field.name)
             if not field.init or field.name == "max_steps" or isinstance(value, bool) or not isinstance(value, int):
                 continue
-            for low in range(value, value - AGENT_COUNTS, -1):
-                values = [v for v in range(low, low + AGENT_COUNTS) if v != value]
+            for low in range(value, value - COUNTS, -1):
+                values = [v for v in range(low, low + COUNTS) if v != value]
                 try:  # `dataclasses.replace` runs the config's own checks, `build` the env's
                     configs = [dataclasses.replace(config, **{field.name: v}) for v in values]
                     first = self.build(configs[0], self.B)
