@@ -3,7 +3,7 @@
 #
 # This tutorial writes a new environment from scratch, `rendezvous`: agents scattered over a square must
 # meet (every agent close to the team's centre) without bumping into each other. It is one short class.
-# Then it runs the conformance check on it, breaks the env on purpose three ways to show what the check
+# Then it runs the conformance check on it, breaks the env on purpose four ways to show what the check
 # catches and how to fix each, trains a team on it with MAPPO, and measures how fast it steps.
 #
 # What makes an env fast on an accelerator is that one call to `step` advances *every* env and *every*
@@ -159,8 +159,8 @@ print("observation", tuple(obs["agent", "observation"].shape), "reward", tuple(n
 # ## Check it
 #
 # `envs.check_env` runs the env contract's properties on an env: shapes, dtypes and devices of every
-# tensor, the flags, no host sync in `reset` or `step`, seeding, independence of the envs, truncation,
-# auto-reset, masked reset and rendering. It raises `envs.CheckError` naming the first property that
+# tensor, the flags, no host sync in `reset` or `step`, no Python loop over the envs or the agents,
+# seeding, independence of the envs, truncation, auto-reset, masked reset and rendering. It raises `envs.CheckError` naming the first property that
 # fails. Run it on every env you write, with a few envs and short episodes so that it is quick.
 
 # %%
@@ -241,7 +241,30 @@ check(LeakyCentroid)
 
 # %% [markdown]
 # The fix is the `dim=1, keepdim=True` of `Rendezvous.centroid`: reductions run over agents (dim 1),
-# never over envs (dim 0). And the correct env, for comparison:
+# never over envs (dim 0).
+#
+# ## Mistake 4: a Python loop over the agents
+#
+# Building each agent's view of the others one agent at a time gives the right numbers, so every other
+# property passes; but each agent costs a few more small ops on every step, and with many agents the
+# launches, not the arithmetic, set the speed. The `vectorised` property builds the env again with one and
+# two agents more (the config's `n_agents`) and counts the ops each line of `reset` and `step` runs: a line
+# whose count grows with every agent is a loop.
+
+
+# %%
+class LoopsOverAgents(Rendezvous):
+    def _observe(self):
+        # [B, n, n, 2], [b, i, j] = pos_j - pos_i, as Rendezvous's, but one agent i at a time
+        relative = torch.stack([self.pos - self.pos[:, i : i + 1] for i in range(self.config.n_agents)], 1)
+        return {"agent": torch.cat([self.pos, relative.flatten(2)], -1)}
+
+
+check(LoopsOverAgents)
+
+# %% [markdown]
+# The fix is `Rendezvous._observe`'s broadcasting: `pos.unsqueeze(1) - pos.unsqueeze(2)` gives every
+# pair `[B, n, n, 2]` at once. And the correct env, for comparison:
 
 # %%
 check(Rendezvous)

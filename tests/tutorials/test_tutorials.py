@@ -27,11 +27,12 @@ PRINTED = {
         "with agent 'prey_0' (group 'prey': observation Box(shape=(14,)",
         "(or pad observations: pad=True, marl train --pad)",
     ],
-    # which property of check_env catches each of the three mistakes
+    # which property of check_env catches each of the four mistakes
     "write_a_gpu_env": [
         "SkipsIdleReset: check_env(rendezvous): property 'host_sync' failed",
         "IndexedReset: check_env(rendezvous): property 'host_sync' failed",
         "LeakyCentroid: check_env(rendezvous): property 'independence' failed",
+        "LoopsOverAgents: check_env(rendezvous): property 'vectorised' failed for group 'agent'",
         "Rendezvous: passes",
     ],
 }
