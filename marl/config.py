@@ -182,9 +182,10 @@ def check_seed(seed: int) -> None:
 
 
 # The RunConfig fields a resumed run may change (`marl train --resume`, `Trainer.resume`): its length, where
-# and how it logs and checkpoints, its device. Any other change would make the resume inexact.
+# and how it logs, checkpoints and evaluates, its device. Any other change would make the resume inexact.
 RESUMABLE = frozenset({"total_frames", "schedule_frames", "checkpoint_every", "progress", "tensorboard", "device"})
 RESUMABLE |= {"save_buffer", "wandb", "wandb_project", "wandb_entity", "wandb_mode", "wandb_name"}
+RESUMABLE |= {"eval_every", "eval_episodes"}  # the evaluation during training, which training never sees
 
 
 @dataclass(frozen=True)
@@ -220,6 +221,13 @@ class RunConfig:
     """Name of the run's folder, one folder in LOG_DIR (no '/', '..'); default <env>-<algo>-seed<seed>-<time>."""
     checkpoint_every: int = 10
     """Write a checkpoint every this many iterations (and at the end)."""
+    eval_every: int = 0
+    """Evaluate the policies every this many iterations and after the last (0: never): their mode (greedy,
+    no exploration) on --eval-episodes separate envs, one episode each, seeded from --seed and the iteration;
+    logged as eval/<group>/episode_return. Training is unchanged by it. Under torchrun each rank runs
+    --eval-episodes and the logged value pools them all."""
+    eval_episodes: int = 32
+    """With --eval-every: episodes per evaluation (per run with several seeds, per rank under torchrun)."""
     compile: bool = False
     """torch.compile the rollout step of native envs (policy and physics; VMAS and PettingZoo envs are
     collected eagerly) and each optimiser step as one graph (loss, gradients, clipping, Adam; under
@@ -257,6 +265,13 @@ class RunConfig:
         for name in ("total_frames", "rollout_length", "checkpoint_every", "compile_unroll"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every must be >= 0 (0: no evaluation during training), got {self.eval_every}")
+        if self.eval_episodes < 1:
+            raise ValueError(f"eval_episodes must be >= 1, got {self.eval_episodes}")
+        given = changed_flags(self, ("eval_episodes",))
+        if given and not self.eval_every:
+            raise options_without_effect(given, "the evaluation during training only", "--eval-every N")
         if self.schedule_frames < 0:
             raise ValueError(f"schedule_frames must be >= 0 (0: total_frames), got {self.schedule_frames}")
         if self.rollout_length % self.compile_unroll:

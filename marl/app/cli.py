@@ -327,6 +327,12 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"{_frames_text(config.run.total_frames, trainer)}; "
             f"logging to {trainer.run_dir}"
         )
+        if config.run.eval_every:
+            per = " per run" if len(trainer.members) > 1 else (" per rank" if world.size > 1 else "")
+            print(
+                f"evaluating the policies' mode every {_count(config.run.eval_every, 'iteration')} and after the "
+                f"last, on {_count(config.run.eval_episodes, 'episode')}{per}"
+            )
     with sigterm_as_interrupt():
         try:
             rows = trainer.train()

@@ -1,8 +1,12 @@
-"""Evaluate a checkpoint: mean episode return per group, and an optional GIF of one episode."""
+"""Evaluate a checkpoint (`marl eval`): mean episode return per group, and an optional GIF of one episode; and
+the evaluation during training (`marl train --eval-every`, `TrainingEvaluation`)."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import math
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -12,10 +16,11 @@ from marl.app import seeds
 from marl.app.build import build_algorithm, make_env, resolve_device
 from marl.app.checkpoint import load_algorithm_state, load_checkpoint
 from marl.app.distributed import World
+from marl.app.logger import EVAL_PREFIX
 from marl.app.paths import check_output_file
 from marl.config import TrainConfig, check_seed
-from marl.core.distributions import draw_noise
-from marl.core.rollout import recurrent_output
+from marl.core.episodes import Actor, first_episodes
+from marl.core.rollout import Acting
 
 
 @torch.no_grad()
@@ -75,10 +80,10 @@ def evaluate(
     batch = num_envs if num_envs is not None else min(episodes, 256)
     returns: dict[str, list[float]] = {}
     lengths: list[float] = []
-    frames = []
+    frames: list = []
     generator = torch.Generator(device).manual_seed(seed)
     round_index = 0
-    policies = None  # built once: they depend on the env's groups, not on how many envs a round runs
+    acting = None  # built once: the policies depend on the env's groups, not on how many envs a round runs
     while len(lengths) < episodes:
         k = min(batch, episodes - len(lengths))
         env = make_env(config, device, num_envs=k, seed=seed + round_index)
@@ -89,55 +94,19 @@ def evaluate(
             except NotImplementedError as error:  # the env's own reason, e.g. how to make a PettingZoo env render
                 reason = str(error)
             raise ValueError(f"{reason}: run marl eval without --render")
-        if policies is None:
+        if acting is None:
             algorithm = build_algorithm(config, env, device, World(), generator)
             load_algorithm_state(algorithm, state["algorithm"], algorithm.label(config, env.groups))
-            policies, hidden_shapes = algorithm.acting.policies, algorithm.acting.hidden
-        obs = env.reset()
-        # Recurrent policies act from their state, zero at each episode's start.
-        hidden = {g: torch.zeros(k, *shape, device=device) for g, shape in hidden_shapes.items()}
-        running = {g: torch.zeros(k, s.n_agents, device=device) for g, s in env.groups.items()}
-        finished = torch.zeros(k, dtype=torch.bool, device=device)
-        final = {g: torch.zeros(k, device=device) for g in env.groups}
-        length = torch.zeros(k, device=device)
-        if render and round_index == 0:
+            acting = algorithm.acting
+        actor = Actor(acting, env.groups, k, device, deterministic=deterministic, generator=generator)
+        obs = env.reset_data()
+        recording = render and round_index == 0
+        if recording:
             frames.append(env.render(0))
-        while not bool(finished.all()):
-            # Until env 0's first episode ends, the step leaves done envs to be reset here, after env 0's
-            # frame: the auto-reset would draw the next episode's first state over its last one.
-            recording = render and round_index == 0 and not bool(finished[0])
-            actions = {}
-            for g, policy in policies.items():
-                if g in hidden:
-                    out = policy(obs[g, "observation"], obs.get((g, "action_mask"), None), hidden[g])
-                    dist, hidden[g] = recurrent_output(g, out, hidden[g])
-                else:
-                    dist = policy(obs[g, "observation"], obs.get((g, "action_mask"), None))
-                if deterministic:
-                    if not callable(getattr(dist, "mode", None)):
-                        raise TypeError(
-                            f"group {g!r}: the acting policy returned a {type(dist).__name__}, which has no mode() to "
-                            "act with (as marl.core.distributions' do): define mode(), or pass --stochastic to sample"
-                        )
-                    raw = dist.mode()
-                else:
-                    raw = dist.sample(draw_noise(env.groups[g].action, (k, env.groups[g].n_agents), generator, device))
-                actions[g] = dist.env_action(raw)
-            next_td, obs = env.step(actions, auto_reset=not recording)
-            if recording:
-                frames.append(env.render(0))
-                obs = env.reset(mask=next_td["done"][:, 0])
-            for g, h in hidden.items():
-                hidden[g] = h.masked_fill(next_td["done"][:, 0, None, None], 0.0)
-            done = next_td["done"][:, 0] & ~finished
-            for g in env.groups:
-                running[g] += next_td[g, "reward"][..., 0]
-                final[g] = torch.where(done, running[g].mean(-1), final[g])
-            length = torch.where(finished, length, length + 1)
-            finished |= done
+        played = first_episodes(env, actor, obs, frames=frames if recording else None)
         for g in env.groups:
-            returns.setdefault(g, []).extend(final[g].tolist())
-        lengths.extend(length.tolist())
+            returns.setdefault(g, []).extend(played.returns[g].tolist())
+        lengths.extend(played.length.tolist())
         round_index += 1
     if render:
         from envs.render import save_gif
@@ -166,3 +135,75 @@ def _mean(values: list[float]) -> float:
 def _std(values: list[float]) -> float:
     mean = _mean(values)
     return math.sqrt(sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1))
+
+
+# ---- the evaluation during training ----------------------------------------------------------------------
+
+
+def eval_columns(groups: Sequence[str]) -> list[str]:
+    """The columns `TrainingEvaluation.run` fills, in order."""
+    return [
+        *(f"{EVAL_PREFIX}{g}/episode_return" for g in groups),
+        f"{EVAL_PREFIX}episode_return",
+        f"{EVAL_PREFIX}episode_length",
+        f"{EVAL_PREFIX}episodes",
+    ]
+
+
+def eval_seed(seed: int, iteration: int) -> int:
+    """The env seed of the evaluation after `iteration` of the run seeded `seed`: a hash of both, so that it
+    is apart from training's streams (`seed`, `seed + 1`), differs from one evaluation to the next, and is
+    the same for a resumed run. Below 2**62: the ranks' offsets and PettingZoo's per-copy ones stay valid."""
+    digest = hashlib.sha256(f"vecmarl eval {seed} {iteration}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 2
+
+
+class TrainingEvaluation:
+    """`marl train --eval-every`: the acting policies' mode, on an env batch of its own (built once, with the
+    run's env settings), `eval_episodes` envs per member, each env's first episode. Each evaluation re-seeds
+    those envs from the members' seeds and the iteration (`eval_seed`), so it depends only on the policies and
+    the iteration: training is not touched (nor torch's global generators), and a resumed run evaluates as an
+    uninterrupted one. Under torchrun each rank plays its own episodes (seeded per rank, as its training envs)
+    and `run` pools every rank's: one all-reduce. `run` reads nothing on the host where the env has a time
+    limit (`marl.core.episodes.first_episodes`)."""
+
+    def __init__(self, config: TrainConfig, acting: Acting, seeds: Sequence[int], device: torch.device, world) -> None:
+        self.seeds, self.world, self.device = tuple(seeds), world, device
+        self.episodes = config.run.eval_episodes
+        # An adapter's simulator has one random stream for the whole batch (`marl.app.seeds.env_seed`).
+        self.one_stream = "/" in config.env.env
+        num_envs = len(self.seeds) * self.episodes
+        with own_random_state(device):
+            self.env = make_env(config, device, num_envs=num_envs, seed=self.env_seed(0))
+        self.actor = Actor(acting, self.env.groups, num_envs, device)
+        self.columns = eval_columns(list(self.env.groups))
+
+    def env_seed(self, iteration: int) -> int | tuple[int, ...]:
+        """The eval envs' seed after `iteration`: each member's own, or one for an adapter's envs."""
+        own = [self.world.seed(eval_seed(seed, iteration)) for seed in self.seeds]
+        return own[0] if len(own) == 1 or self.one_stream else tuple(own)
+
+    @torch.no_grad()
+    def run(self, iteration: int) -> dict[str, torch.Tensor]:
+        """The evaluation after `iteration`: `{column: value}` (`eval_columns`), device tensors, each `[S]` (one
+        value per member) with several seeds, else 0-d."""
+        members = len(self.seeds)
+        with own_random_state(self.device):
+            obs = self.env.reset_data(seed=self.env_seed(iteration))
+            self.actor.reset()
+            played = first_episodes(self.env, self.actor, obs)
+        finished = played.finished.float().view(members, -1)  # [S, K]
+        parts = [finished, played.length.view(members, -1), *(r.view(members, -1) for r in played.returns.values())]
+        sums = self.world.sum(torch.stack([(part * finished).sum(-1) for part in parts]))  # [2 + groups, S]
+        count, length, returns = sums[0], sums[1], sums[2:] / sums[0]
+        values = [*returns, returns.mean(0), length / count, count]
+        return {name: value if members > 1 else value[0] for name, value in zip(self.columns, values)}
+
+
+@contextlib.contextmanager
+def own_random_state(device: torch.device) -> Iterator[None]:
+    """torch's global generators (the CPU's, and `device`'s) as they were before: an env may draw from them
+    (as VMAS's scenarios do), and the evaluation must not change what training draws."""
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        yield

@@ -14,6 +14,26 @@ from tqdm.auto import tqdm
 
 from marl.app.wandb_logging import WandbLog, WandbRun
 
+EVAL_PREFIX = "eval/"
+"""The columns of the evaluation during training (`marl train --eval-every`): `eval/<group>/episode_return`
+(as training's `<group>/episode_return`), `eval/episode_return` (the groups' mean), `eval/episode_length`,
+`eval/episodes`; beside them `eval_s`, its seconds. NaN in the rows of iterations that did not
+evaluate."""
+
+
+def training_returns(keys) -> list[str]:
+    """The columns of training's per group returns, `<group>/episode_return`, among `keys`."""
+    return [k for k in keys if k.endswith("/episode_return") and not k.startswith(EVAL_PREFIX)]
+
+
+def eval_returns(keys) -> list[str]:
+    """The columns of the evaluation's per group returns, `eval/<group>/episode_return`, among `keys`."""
+    return [k for k in keys if k.startswith(EVAL_PREFIX) and k.endswith("/episode_return") and k.count("/") > 1]
+
+
+def _evaluated(key: str) -> bool:
+    return key.startswith(EVAL_PREFIX) or key == "eval_s"
+
 
 class LogWriteError(OSError):
     """A run's folder or a row of its CSV log could not be written (a full disk, a folder that cannot be
@@ -75,6 +95,10 @@ class RunLogger:
     def log(self, row: dict[str, float]) -> None:
         if self._columns is None:
             self._columns = list(row)
+        added = [key for key in row if key not in self._columns]
+        if added:  # a resumed run that logs more (`--resume --eval-every N`): the header takes its columns too
+            self._columns += added
+            add_columns(self.csv_path, self._columns)
         try:
             with open(self.csv_path, "a", newline="") as f:
                 writer = csv.DictWriter(f, fieldnames=self._columns, extrasaction="ignore")
@@ -90,12 +114,14 @@ class RunLogger:
             for key, value in row.items():
                 if key != "frames" and isinstance(value, (int, float)) and math.isfinite(value):
                     self._writer.add_scalar(key, value, int(row["frames"]))
-        if self._wandb is not None:
-            self._wandb.log(row)
-        returns = [v for k, v in row.items() if k.endswith("/episode_return") and math.isfinite(v)]
+        if self._wandb is not None:  # not the NaN of iterations that did not evaluate
+            self._wandb.log({k: v for k, v in row.items() if not (_evaluated(k) and math.isnan(v))})
+        returns = [row[k] for k in training_returns(row) if math.isfinite(row[k])]
         postfix = {"frames/s": f"{row['frames_per_s']:,.0f}"}
         if returns:
             postfix["return"] = f"{sum(returns) / len(returns):.3f}"
+        if math.isfinite(row.get(f"{EVAL_PREFIX}episode_return", math.nan)):
+            postfix["eval"] = f"{row[f'{EVAL_PREFIX}episode_return']:.3f}"
         self.bar.set_postfix(postfix, refresh=False)
         self.bar.update(int(row["frames"]) - self.bar.n)
 
@@ -140,6 +166,24 @@ def drop_rows_after(csv_path: str | os.PathLike, iteration: int) -> None:
             writer.writerows(kept)
         os.replace(tmp, csv_path)
     except BaseException:  # a full disk, Ctrl-C: the old file stays, and no temporary file is left beside it
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def add_columns(csv_path: Path, columns: list[str]) -> None:
+    """Rewrite `csv_path` (if it has rows) with the header `columns`, its first columns' as they were, the rows'
+    cells in the columns it adds empty (NaN); atomically, as `drop_rows_after`."""
+    if not csv_path.exists() or csv_path.stat().st_size == 0:
+        return
+    old, rows, _ = _read_csv(csv_path)
+    tmp = csv_path.with_name(csv_path.name + ".tmp")
+    try:
+        with open(tmp, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(columns)
+            writer.writerows(cells + [""] * (len(columns) - len(old)) for cells, _ in rows)
+        os.replace(tmp, csv_path)
+    except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 

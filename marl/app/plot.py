@@ -1,5 +1,6 @@
-"""Learning curves from a run's metrics.csv, as a PNG; a run of several seeds (`marl train --seeds`) as its
-members' mean with the 95% confidence band (its aggregate.csv)."""
+"""Learning curves from a run's metrics.csv, as a PNG (training's returns, and the evaluation's, dashed, where
+the run evaluated: `marl train --eval-every`); a run of several seeds (`marl train --seeds`) as its members'
+mean with the 95% confidence band (its aggregate.csv)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 import os
 from pathlib import Path
 
-from marl.app.logger import read_rows, rows_by_iteration
+from marl.app.logger import EVAL_PREFIX, eval_returns, read_rows, rows_by_iteration, training_returns
 from marl.app.paths import check_output_file
 
 
@@ -106,7 +107,8 @@ def output_path(out: str | Path | None, first_run: str | Path) -> Path:
 
 def plot_runs(run_dirs: list[str | Path], out: str | Path | None = None, x: str = "frames") -> Path:
     """Plot each group's mean episode return of every run against frames (or training seconds, `x="time"`)
-    on one figure; returns the figure's path (default: the first run's `learning_curve.png`)."""
+    on one figure, and where a run evaluated during training (`--eval-every`) its evaluation's, dashed in the
+    group's colour; returns the figure's path (default: the first run's `learning_curve.png`)."""
     if not run_dirs:
         raise ValueError("give at least one run folder")
     if x not in X_AXES:
@@ -122,7 +124,7 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path | None = None, x: str 
     for run_dir, rows in runs.items():
         if not rows:
             raise ValueError(f"{metrics_path(run_dir)} has no rows yet")
-        returns = [k for k in rows[0] if k.endswith("/episode_return")]
+        returns = training_returns(rows[0])
         if not returns:
             raise ValueError(f"{metrics_path(run_dir)} has no episode_return column: it is not a marl train log")
         if X_AXES[x] not in rows[0]:
@@ -140,15 +142,22 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path | None = None, x: str 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     curves = [(d, setting, r) for d, rows in runs.items() for setting, r in (sweep_rows(d) or {"": rows}).items()]
     for run_dir, setting, rows in curves:
-        for key in [k for k in rows[0] if k.endswith("/episode_return")]:
-            # Iterations in which no episode ended have no return (NaN): draw through them.
+        colours = {}  # group -> its training curve's colour, which its evaluation's (dashed) takes
+        for key in [*training_returns(rows[0]), *eval_returns(rows[0])]:
+            # Iterations in which no episode ended (or that did not evaluate) have no return (NaN): draw through them.
             points = [(r[X_AXES[x]], r[key]) for r in rows if math.isfinite(r[key])]
-            group = key.split("/")[0] + (f" {setting}" if setting else "")
-            label = group if len(runs) == 1 else f"{names[run_dir]}: {group}"
+            evaluated = key.startswith(EVAL_PREFIX)
+            group = key.removeprefix(EVAL_PREFIX).removesuffix("/episode_return")
+            name = group + (f" {setting}" if setting else "") + (" (eval)" if evaluated else "")
+            label = name if len(runs) == 1 else f"{names[run_dir]}: {name}"
             band = f"{key}_ci_low" in rows[0]  # a population: the mean over its seeds and its 95% CI
             if band:
                 label += " (mean, 95% CI over seeds)"
-            line = ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", markersize=3, label=label)
+            style = {"linestyle": "--", "color": colours.get(group)} if evaluated else {}
+            line = ax.plot(
+                [p[0] for p in points], [p[1] for p in points], marker=".", markersize=3, label=label, **style
+            )
+            colours.setdefault(group, line[0].get_color())
             if band:
                 finite = [r for r in rows if math.isfinite(r[key])]
                 lows, highs = ([r[f"{key}_{end}"] for r in finite] for end in ("ci_low", "ci_high"))

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from marl.app.logger import RunLogger, last_iteration, read_rows, rows_by_iteration
+from marl.app.logger import EVAL_PREFIX, RunLogger, last_iteration, read_rows, rows_by_iteration
 from marl.app.wandb_logging import wandb_run
 from marl.config import Member, TrainConfig
 from marl.core.member_replay import MemberReplayBuffer
@@ -369,14 +369,14 @@ def print_summary(trainer, rows: list[dict]) -> None:
         if not any(math.isfinite(value) for value in finals):  # as the single run's summary says it, not "nan"
             lines.append(f"{g:<14} final return: no episode ended in the {len(rows)} iteration(s)")
             continue
-        by_values: dict[tuple, list[tuple[int, float]]] = {}
-        for member, value in zip(members, finals):
-            by_values.setdefault(member.values, []).append((member.seed, value))
-        ranked = sorted(by_values.items(), key=lambda item: -_nan_low(bootstrap_ci([v for _, v in item[1]])[0]))
-        for rank, (values, runs) in enumerate(ranked, 1):
-            swept = " ".join(f"{k}={v:g}" for k, v in values)
-            head = f"{g:<14}" if rank == 1 else " " * 14
-            lines.append(f"{head} {f'#{rank} {swept}: ' if values else ''}final return {_over_seeds(runs)}")
+        lines += _ranked(g, members, finals, "final return")
+    evaluated = [r for r in rows if math.isfinite(r["members"][0].get(f"{EVAL_PREFIX}episodes", math.nan))]
+    if evaluated:  # --eval-every: the last evaluation's, per group
+        last_eval = evaluated[-1]
+        at = f"eval return at iteration {int(last_eval['iteration'])}"
+        for g in trainer.env.groups:
+            values = [member[f"{EVAL_PREFIX}{g}/episode_return"] for member in last_eval["members"]]
+            lines += _ranked(f"eval {g}", members, values, at)
     first = member_dir(trainer.run_dir, members[0])
     lines += [
         f"checkpoint     {trainer.checkpoint_path} (all runs); one run's: {first / 'checkpoint.pt'}",
@@ -384,6 +384,21 @@ def print_summary(trainer, rows: list[dict]) -> None:
         f"               marl plot {trainer.run_dir}",
     ]
     print("\n".join(lines))
+
+
+def _ranked(label: str, members: Sequence[Member], values: list[float], what: str) -> list[str]:
+    """`label`'s lines of the summary: the members' `values` (`what`) over the seeds, with a sweep per combination
+    of values, ranked by its mean."""
+    by_values: dict[tuple, list[tuple[int, float]]] = {}
+    for member, value in zip(members, values):
+        by_values.setdefault(member.values, []).append((member.seed, value))
+    ranked = sorted(by_values.items(), key=lambda item: -_nan_low(bootstrap_ci([v for _, v in item[1]])[0]))
+    lines = []
+    for rank, (swept_values, runs) in enumerate(ranked, 1):
+        swept = " ".join(f"{k}={v:g}" for k, v in swept_values)
+        head = f"{label:<14}" if rank == 1 else " " * 14
+        lines.append(f"{head} {f'#{rank} {swept}: ' if swept_values else ''}{what} {_over_seeds(runs)}")
+    return lines
 
 
 def _over_seeds(runs: list[tuple[int, float]]) -> str:

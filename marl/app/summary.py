@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from marl.app.logger import EVAL_PREFIX
+
 
 def print_summary(trainer, rows: list[dict[str, float]]) -> None:
     if not rows:
@@ -24,6 +26,14 @@ def print_summary(trainer, rows: list[dict[str, float]]) -> None:
     ]
     for g in groups:
         lines.append(f"{g:<14} {return_text(rows, f'{g}/episode_return', tail)}")
+    evaluated = [r for r in rows if math.isfinite(r.get(f"{EVAL_PREFIX}episodes", math.nan))]
+    if evaluated:  # --eval-every: the last evaluation's
+        last_eval = evaluated[-1]
+        returns = ", ".join(f"{g} {last_eval[f'{EVAL_PREFIX}{g}/episode_return']:.4f}" for g in groups)
+        lines.append(
+            f"eval           mean episode return {returns} at iteration {int(last_eval['iteration'])} (the policies' "
+            f"mode, {int(last_eval[f'{EVAL_PREFIX}episodes'])} episodes)"
+        )
     phases = [k for k in ("collect_s", "advantages_s", "update_s") if k in last]
     if phases:
         total = sum(last[k] for k in phases)

@@ -5,7 +5,9 @@ The trainer builds the env and the algorithm (`marl.algorithms`, by `config.algo
 1. **collect** `T` steps of `B` envs with the algorithm's acting policies into the time-major buffer
    (`marl.core.rollout`);
 2. **learn**: `algorithm.update(batch)` returns each group's loss terms, as device tensors;
-3. **log**: the iteration's metrics are read back in one host sync; a NaN or inf loss stops the run;
+3. **log**: the iteration's metrics are read back in one host sync; a NaN or inf loss stops the run; with
+   `--eval-every` every that many iterations and after the last, the policies' mode is evaluated on envs of
+   its own (`marl.app.evaluate.TrainingEvaluation`: one more host read), which training never sees;
 4. **checkpoint** every `checkpoint_every` iterations and at the end; `Trainer.resume` continues exactly.
 
 An algorithm may collect the next iteration's batch during its update (`Algorithm.collect_ahead`); the
@@ -45,6 +47,7 @@ from marl.app.build import (
     resolve_device,
 )
 from marl.app.checkpoint import load_algorithm_state, load_checkpoint, save_checkpoint
+from marl.app.evaluate import TrainingEvaluation, eval_columns
 from marl.app.logger import LogWriteError, NoLogger, RunLogger, drop_rows_after, read_rows, writes_tensorboard
 from marl.app.paths import check_output_file, check_output_folder
 from marl.app.wandb_logging import WandbStartError, check_installed, wandb_run
@@ -134,6 +137,10 @@ class Trainer:
             unroll=config.run.compile_unroll,
         )
         self.buffer = self._replay_buffer()
+        # --eval-every: the evaluation's own envs, built once (`evaluate` builds them when first asked else).
+        self.evaluation: TrainingEvaluation | None = None
+        if config.run.eval_every:
+            self.evaluation = TrainingEvaluation(config, self.algorithm.acting, self.seeds, self.device, self.world)
         self._pending: TensorDict | None = None  # the next batch, when the update collected it ahead
         self.logged_rows: list[dict] = []  # resumed: the rows logged up to the checkpoint, for the summary
         self.saved_run: RunConfig | None = None  # resumed: the run options of the checkpoint, before the new ones
@@ -252,6 +259,41 @@ class Trainer:
             **metrics,
         }
 
+    def evaluate(self) -> dict[str, float] | list[dict[str, float]]:
+        """Evaluate the policies as they are now, as `--eval-every` does after an iteration (`TrainingEvaluation`):
+        the `eval/...` columns' values, read back in one host sync; with several seeds, one dict per member."""
+        if self.evaluation is None:
+            self.evaluation = TrainingEvaluation(
+                self.config, self.algorithm.acting, self.seeds, self.device, self.world
+            )
+        device_values = self.evaluation.run(self.iteration)
+        shape = (len(self.members),) if len(self.members) > 1 else ()
+        values = torch.stack([v.float().reshape(shape) for v in device_values.values()]).tolist()  # the one sync
+        if not shape:
+            return dict(zip(device_values, values))
+        return [dict(zip(device_values, column)) for column in zip(*values)]
+
+    def _log_evaluation(self, row: dict) -> None:
+        """With --eval-every, the evaluation's columns of an iteration's `row`: its values after every
+        `eval_every`-th iteration and the last, else NaN (the columns are in every row, as the
+        CSV's header is the first row's). `eval_s` is the seconds it took, apart from `time_s` (training's)."""
+        run = self.config.run
+        if not run.eval_every:
+            return
+        if self.iteration % run.eval_every == 0 or self.frames >= run.total_frames:
+            start = time.perf_counter()
+            values = self.evaluate()
+            row["eval_s"] = time.perf_counter() - start
+        else:
+            row["eval_s"] = math.nan
+            values = dict.fromkeys(eval_columns(list(self.env.groups)), math.nan)
+            values = [values] * len(self.members) if len(self.members) > 1 else values
+        if isinstance(values, list):
+            for member, own in zip(row["members"], values):
+                member.update(own)
+        else:
+            row.update(values)
+
     def train(self) -> list[dict[str, float]]:
         """Train until `total_frames`, logging every iteration and checkpointing every
         `checkpoint_every` iterations and at the end; returns the logged rows."""
@@ -276,6 +318,7 @@ class Trainer:
         try:
             while self.frames < run.total_frames:
                 row = self.train_iteration()
+                self._log_evaluation(row)
                 logger.log(row)
                 if self.graphs_to_announce:
                     self.graphs_to_announce = cudagraphs.announce(self.graphs_to_announce)
@@ -413,6 +456,8 @@ class Trainer:
                 run, **{k: getattr(RunConfig, k) for k in WANDB_OPTIONS if k not in run_overrides}
             )
         pinned = {"schedule_frames": saved.schedule_span()} if config.annealed() else {}  # none to keep else
+        if not run_overrides.get("eval_every", saved.eval_every):  # resumed without evaluation: its episodes go too
+            pinned["eval_episodes"] = RunConfig.eval_episodes
         run = dataclasses.replace(run, **{**pinned, **run_overrides})
         config = dataclasses.replace(config, run=run)
         if frames_left and state["frames"] >= run.total_frames:

@@ -20,8 +20,12 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from marl.app.checkpoint import load_checkpoint
+from marl.app.evaluate import eval_seed
 from marl.app.trainer import Trainer
+from marl.config import TrainConfig
 from tests.marl.app.distributed_worker import ITERATIONS, match_config
+from tests.marl.app.test_eval_during_training import reference_evaluation
 
 ROOT = Path(__file__).resolve().parents[3]
 WORKER = str(Path(__file__).with_name("distributed_worker.py"))
@@ -237,7 +241,7 @@ def test_an_off_policy_algorithm_trains_on_two_ranks_with_a_buffer_each(tmp_path
         *("-m", "marl", "train", "--algo", "masac", "--env", "speaker_listener"),
         *("--num-envs", "8", "--rollout-length", "8", "--batch-size", "32", "--updates-per-iteration", "2"),
         *("--buffer-size", "1000", "--hidden", "16", "--no-progress", "--no-tensorboard", "--log-dir", str(tmp_path)),
-        *("--run-name", "run", "--save-buffer"),
+        *("--run-name", "run", "--save-buffer", "--eval-every", "2", "--eval-episodes", "3"),
     ]
     code, output, _ = torchrun(*args, "--total-frames", str(2 * FRAMES_PER_ITERATION))
     assert code == 0, output[-3000:]
@@ -248,6 +252,13 @@ def test_an_off_policy_algorithm_trains_on_two_ranks_with_a_buffer_each(tmp_path
     for row in rows:
         for key in ("speaker/critic_loss", "listener/policy_loss", "listener/alpha"):
             assert math.isfinite(float(row[key])), (key, row[key])
+    # The evaluation after iteration 2 pools both ranks' 3 episodes, each rank's envs seeded as its own.
+    assert [row["eval/episodes"] for row in rows] == ["nan", "6.0"]
+    state = load_checkpoint(tmp_path / "run" / "checkpoint.pt")
+    config = TrainConfig.from_dict(state["config"])
+    ranks = [reference_evaluation(config, state["algorithm"], eval_seed(0, 2) + 1000 * r, 3) for r in range(RANKS)]
+    for key in ("eval/speaker/episode_return", "eval/listener/episode_return", "eval/episode_length"):
+        assert float(rows[1][key]) == pytest.approx(sum(rank[key] for rank in ranks) / RANKS, rel=1e-5), key
     checkpoint = str(tmp_path / "run" / "checkpoint.pt")
     code, output, _ = torchrun(
         "-m", "marl", "train", "--resume", checkpoint, "--total-frames", str(3 * FRAMES_PER_ITERATION)
