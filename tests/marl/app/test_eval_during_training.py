@@ -22,9 +22,11 @@ from marl.app.trainer import Trainer
 from marl.config import EnvSettings, RunConfig, TrainConfig
 from marl.core import episodes as episodes_module
 from marl.core.episodes import Actor, first_episodes
+from marl.optim import update_step
 from tests.marl.algorithms.test_mixed import mixed_config
 from tests.marl.algorithms.test_value_based import MaskedCounter, discrete_config
 from tests.marl.app.test_seeds import tiny_config, with_run
+from tests.marl.app.test_seeds_offpolicy import gru_off_config, off_config
 
 EPISODES = 6
 
@@ -197,18 +199,35 @@ def test_a_run_resumed_without_the_evaluation_leaves_its_columns_empty(tmp_path,
     assert "evaluating" not in capsys.readouterr().out
 
 
-def test_each_member_evaluates_as_the_single_run_with_its_seed(tmp_path):
-    config = with_eval(tiny(tmp_path, seeds=(3, 8)))
-    Trainer(config, run_dir=tmp_path / "population").train()
+POPULATIONS = {
+    "mappo": lambda tmp_path, **run: tiny(tmp_path, **run),
+    "mappo-gru": lambda tmp_path, **run: gru(tiny(tmp_path, **run)),
+    "qmix-gru": lambda tmp_path, **run: gru_off_config(tmp_path, "qmix", total_frames=8 * 8 * 2, **run),
+    "masac+iql": lambda tmp_path, **run: off_config(tmp_path, "masac+iql", total_frames=8 * 8 * 2, **run),
+}
+
+
+def gru(config: TrainConfig) -> TrainConfig:
+    """`config` (PPO's) with a recurrent policy, trained on chunks of a whole rollout."""
+    model = dataclasses.replace(config.model, model="gru", gru_hidden=8)
+    algo = dataclasses.replace(config.algo, chunk_length=config.run.rollout_length)
+    return dataclasses.replace(config, model=model, algo=algo)
+
+
+@pytest.mark.parametrize("case", POPULATIONS)
+def test_each_member_evaluates_as_the_single_run_with_its_seed(tmp_path, case):
+    # Every member's policy acts on its own block of the evaluation's envs, seeded as its single run's.
+    make = POPULATIONS[case]
+    Trainer(with_eval(make(tmp_path, seeds=(3, 8))), run_dir=tmp_path / "population").train()
     for seed in (3, 8):
-        single = with_eval(tiny(tmp_path, seed=seed))
-        alone = Trainer(single, run_dir=tmp_path / f"single{seed}").train()
+        alone = Trainer(with_eval(make(tmp_path, seed=seed)), run_dir=tmp_path / f"single{seed}").train()
         member = read_rows(tmp_path / "population" / f"seed_{seed}" / "metrics.csv")
         for a, b in zip(alone, member, strict=True):
             for key in [k for k in a if k.startswith("eval/")]:
                 assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), key
     aggregate = read_rows(tmp_path / "population" / "aggregate.csv")
-    assert {"eval/agent/episode_return_ci_low", "eval/agent/episode_return_std"} <= aggregate[-1].keys()
+    group = next(k for k in aggregate[-1] if k.startswith("eval/") and k.endswith("/episode_return"))
+    assert {f"{group}_ci_low", f"{group}_std"} <= aggregate[-1].keys()
 
 
 @pytest.fixture
@@ -256,10 +275,7 @@ def test_a_swept_population_evaluates_every_member_and_summarises_the_last_evalu
 
 
 def test_the_evaluation_reads_nothing_back_until_its_one_read(tmp_path):
-    config = with_eval(tiny(tmp_path))
-    gru = dataclasses.replace(config.model, model="gru", gru_hidden=8)
-    config = dataclasses.replace(config, model=gru, algo=dataclasses.replace(config.algo, chunk_length=8))
-    trainer = Trainer(config, run_dir=tmp_path / "run")
+    trainer = Trainer(with_eval(gru(tiny(tmp_path))), run_dir=tmp_path / "run")
     with envs.forbid_host_sync():
         values = trainer.evaluation.run(iteration=1)
     assert set(values) == set(trainer.evaluation.columns)
@@ -336,9 +352,11 @@ def test_an_evaluation_leaves_torchs_global_generators_as_they_were(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # the compile fallback's warning fails the test
-def test_a_compiled_run_trains_as_without_the_evaluation_and_evaluates_its_policies(tmp_path):
+def test_a_compiled_run_trains_as_without_the_evaluation_and_evaluates_its_policies(tmp_path, monkeypatch):
     # The evaluation calls the policies eagerly between the compiled rollout's calls: no recompile, and what
-    # the compiled steps keep between calls (the observation, the env's state) is left as it was.
+    # the compiled steps keep between calls (the observation, the env's state) is left as it was. The update
+    # step runs eagerly: its compile is most of the time, and the evaluation reads nothing of it.
+    monkeypatch.setattr(update_step, "maybe_compile", lambda fn, *args, **kwargs: fn)
     config = with_run(tiny_config(tmp_path), compile=True, total_frames=16 * 8 * 2)
     runs = {}
     for name, run_config in (("plain", config), ("evaluated", with_eval(config))):
