@@ -141,6 +141,14 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path | None = None, x: str 
     names = {d: d.name if short.count(d.name) == 1 else str(d) for d in runs}
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     curves = [(d, setting, r) for d, rows in runs.items() for setting, r in (sweep_rows(d) or {"": rows}).items()]
+    count = sum(len(training_returns(rows[0])) for _, _, rows in curves)  # one colour each (evaluations share it)
+    if count > 10:  # the default cycle's 10 colours would repeat: tab20's 20, else as many from a colour map
+        palette = (
+            plt.get_cmap("tab20").colors
+            if count <= 20
+            else plt.get_cmap("turbo")([i / (count - 1) for i in range(count)])
+        )
+        ax.set_prop_cycle(color=list(palette))
     for run_dir, setting, rows in curves:
         colours = {}  # group -> its training curve's colour, which its evaluation's (dashed) takes
         for key in [*training_returns(rows[0]), *eval_returns(rows[0])]:
@@ -167,8 +175,11 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path | None = None, x: str 
     if len(runs) == 1:
         ax.set_title(next(iter(runs)).name, fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if count > 10:  # a legend of that many lines would cover the curves: beside the axes instead
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0)
+    else:
+        ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out)
+    fig.savefig(out, bbox_inches="tight" if count > 10 else None)
     plt.close(fig)
     return out

@@ -365,3 +365,28 @@ def test_plot_of_a_sweep_whose_seeds_share_no_iteration_is_one_line(tmp_path, ca
     assert main(["plot", str(run)]) == 2
     says = f"marl plot: error: {run}: the seeds of setting lr_0.001 logged no iteration in common (their "
     assert capsys.readouterr().err.startswith(says)
+
+
+@pytest.mark.parametrize("count", [12, 25])
+def test_plot_gives_each_of_many_curves_its_own_colour(count, tmp_path, monkeypatch):
+    """matplotlib's default cycle has 10 colours: the 11th curve took the first's, and two runs of an overlay
+    of 12 read as one."""
+    import matplotlib.axes
+    import matplotlib.colors
+
+    colours = []
+    plot = matplotlib.axes.Axes.plot
+
+    def recording(self, *args, **kwargs):
+        lines = plot(self, *args, **kwargs)
+        colours.append(lines[0].get_color())
+        return lines
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", recording)
+    legends = []
+    legend = matplotlib.axes.Axes.legend
+    monkeypatch.setattr(matplotlib.axes.Axes, "legend", lambda self, **k: legends.append(k) or legend(self, **k))
+    runs = [str(write_run(tmp_path / f"run{i}", [str(i), str(i + 1)])) for i in range(count)]
+    assert main(["plot", *runs, "--out", str(tmp_path / "all.png")]) == 0
+    assert len(colours) == count and len({tuple(matplotlib.colors.to_rgba(c)) for c in colours}) == count
+    assert legends[0]["bbox_to_anchor"][0] > 1  # beside the axes, not over the curves
