@@ -421,8 +421,10 @@ class Trainer:
                 self.collector.load_hidden_state(state["hidden"])
             if "algorithm_envs" in state:
                 self.algorithm.load_env_state_dict(state["algorithm_envs"])
-        elif self.world.is_main:
-            print("this env cannot save its state: resumed training starts new episodes")
+        else:
+            self.collector.stats.load_state_dict(state["stats"], running=False)  # a batch collected ahead's
+            if self.world.is_main:
+                print("this env cannot save its state: resumed training starts new episodes")
         if state.get("pending") is not None:
             self._pending = self.collector.buffer
             self._pending.update_(_to_device(state["pending"], self.device))

@@ -181,11 +181,14 @@ class EpisodeStats:
         finished = {"return_sum": self.return_sum, "length_sum": self.length_sum, "episodes": self.episodes}
         return {"running": self.running, "length": self.length, **finished}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, *, running: bool = True) -> None:
+        """`running=False`: the sums over finished episodes only (those of a batch collected ahead), for an env
+        that starts new episodes (it cannot save its state)."""
         # Checkpoints load on the CPU (and gathered ranks' states are sent there): copied onto this device.
-        for g, value in state["running"].items():
-            self.running[g].copy_(value)
-        self.length.copy_(state["length"])
+        if running:
+            for g, value in state["running"].items():
+                self.running[g].copy_(value)
+            self.length.copy_(state["length"])
         if "episodes" in state:  # checkpoints written before the sums were saved had none pending
             for g, value in state["return_sum"].items():
                 self.return_sum[g].copy_(value)

@@ -33,3 +33,15 @@ def eager_rollout(monkeypatch):
     """With `--compile`, the rollout step runs eagerly and only the update step compiles: for the tests of a
     compiled update, whose rollout step other tests compile (PPO's with Inductor, the CUDA-graph checks)."""
     monkeypatch.setattr(rollout, "maybe_compile", lambda fn, *args, **kwargs: fn)
+
+
+@pytest.fixture
+def speaker_listener_unsaved(monkeypatch):
+    """`speaker_listener` as an env that cannot save its state (as VMAS and PettingZoo): a resumed run starts
+    new episodes."""
+    from envs.native.speaker_listener import SpeakerListener
+
+    def cannot_save(self):
+        raise NotImplementedError("speaker_listener (in this test): its state lives in a simulator")
+
+    monkeypatch.setattr(SpeakerListener, "state_dict", cannot_save)
