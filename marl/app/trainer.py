@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import io
 import math
+import random
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -127,6 +128,7 @@ class Trainer:
             check_share_params_used(config, self.env.groups)
             config.algo.check_groups(config, self.env.groups)
         self.world.broadcast_parameters(check_parameters(self.algorithm))
+        self.env_seed = seed  # the envs' first reset's; a resume whose env state is not saved reseeds them
         self.collector = Collector(
             self.env,
             self.algorithm.acting,
@@ -422,6 +424,9 @@ class Trainer:
             if "algorithm_envs" in state:
                 self.algorithm.load_env_state_dict(state["algorithm_envs"])
         else:
+            # New episodes, from another seed for each checkpoint: from the run's own, every stretch of a run
+            # resumed again and again would start with the episodes its first iterations had.
+            self.collector.load_obs(self.env.reset_data(seed=resumed_env_seed(self.env_seed, state["iteration"])))
             self.collector.stats.load_state_dict(state["stats"], running=False)  # a batch collected ahead's
             if self.world.is_main:
                 print("this env cannot save its state: resumed training starts new episodes")
@@ -491,6 +496,14 @@ class Trainer:
                 drop_rows_after(log, trainer.iteration)
             trainer.logged_rows = seeds.logged_rows(trainer.run_dir, trainer.members)
         return trainer
+
+
+def resumed_env_seed(seed: int | tuple[int, ...], iteration: int) -> int | tuple[int, ...]:
+    """The seed (each member's) that an env which cannot save its state restarts from when its run resumes
+    from the checkpoint of `iteration`: one of 32 bits drawn from both, so the same checkpoint resumes alike."""
+    if isinstance(seed, tuple):
+        return tuple(resumed_env_seed(s, iteration) for s in seed)
+    return random.Random(f"{seed} resumed at {iteration}").getrandbits(32)
 
 
 def check_parameters(algorithm) -> list[torch.Tensor]:

@@ -58,6 +58,24 @@ def test_resume_reproduces_the_next_iteration_exactly(tmp_path):
     assert torch.equal(straight.collector.obs["agent"]["observation"], resumed.collector.obs["agent"]["observation"])
 
 
+def test_a_resumed_run_whose_env_cannot_save_its_state_starts_from_another_seed(
+    tmp_path, capsys, speaker_listener_unsaved
+):
+    """As with VMAS and PettingZoo, the resumed run starts new episodes: from the run's own seed, each resume
+    replayed the episodes of the run's first iterations. The seed comes from the checkpoint: it resumes alike."""
+    config = dataclasses.replace(small_config(tmp_path), env=EnvSettings(env="speaker_listener", num_envs=32))
+    straight = Trainer(config, run_dir=tmp_path / "straight")
+    first = straight.collector.obs["listener"]["observation"].clone()
+    straight.train_iteration()
+    straight.save()
+
+    resumed = Trainer.resume(straight.checkpoint_path)
+    assert "this env cannot save its state: resumed training starts new episodes" in capsys.readouterr().out
+    obs = resumed.collector.obs["listener"]["observation"]
+    assert not torch.equal(obs, first)
+    assert torch.equal(Trainer.resume(straight.checkpoint_path).collector.obs["listener"]["observation"], obs)
+
+
 def test_train_writes_log_and_atomic_checkpoints(tmp_path):
     trainer = Trainer(small_config(tmp_path))
     rows = trainer.train()
