@@ -436,6 +436,8 @@ class Trainer:
         if self.buffer is not None:
             if state.get("buffer") is not None:
                 self.buffer.load_state_dict(state["buffer"])
+                if state["env"] is None:  # the stored episodes do not go on: n-step returns stop at their ends
+                    self.buffer.truncate_last_steps(self.config.env.num_envs)
             elif self.world.is_main:
                 print("the checkpoint holds no replay buffer (trained without --save-buffer): it refills from empty")
 

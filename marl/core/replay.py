@@ -683,3 +683,15 @@ class ReplayBuffer:
             self.tree.zero_()
             sum_tree_write_(self.tree, 0, state["leaves"].to(self.device, torch.float64), backend=self.backend)
             self.max_priority.copy_(state["max_priority"])
+
+    @torch.no_grad()
+    def truncate_last_steps(self, num_envs: int) -> None:
+        """Mark the last stored step of each of the `num_envs` envs (of each member) `done`, not terminated: their
+        episodes end there, truncated. A run resumed with an env that cannot save its state starts new episodes,
+        whose steps follow these in the ring; n-step returns would otherwise sum rewards across the two."""
+        if self._count == 0:
+            return
+        last = (self._position - 1 - self._arange(min(num_envs, self._count))).remainder(self.capacity)  # [B]
+        for key, value in self.storage.items():
+            if len(key) == 2 and key[1] == "done":  # each group's
+                self._slotted(value).index_fill_(self.slot_dim, last, True)

@@ -107,3 +107,24 @@ def test_an_on_policy_run_has_no_buffer(tmp_path):
     trainer = Trainer(on_policy, run_dir=tmp_path / "run")
     trainer.train_iteration()
     assert trainer.buffer is None and trainer.state_dict()["buffer"] is None
+
+
+def test_a_resumed_run_whose_env_cannot_save_its_state_ends_the_stored_episodes(
+    tmp_path, capsys, speaker_listener_unsaved
+):
+    """As with VMAS and PettingZoo, the resumed run starts new episodes, whose steps follow the saved buffer's:
+    each env's last stored step ends its episode, truncated, else n-step returns would sum across the two."""
+    straight = Trainer(config(tmp_path, prioritized=False), run_dir=tmp_path / "run")
+    straight.train_iteration()
+    straight.save()
+    stored = {key: value.clone() for key, value in straight.buffer.storage.items()}
+    last = slice(128 - 8, 128)  # 16 steps x 8 envs: the slots of each env's last step
+    assert not stored[("listener", "done")][last].all()
+
+    resumed = Trainer.resume(straight.checkpoint_path)
+    assert "this env cannot save its state: resumed training starts new episodes" in capsys.readouterr().out
+    for key, value in resumed.buffer.storage.items():
+        expected = stored[key].clone()
+        if key[1] == "done":
+            expected[last] = True
+        assert torch.equal(value, expected), key
