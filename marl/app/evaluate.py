@@ -86,7 +86,9 @@ def evaluate(
     acting = None  # built once: the policies depend on the env's groups, not on how many envs a round runs
     while len(lengths) < episodes:
         k = min(batch, episodes - len(lengths))
-        env = make_env(config, device, num_envs=k, seed=seed + round_index)
+        # Round r's envs from seed + r * batch: an adapter's copy i takes seed + i (PettingZoo), so with seed + r
+        # each round would run all but one of the previous round's episodes again.
+        env = make_env(config, device, num_envs=k, seed=seed + round_index * batch)
         if render and not env.renders:
             try:
                 env.render(0)
