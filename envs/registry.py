@@ -2,6 +2,11 @@
 
 Native envs register their class by name. Adapters register a prefix (`"vmas/"`, `"pettingzoo/"`)
 with a factory that receives the rest of the name.
+
+`make(..., render=True)` builds an env that draws frames (`render()`), for a recording such as `marl eval
+--render`. Native and VMAS envs draw as they are made, so it changes nothing for them; an adapter whose envs
+must be asked when made registers `render_options` (PettingZoo's: `render_mode="rgb_array"`). Rendering
+changes nothing of an env's dynamics: the episodes are those of the env made without it.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ class RegistrationError(TypeError, ValueError):
 
 
 _ENVS: dict[str, type[MultiAgentEnv]] = {}
-_PREFIXES: dict[str, tuple[Callable[..., MultiAgentEnv], str]] = {}
+_PREFIXES: dict[str, tuple[Callable[..., MultiAgentEnv], str, Callable[[str, dict], dict] | None]] = {}
 
 
 def register(name: str) -> Callable[[type[MultiAgentEnv]], type[MultiAgentEnv]]:
@@ -88,15 +93,23 @@ def _redefined(registered: type, cls: type) -> bool:
     return cls.__module__ == registered.__module__ and cls.__qualname__ == registered.__qualname__
 
 
-def register_prefix(prefix: str, factory: Callable[..., MultiAgentEnv], help: str) -> None:
+def register_prefix(
+    prefix: str,
+    factory: Callable[..., MultiAgentEnv],
+    help: str,
+    *,
+    render_options: Callable[[str, dict], dict] | None = None,
+) -> None:
     """Route `make("<prefix>/<rest>", ...)` to
-    `factory(rest, num_envs=, device=, seed=, check_values=, compile=, **options)`."""
-    _PREFIXES[prefix] = (factory, help)
+    `factory(rest, num_envs=, device=, seed=, check_values=, compile=, **options)`. `render_options(rest,
+    options)`, for envs that draw frames only when asked as they are made: the options that ask (`make(...,
+    render=True)`), raising NotImplementedError, with the reason, where the env cannot draw."""
+    _PREFIXES[prefix] = (factory, help, render_options)
 
 
 def names() -> list[str]:
     """Registered native env names, then the adapter patterns (e.g. `vmas/<scenario>`)."""
-    return sorted(_ENVS) + [f"{prefix}/<{help}>" for prefix, (_, help) in sorted(_PREFIXES.items())]
+    return sorted(_ENVS) + [f"{prefix}/<{help}>" for prefix, (_, help, _) in sorted(_PREFIXES.items())]
 
 
 def env_class(name: str) -> type[MultiAgentEnv]:
@@ -117,13 +130,15 @@ def make(
     seed: int | None = None,
     check_values: bool = False,
     compile: bool = False,
+    render: bool = False,
     **options: Any,
 ) -> MultiAgentEnv:
     """Build env `name` with `num_envs` copies on `device`.
 
     `options` are the env's own (see `marl envs` or `describe(name)`); an unknown or invalid option
     raises an error that lists the valid ones with their types and defaults. `check_values` and
-    `compile` are explained in `MultiAgentEnv.__init__`.
+    `compile` are explained in `MultiAgentEnv.__init__`. `render`: build the env to draw frames, where it
+    must be asked as it is made (a PettingZoo env); NotImplementedError, with the reason, where it cannot.
     """
     if not isinstance(name, str):
         raise TypeError(
@@ -133,13 +148,26 @@ def make(
         prefix, rest = name.split("/", 1)
         if prefix not in _PREFIXES:
             raise KeyError(_unknown(name))
-        factory, _ = _PREFIXES[prefix]
+        factory, _, _ = _PREFIXES[prefix]
+        if render:
+            options = render_options(name, options)
         return factory(
             rest, num_envs=num_envs, device=device, seed=seed, check_values=check_values, compile=compile, **options
         )
     cls = env_class(name)
     config = _options.build(cls.Config, options, what=f"env {name!r}")
     return cls(config, num_envs=num_envs, device=device, seed=seed, check_values=check_values, compile=compile)
+
+
+def render_options(name: str, options: dict) -> dict:
+    """The options with which `make(name, render=True, **options)` builds env `name`: those its adapter's
+    `render_options` gives (`register_prefix`), else `options` (an env that draws as it is made, or never).
+    NotImplementedError, with the reason, where the adapter says the env cannot draw."""
+    if "/" in name:
+        asks = _PREFIXES.get(name.split("/", 1)[0], (None, None, None))[2]
+        if asks is not None:
+            return asks(name.split("/", 1)[1], dict(options))
+    return dict(options)
 
 
 def describe(name: str) -> str:

@@ -30,6 +30,10 @@ What maps to what:
 - time limits are vecmarl's `max_steps`. For envs with a `max_cycles` option (MPE, SISL, butterfly)
   the two are one number: `max_cycles=max_steps` is passed on (default: the env's own `max_cycles`).
   An env that ends by its own truncation before `max_steps` is reported as terminated, with a warning;
+- rendering: `render(i)` is copy `i`'s `render()`, which gives images where the copies were made with
+  `render_mode="rgb_array"`: the option, or `make(..., render=True)` (`marl eval --render`), which asks for it
+  in place of any other mode (`"human"` would open a window) and refuses, before building, an env whose
+  metadata lists no `"rgb_array"` among its `render_modes`. The mode changes nothing of the episodes;
 - PettingZoo's infos are not passed through (they hold arbitrary Python objects);
 - seeding: `make(seed=s)` and `reset(seed=s)` reset copy `i` with seed `s + i`; later resets continue
   each copy's own random stream, as in PettingZoo;
@@ -221,10 +225,17 @@ class PettingZooEnv(MultiAgentEnv):
     def _render(self, index: int) -> np.ndarray:
         if not self.renders:
             raise NotImplementedError(
-                f"{self.name} renders only when made with render_mode='rgb_array' (marl train --env-option "
-                "render_mode=rgb_array)"
+                f"{self.name} renders only when made with render_mode='rgb_array' (envs.make(..., render=True) "
+                "asks for it)"
             )
-        return np.asarray(self.copies[index].render(), dtype=np.uint8)
+        frame = self.copies[index].render()
+        if not (isinstance(frame, np.ndarray) and frame.ndim == 3 and frame.shape[-1] == 3):
+            got = f"an array of shape {frame.shape}" if isinstance(frame, np.ndarray) else type(frame).__name__
+            raise NotImplementedError(
+                f"{self.name}: the wrapped env's render() returned {got} with render_mode='rgb_array', where an "
+                "RGB image [H, W, 3] was expected"
+            )
+        return frame.astype(np.uint8, copy=False)
 
     def reset_data(self, seed: int | None = None, *, mask: torch.Tensor | None = None) -> dict:
         check_seed(self.name, seed)
@@ -356,6 +367,37 @@ def check_seed(name: str, seed) -> None:
         raise ValueError(f"{name}: seed must be a non-negative int or None, got {seed!r}")
 
 
+def declared_render_modes(module) -> list[str] | None:
+    """The `render_modes` in the metadata of the module's env class: `raw_env`, `parallel_env` or `env` where
+    one is a class, else the one PettingZoo env class the module defines (a module of functions building it);
+    None where no class is found. An env class whose metadata has no `render_modes` declares none."""
+    from pettingzoo import AECEnv, ParallelEnv
+
+    named = [c for c in (getattr(module, n, None) for n in ("raw_env", "parallel_env", "env")) if isinstance(c, type)]
+    defined = [
+        c
+        for c in vars(module).values()
+        if isinstance(c, type) and issubclass(c, (AECEnv, ParallelEnv)) and c.__module__ == module.__name__
+    ]
+    found = named[:1] or (defined if len(defined) == 1 else [])
+    metadata = getattr(found[0], "metadata", None) if found else None
+    return list(metadata.get("render_modes", ())) if isinstance(metadata, dict) else None
+
+
+def render_options(path: str, options: dict) -> dict:
+    """`envs.make("pettingzoo/<module>", render=True)`: the options with `render_mode="rgb_array"`, in place of any
+    other mode (`"human"` would open a window; the mode changes nothing of the episodes). NotImplementedError
+    where the env's metadata lists render modes without `"rgb_array"`."""
+    modes = declared_render_modes(import_env_module(path))
+    if modes is not None and "rgb_array" not in modes:
+        listed = f"lists only the render_modes {modes}" if modes else "lists no render_modes"
+        raise NotImplementedError(
+            f"pettingzoo/{path} cannot draw frames: its metadata {listed}, and the adapter draws with "
+            "render_mode='rgb_array'"
+        )
+    return {**options, "render_mode": "rgb_array"}
+
+
 def _max_cycles_default(module) -> int | None:
     """The env's own `max_cycles` default when its constructor takes one, else None."""
     for name in ("raw_env", "parallel_env", "env"):
@@ -401,4 +443,4 @@ def make_pettingzoo(
     return PettingZooEnv(config, num_envs=num_envs, device=device, seed=seed, check_values=check_values)
 
 
-register_prefix("pettingzoo", make_pettingzoo, "module.env")
+register_prefix("pettingzoo", make_pettingzoo, "module.env", render_options=render_options)

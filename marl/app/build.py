@@ -30,8 +30,15 @@ def resolve_device(device: str) -> torch.device:
     return device
 
 
-def make_env(config: TrainConfig, device: torch.device, num_envs: int | None = None, seed: int | None = None):
-    """The configured env, regrouped by the configured group map."""
+def make_env(
+    config: TrainConfig,
+    device: torch.device,
+    num_envs: int | None = None,
+    seed: int | None = None,
+    *,
+    render: bool = False,
+):
+    """The configured env, regrouped by the configured group map; `render`: made to draw frames (`envs.make`'s)."""
     settings = config.env
     import_modules(settings.imports)
     env = envs.make(
@@ -39,6 +46,7 @@ def make_env(config: TrainConfig, device: torch.device, num_envs: int | None = N
         num_envs=num_envs or settings.num_envs,
         device=device,
         seed=config.run.seed if seed is None else seed,
+        render=render,
         **settings.env_options,
     )
     check_float32(env)

@@ -39,9 +39,10 @@ def evaluate(
     Every env contributes its first episode only, so short episodes are not over-counted; with more
     episodes than `num_envs` (default min(episodes, 256)) the envs run in rounds with fresh seeds.
     `render`: write env 0's first episode to this GIF path, from its first state to the one its last action
-    reached (episode length + 1 frames). A checkpoint of several seeds (`marl train
-    --seeds`) evaluates its `member` (a seed, or with a sweep the member's name, `seed_0-lr_0.001`), from
-    that member's own checkpoint in the run folder.
+    reached (episode length + 1 frames); the envs are then made to draw (`envs.make(..., render=True)`: a
+    PettingZoo env trained without render_mode='rgb_array' gets it), which changes no episode. A checkpoint
+    of several seeds (`marl train --seeds`) evaluates its `member` (a seed, or with a sweep the member's name,
+    `seed_0-lr_0.001`), from that member's own checkpoint in the run folder.
     """
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
@@ -88,14 +89,16 @@ def evaluate(
         k = min(batch, episodes - len(lengths))
         # Round r's envs from seed + r * batch: an adapter's copy i takes seed + i (PettingZoo), so with seed + r
         # each round would run all but one of the previous round's episodes again.
-        env = make_env(config, device, num_envs=k, seed=seed + round_index * batch)
-        if render and not env.renders:
-            try:
-                env.render(0)
-                reason = f"{config.env.env} does not render"
-            except NotImplementedError as error:  # the env's own reason, e.g. how to make a PettingZoo env render
-                reason = str(error)
-            raise ValueError(f"{reason}: run marl eval without --render")
+        # Made to draw where an env must be asked (a PettingZoo env's render_mode): the episodes are the same.
+        try:
+            env = make_env(config, device, num_envs=k, seed=seed + round_index * batch, render=bool(render))
+            if render and not env.renders:
+                env.render(0)  # raises NotImplementedError with the env's own reason, e.g. what VMAS needs to draw
+                raise NotImplementedError(f"{config.env.env} does not render")
+        except NotImplementedError as error:
+            if not render:
+                raise
+            raise ValueError(f"{error}: run marl eval without --render") from error
         if acting is None:
             algorithm = build_algorithm(config, env, device, World(), generator)
             load_algorithm_state(algorithm, state["algorithm"], algorithm.label(config, env.groups))

@@ -386,3 +386,62 @@ def test_a_seeding_failure_says_what_an_adapter_user_can_do():
     env = envs.make(f"pettingzoo/{TOY}", num_envs=2, seed=0, max_steps=10, lifetimes=(9, 9), seeded=False)
     advice = r"the adapter resets copy i with reset\(seed=seed \+ i\).*draw every random number from the generator "
     assert_seeding_advice(env, advice + r"reset\(seed\) seeds \(self\.np_random")
+
+
+@pytest.mark.parametrize("given", [{}, {"render_mode": "human"}], ids=["no-render-mode", "human"])
+def test_made_to_render_the_copies_draw_in_rgb_array_mode(given, monkeypatch):
+    # A run trained without render_mode='rgb_array' could not be drawn: marl eval --render told the user to train
+    # again. make(render=True) asks for it, in place of "human", which would open a window.
+    import pygame
+
+    monkeypatch.setattr(pygame.display, "set_mode", lambda *args, **kwargs: pytest.fail("a window was opened"))
+    env = envs.make("pettingzoo/mpe2.simple_spread_v3", num_envs=2, seed=0, max_steps=3, render=True, **given)
+    assert env.renders and env.config.env_kwargs["render_mode"] == "rgb_array"
+    env.reset()
+    env.step(env.sample_actions())
+    frame = env.render(1)
+    assert frame.dtype == np.uint8 and frame.ndim == 3 and frame.shape[-1] == 3 and frame.min() < frame.max()
+
+
+def test_made_to_render_or_not_the_episodes_are_the_same():
+    runs = []
+    for render in (False, True):
+        env = envs.make("pettingzoo/mpe2.simple_spread_v3", num_envs=2, seed=0, max_steps=4, render=render)
+        steps = [env.reset()["agent", "observation"]]
+        for t in range(5):  # through an auto-reset
+            if render:
+                env.render(0)
+            next_data, obs = env.step(env.sample_actions(torch.Generator().manual_seed(t)))
+            steps += [next_data["agent", "reward"], obs["agent", "observation"]]
+        runs.append(steps)
+    for without, drawn in zip(*runs):
+        torch.testing.assert_close(without, drawn, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "metadata, listed",
+    [
+        ({"name": "runners_v0"}, "lists no render_modes"),
+        ({"render_modes": ["ansi"]}, r"lists only the render_modes \['ansi'\]"),
+    ],
+    ids=["none", "ansi"],
+)
+def test_an_env_that_cannot_draw_rgb_arrays_is_refused_before_it_is_built(metadata, listed, monkeypatch):
+    toy = importlib.import_module(TOY)
+    monkeypatch.setattr(toy.RunnersEnv, "metadata", metadata)
+    monkeypatch.setattr(toy, "parallel_env", lambda **kwargs: pytest.fail("built"))
+    with pytest.raises(NotImplementedError, match=rf"^pettingzoo/{TOY} cannot draw frames: its metadata {listed}, and"):
+        envs.make(f"pettingzoo/{TOY}", num_envs=2, seed=0, render=True)
+
+
+def test_a_render_that_gives_no_image_names_the_env(monkeypatch):
+    env = envs.make("pettingzoo/mpe2.simple_spread_v3", num_envs=2, seed=0, render=True)
+    env.reset()
+    monkeypatch.setattr(env.copies[0], "render", lambda: None)
+    with pytest.raises(NotImplementedError, match=r"simple_spread_v3: the wrapped env's render\(\) returned NoneType"):
+        env.render(0)
+
+
+def test_native_envs_ignore_the_request_to_render():
+    env = envs.make("spread", num_envs=2, seed=0, render=True)
+    assert env.renders and env.config == envs.make("spread", num_envs=2, seed=0).config

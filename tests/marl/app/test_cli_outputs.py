@@ -178,16 +178,29 @@ def test_eval_says_which_module_registers_the_checkpoints_env(monkeypatch, capsy
     )
 
 
-def test_eval_render_of_a_pettingzoo_env_says_how_to_make_it_render(monkeypatch, capsys, tmp_path):
-    # It said only "does not render: run marl eval without --render", though the env renders when made so.
+@pytest.mark.parametrize(
+    "metadata, listed",
+    [
+        ({"name": "runners_v0"}, "lists no render_modes"),
+        ({"render_modes": ["ansi"]}, "lists only the render_modes ['ansi']"),
+    ],
+    ids=["none", "ansi"],
+)
+def test_eval_render_of_a_pettingzoo_env_that_cannot_draw_says_why(metadata, listed, monkeypatch, capsys, tmp_path):
+    # It said only "does not render: run marl eval without --render"; then to make the env with
+    # render_mode='rgb_array', which marl eval --render now asks for: an env whose metadata lists no such mode is
+    # refused before it is built (its constructor would fail on the keyword, or draw nothing).
     pytest.importorskip("pettingzoo")
+    import tests.envs.pz_toy
+
+    monkeypatch.setattr(tests.envs.pz_toy.RunnersEnv, "metadata", metadata)
     config = TrainConfig(env=EnvSettings(env="pettingzoo/tests.envs.pz_toy"))
     monkeypatch.setattr(marl.app.evaluate, "load_checkpoint", lambda path: {"config": config.to_dict()})
     assert main(["eval", "--checkpoint", "c.pt", "--render", str(tmp_path / "e.gif")]) == 2
     err = capsys.readouterr().err
     assert (
-        "marl eval: error: pettingzoo/tests.envs.pz_toy renders only when made with render_mode='rgb_array' (marl "
-        "train --env-option render_mode=rgb_array): run marl eval without --render" in err
+        f"marl eval: error: pettingzoo/tests.envs.pz_toy cannot draw frames: its metadata {listed}, and the adapter "
+        "draws with render_mode='rgb_array': run marl eval without --render\n" in err
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from PIL import Image, ImageSequence
 
 import envs
 from marl.algorithms.ppo import PPOConfig
@@ -14,10 +15,11 @@ from tests.envs.ticker import TICK_GREY, Ticker, gif_greys
 envs.register("ticker")(Ticker)  # the trainer makes its env by name
 
 
-def tiny_config(tmp_path, env: str) -> TrainConfig:
-    """PPO on 4 envs of `env`, one iteration of 4 steps: its checkpoint, untrained, is enough to evaluate."""
+def tiny_config(tmp_path, env: str, **options) -> TrainConfig:
+    """PPO on 4 envs of `env` (with env `options`), one iteration of 4 steps: its checkpoint, untrained, is enough
+    to evaluate."""
     return TrainConfig(
-        env=EnvSettings(env=env, num_envs=4),
+        env=EnvSettings(env=env, num_envs=4, env_options=options),
         algo=PPOConfig(minibatch_size=16),
         model=ModelConfig(hidden=(8,)),
         run=RunConfig(
@@ -48,3 +50,23 @@ def test_rounds_of_a_pettingzoo_env_evaluate_episodes_of_distinct_seeds(tmp_path
     checkpoint = str(Trainer(config).save())
     in_rounds = evaluate(checkpoint, episodes=4, num_envs=2, device="cpu")
     assert in_rounds == evaluate(checkpoint, episodes=4, num_envs=4, device="cpu")
+
+
+def test_a_pettingzoo_run_trained_without_rgb_array_renders_the_episodes_it_evaluates(tmp_path, monkeypatch):
+    # Its env was made without render_mode='rgb_array', and marl eval --render told the user to train again. The
+    # eval env now asks for it; with render_mode='human' (a window per step) it asks for it instead.
+    pytest.importorskip("mpe2")
+    import pygame
+
+    monkeypatch.setattr(pygame.display, "set_mode", lambda *args, **kwargs: pytest.fail("a window was opened"))
+    options = {"max_steps": 5, "N": 2}
+    trained = str(Trainer(tiny_config(tmp_path / "a", "pettingzoo/mpe2.simple_spread_v3", **options)).save())
+    gif = tmp_path / "episode.gif"
+    result = evaluate(trained, episodes=3, render=str(gif), device="cpu")
+    with Image.open(gif) as image:  # the first state, then one frame per step: 6 at 100 ms (Pillow merges repeats)
+        assert sum(frame.info["duration"] for frame in ImageSequence.Iterator(image)) == 600
+    assert result["episode_length"] == 5.0
+    assert evaluate(trained, episodes=3, device="cpu") == result  # rendering changes no episode
+    options["render_mode"] = "human"
+    human = str(Trainer(tiny_config(tmp_path / "b", "pettingzoo/mpe2.simple_spread_v3", **options)).save())
+    assert evaluate(human, episodes=3, render=str(gif), device="cpu") == result
