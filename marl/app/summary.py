@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from envs.registry import render_options
 from marl.app.logger import EVAL_PREFIX
 
 
@@ -42,10 +43,22 @@ def print_summary(trainer, rows: list[dict[str, float]]) -> None:
         f"checkpoint     {trainer.checkpoint_path}",
         "next           marl eval --checkpoint "
         + str(trainer.checkpoint_path)
-        + (" --render episode.gif" if trainer.env.renders else ""),
+        + (" --render episode.gif" if renders_when_asked(trainer) else ""),
         "               marl plot " + str(trainer.run_dir),
     ]
     print("\n".join(lines))
+
+
+def renders_when_asked(trainer) -> bool:
+    """Whether `marl eval --render` draws the run's env: it draws as made, or would when made to draw (a
+    PettingZoo env trained without render_mode='rgb_array': `envs.make(..., render=True)` asks for it)."""
+    if trainer.env.renders:
+        return True
+    settings = trainer.config.env
+    try:
+        return render_options(settings.env, settings.env_options) != settings.env_options
+    except NotImplementedError:  # the env's metadata says it cannot
+        return False
 
 
 def return_text(rows: list[dict[str, float]], key: str, tail: int) -> str:

@@ -399,6 +399,37 @@ def test_summary_return_skips_iterations_without_ended_episodes():
     )
 
 
+@pytest.mark.parametrize(
+    "env, options, hint",
+    [
+        ("navigation", {}, False),  # as env=SimpleNamespace(renders=False) says: a native env that does not draw
+        ("pettingzoo/mpe2.simple_spread_v3", {}, True),  # trained without render_mode='rgb_array': eval asks for it
+        ("pettingzoo/mpe2.simple_spread_v3", {"render_mode": "human"}, True),
+        ("pettingzoo/tests.envs.pz_toy", {}, False),  # its metadata lists no render_modes
+    ],
+    ids=["native", "pettingzoo", "pettingzoo-human", "pettingzoo-no-render-modes"],
+)
+def test_the_summary_suggests_render_where_marl_eval_can_draw(env, options, hint, capsys):
+    # A PettingZoo run trained without render_mode='rgb_array' was not offered --render, which now draws it.
+    from types import SimpleNamespace
+
+    from marl.app.summary import print_summary
+
+    if env.startswith("pettingzoo"):
+        pytest.importorskip("mpe2")
+    config = dataclasses.replace(small_config("runs"), env=EnvSettings(env=env, env_options=options))
+    trainer = SimpleNamespace(
+        run_dir="runs/x",
+        config=config,
+        device=torch.device("cpu"),
+        world=SimpleNamespace(size=1),
+        env=SimpleNamespace(renders=False, groups={"agent": None}),
+        checkpoint_path="runs/x/checkpoint.pt",
+    )
+    print_summary(trainer, summary_rows([1.0, 2.0]))
+    assert ("marl eval --checkpoint runs/x/checkpoint.pt --render episode.gif\n" in capsys.readouterr().out) == hint
+
+
 def test_the_printed_summary_has_no_nan_return(capsys):
     from types import SimpleNamespace
 
