@@ -144,13 +144,13 @@ def make(
         raise TypeError(
             f"make takes the env's name as a str, got {type(name).__name__} {name!r}; known envs: {', '.join(names())}"
         )
+    if render:
+        options = render_options(name, options)
     if "/" in name:
         prefix, rest = name.split("/", 1)
         if prefix not in _PREFIXES:
             raise KeyError(_unknown(name))
         factory, _, _ = _PREFIXES[prefix]
-        if render:
-            options = render_options(name, options)
         return factory(
             rest, num_envs=num_envs, device=device, seed=seed, check_values=check_values, compile=compile, **options
         )
@@ -163,11 +163,9 @@ def render_options(name: str, options: dict) -> dict:
     """The options with which `make(name, render=True, **options)` builds env `name`: those its adapter's
     `render_options` gives (`register_prefix`), else `options` (an env that draws as it is made, or never).
     NotImplementedError, with the reason, where the adapter says the env cannot draw."""
-    if "/" in name:
-        asks = _PREFIXES.get(name.split("/", 1)[0], (None, None, None))[2]
-        if asks is not None:
-            return asks(name.split("/", 1)[1], dict(options))
-    return dict(options)
+    prefix, slash, rest = name.partition("/")
+    asks = _PREFIXES[prefix][2] if slash and prefix in _PREFIXES else None
+    return asks(rest, dict(options)) if asks is not None else dict(options)
 
 
 def describe(name: str) -> str:
