@@ -150,6 +150,7 @@ class Trainer:
         # Whole iterations only: total_frames rounded up to a multiple of an iteration's frames.
         self.frames_to_run = -(-config.run.total_frames // self.frames_per_iteration) * self.frames_per_iteration
         self.iteration, self.frames, self.elapsed = 0, 0, 0.0
+        self.saved_iteration: int | None = None  # the iteration the last checkpoint written holds
         self.timer = PhaseTimer(self.device)
         # --compile on CUDA: whether the rollout and update steps were captured as CUDA graphs is said once
         # known (after the first iteration, or the first update of an algorithm that fills a buffer first).
@@ -335,7 +336,12 @@ class Trainer:
         except KeyboardInterrupt:
             logger.close(exit_code=1)
             if self.world.is_main:
-                print(f"\ninterrupted at iteration {self.iteration}; {self._last_checkpoint_text()}")
+                where = (
+                    f"while saving iteration {self.iteration}'s checkpoint"
+                    if saving
+                    else f"at iteration {self.iteration}"
+                )
+                print(f"\ninterrupted {where}; {self._last_checkpoint_text()}")
             raise
         except Exception:
             logger.close(exit_code=1)
@@ -356,7 +362,9 @@ class Trainer:
         if not self.checkpoint_path.exists():
             return "no checkpoint was written yet"
         command = distributed.launcher(self.world.size, self.world.local_size)
-        return f"the last checkpoint is {self.checkpoint_path} (resume with {command} train --resume {self.checkpoint_path})"
+        # Interrupted or failed while saving, the checkpoint holds an earlier iteration than the one logged last.
+        held = f", of iteration {self.saved_iteration}," if self.saved_iteration is not None else ""
+        return f"the last checkpoint{held} is {self.checkpoint_path} (resume with {command} train --resume {self.checkpoint_path})"
 
     # ---- checkpoints -----------------------------------------------------------------------------
 
@@ -399,7 +407,9 @@ class Trainer:
                 save_checkpoint(
                     seeds.member_dir(self.run_dir, member) / "checkpoint.pt", seeds.member_state(self, state, k)
                 )
-        return save_checkpoint(self.checkpoint_path, state)
+        path = save_checkpoint(self.checkpoint_path, state)
+        self.saved_iteration = self.iteration
+        return path
 
     def _check_loadable(self, algorithm_state: dict, env_state: dict) -> None:
         name = type(self.algorithm).__qualname__
@@ -409,6 +419,7 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         state = self.world.own_checkpoint(state)
         self.iteration, self.frames, self.elapsed = state["iteration"], state["frames"], state["elapsed"]
+        self.saved_iteration = self.iteration
         load_algorithm_state(self.algorithm, state["algorithm"], self.algorithm.label(self.config, self.env.groups))
         if isinstance(self.generator, list):
             for generator, held in zip(self.generator, state["generator"]):

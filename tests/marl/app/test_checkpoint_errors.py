@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import marl.app.logger
+import marl.app.trainer
 from marl.algorithms.ppo import PPOConfig
 from marl.app.checkpoint import CheckpointWriteError, load_checkpoint, save_checkpoint
 from marl.app.cli import main
@@ -288,7 +289,9 @@ def test_the_cli_reports_a_full_disk_in_one_line(tmp_path, capsys, monkeypatch):
     assert captured.err == (
         f"marl train: error: could not write the checkpoint {path}: {FULL}; the previous checkpoint there is kept\n"
     )
-    assert f"the run failed at saving iteration 2's checkpoint; the last checkpoint is {path}" in captured.out
+    assert f"the run failed at saving iteration 2's checkpoint; the last checkpoint, of iteration 1, is {path}" in (
+        captured.out
+    )
     assert path.read_bytes() == saved and not os.path.exists(f"{path}.tmp")
 
 
@@ -306,7 +309,23 @@ def test_a_log_row_that_cannot_be_written_is_one_line_and_keeps_the_checkpoint(t
     captured = capsys.readouterr()
     metrics = tmp_path / "run" / "metrics.csv"
     assert captured.err == f"marl train: error: could not write iteration 2's row of {metrics}: {FULL}\n"
-    assert f"the last checkpoint is {path}" in captured.out
+    assert f"the last checkpoint, of iteration 1, is {path}" in captured.out
+    assert path.read_bytes() == saved
+
+
+def test_ctrl_c_while_saving_says_which_iteration_the_checkpoint_holds(tmp_path, capsys, monkeypatch):
+    """Interrupted while iteration 2's checkpoint was written, the run said "interrupted at iteration 2" and
+    named the checkpoint, which held iteration 1: the resume then replayed iteration 2, unannounced."""
+    path = _one_iteration_run(tmp_path, capsys)
+    saved = path.read_bytes()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(marl.app.trainer, "save_checkpoint", interrupted)
+    assert main(["train", "--resume", str(path), "--total-frames", "64"]) == 130
+    out = capsys.readouterr().out
+    assert f"interrupted while saving iteration 2's checkpoint; the last checkpoint, of iteration 1, is {path}" in out
     assert path.read_bytes() == saved
 
 
