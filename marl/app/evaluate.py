@@ -180,6 +180,12 @@ class TrainingEvaluation:
         num_envs = len(self.seeds) * self.episodes
         with own_random_state(device):
             self.env = make_env(config, device, num_envs=num_envs, seed=self.env_seed(0))
+        if EVAL_PREFIX.rstrip("/") in self.env.groups:  # its columns would be the evaluation's
+            raise ValueError(
+                f"{config.env.env} has a group named {EVAL_PREFIX.rstrip('/')!r}, whose metrics.csv columns "
+                f"({EVAL_PREFIX}episode_return, ...) would be --eval-every's: rename it with an explicit group_map "
+                "(EnvSettings(group_map={'name': [agents]})), or train without --eval-every"
+            )
         self.actor = Actor(acting, self.env.groups, num_envs, device)
         self.columns = eval_columns(list(self.env.groups))
 

@@ -368,3 +368,14 @@ def test_a_compiled_run_trains_as_without_the_evaluation_and_evaluates_its_polic
     assert_evaluation(
         runs["evaluated"][-1], reference_evaluation(config, state["algorithm"], eval_seed(0, 2), EPISODES)
     )
+
+
+def test_a_group_named_eval_is_refused_with_evaluation_on(tmp_path):
+    """Its training columns (`eval/episode_return`) would be the evaluation's overall return."""
+    config = with_eval(tiny(tmp_path))
+    agents = [f"agent_{i}" for i in range(3)]
+    config = dataclasses.replace(config, env=dataclasses.replace(config.env, group_map={"eval": agents}))
+    with pytest.raises(ValueError, match="has a group named 'eval'.*rename it with an explicit group_map"):
+        Trainer(config, run_dir=tmp_path / "run")
+    renamed = dataclasses.replace(config, env=dataclasses.replace(config.env, group_map={"team": agents}))
+    Trainer(renamed, run_dir=tmp_path / "renamed")
