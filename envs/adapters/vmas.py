@@ -39,9 +39,16 @@ software one: `apt-get install libegl1 libegl-mesa0`), else in a window on the X
 names. Where neither is there, `renders` is False and `render` says what to install
 (`render_problem`), so `marl eval --render` refuses before the episode runs.
 
-Checkpoints. `state_dict()` and `load_state_dict()` raise `NotImplementedError`: VMAS's simulator
-state lives in its Python objects (bodies, joints, scenario buffers, scripted controllers), not in
-tensors of the adapter, so `marl train --resume` continues the training with new episodes.
+Checkpoints. `state_dict()` saves the base class's tensors, every batched tensor of the live and the
+scratch world (the same slots the masked reset copies; tensors that several paths hold are saved once and
+restored as one) and both private random streams, as tensors and plain numbers (`torch.load(weights_only=
+True)` reads them): `load_state_dict` into an env of the same scenario, options and `num_envs`, whatever its
+seed, continues exactly, so `marl train --resume` does. What a scenario keeps elsewhere (a landmark object
+picked as the goal for the whole batch, Python numbers) is not saved: `state_problem()` finds it once per
+scenario and options in a process, by saving two small envs' state into each other and stepping on, and
+`state_dict()` then raises NotImplementedError with its reason, so a resumed run starts new episodes and
+says why (among VMAS 1.5.2's scenarios: road_traffic, sampling, simple_adversary, simple_push,
+simple_reference, simple_speaker_listener).
 
 Randomness. VMAS draws from torch's, numpy's and Python's global generators, swapped in from one list
 shared by every VMAS env. Each adapter keeps its own copy of that list and swaps it in around its
@@ -58,6 +65,7 @@ import contextlib
 import ctypes
 import dataclasses
 import functools
+import io
 import os
 import random
 import sys
@@ -73,7 +81,14 @@ from tensordict import TensorDictBase
 from envs import options as _options
 from envs.adapters.agent_groups import group_by_type
 from envs.adapters.spaces import action_spec, observation_spec
-from envs.adapters.vmas_world import PrivateRandomState, batched_slots, copy_rows, rows
+from envs.adapters.vmas_world import (
+    PrivateRandomState,
+    batched_slots,
+    copy_rows,
+    load_world_state,
+    rows,
+    world_state,
+)
 from envs.base import EnvConfig, MultiAgentEnv
 from envs.registry import register_prefix
 from envs.specs import Discrete
@@ -253,20 +268,50 @@ class VmasEnv(MultiAgentEnv):
         return next_data, obs
 
     def state_dict(self) -> dict:
-        """Not supported: the base class would save the adapter's tensors only, and an env restored from
-        them would continue from another simulator state. The trainer's `--resume` starts new episodes."""
-        raise NotImplementedError(self._no_saved_state("state_dict"))
+        """Everything needed to continue exactly where the env is: the base class's tensors, the batched
+        tensors of the live and the scratch world (`batched_slots`) and both private random streams.
+        Raises NotImplementedError where `state_problem()` says that the scenario cannot be restored."""
+        problem = self.state_problem()
+        if problem is not None:
+            raise NotImplementedError(problem)
+        return self._saved_state()
 
     def load_state_dict(self, state: dict) -> None:
-        raise NotImplementedError(self._no_saved_state("load_state_dict"))
+        if "vmas" not in state:
+            raise ValueError(f"{self.name}: the state to load has no VMAS world: it was not saved by a VMAS env")
+        saved = state["vmas"]
+        with torch.inference_mode():  # the world's tensors are inference tensors, as VMAS's steps make them
+            load_world_state(self.vmas_env.scenario, [live for live, _ in self._slots], saved["live"], self.device)
+            load_world_state(self._scratch.scenario, [twin for _, twin in self._slots], saved["scratch"], self.device)
+        self._random.load_state_dict(saved["random"])
+        self._scratch_random.load_state_dict(saved["scratch_random"])
+        super().load_state_dict(state)
+
+    def state_problem(self) -> str | None:
+        """Why `state_dict()` cannot save this scenario's state, or None where it can.
+
+        The adapter saves the world's batched tensors, not what a scenario keeps elsewhere (Python numbers,
+        tensors of other shapes, objects): whether that is all is checked once per scenario, options and
+        device in a process (`restore_problem`, a fraction of a second for most scenarios)."""
+        c = self.config
+        key = (c.scenario, c.continuous_actions, c.multidiscrete_actions, repr(sorted(c.scenario_kwargs.items())))
+        key += (str(self.device),)
+        if key not in _RESTORE_PROBLEMS:
+            _RESTORE_PROBLEMS[key] = restore_problem(self.config, self.device)
+        return _RESTORE_PROBLEMS[key]
 
     # ---- internals ---------------------------------------------------------------------------------
 
-    def _no_saved_state(self, method: str) -> str:
-        return (
-            f"{self.name}: {method}() is not supported: VMAS's simulator state (the world's bodies, joints and "
-            "the scenario's own buffers) lives in VMAS's objects, which the adapter cannot save or restore"
-        )
+    def _saved_state(self) -> dict:
+        return {
+            **super().state_dict(),
+            "vmas": {
+                "live": world_state(self.vmas_env.scenario, [live for live, _ in self._slots]),
+                "scratch": world_state(self._scratch.scenario, [twin for _, twin in self._slots]),
+                "random": self._random.state_dict(),
+                "scratch_random": self._scratch_random.state_dict(),
+            },
+        }
 
     def _build(self, vmas, num_envs: int, seed: int | None = None, check_kwargs: bool = False):
         c = self.config
@@ -348,6 +393,64 @@ class VmasEnv(MultiAgentEnv):
                 stacked = torch.stack([infos[i][key] for key in keys for i in indices], 1)  # [B, keys * n, ...]
                 grouped[group].update(zip(keys, stacked.view(self.num_envs, len(keys), len(indices), *shape).unbind(1)))
         return grouped
+
+
+# ---- whether a scenario's state can be saved ----------------------------------------------------------
+
+# (scenario, action options, scenario options, device) -> `restore_problem`'s answer, found once per process
+_RESTORE_PROBLEMS: dict[tuple, str | None] = {}
+CHECK_MAX_STEPS = 3  # short episodes: the check's steps cross full and masked resets
+CHECK_STEPS = 7
+
+
+def restore_problem(config: VmasConfig, device: torch.device) -> str | None:
+    """Why a state saved by `state_dict()` does not restore this scenario exactly, or None where it does.
+
+    Two envs of 2, built with other seeds: the first steps (its envs' episodes ending apart, so that the
+    resets that follow are masked ones as well as full ones), its state goes through torch.save and
+    torch.load(weights_only=True) into the second, and both step on with the same actions, through
+    resets: every output must be equal."""
+    name = f"vmas/{config.scenario}"
+    config = dataclasses.replace(config, max_steps=CHECK_MAX_STEPS)
+    try:
+        first, second = (VmasEnv(config, num_envs=2, device=device, seed=seed) for seed in (1, 2))
+        generator = torch.Generator(device).manual_seed(0)
+        with allow_host_sync():
+            first.step(first.sample_actions(generator))
+            first.reset(mask=torch.tensor([True, False], device=device))
+            first.step(first.sample_actions(generator))
+            saved = io.BytesIO()
+            torch.save(first._saved_state(), saved)
+            saved.seek(0)
+            second.load_state_dict(torch.load(saved, weights_only=True))
+            for _ in range(CHECK_STEPS):
+                action = first.sample_actions(generator)
+                for key, (a, b) in _pairs(first.step(action), second.step(action)):
+                    if not _equal(a, b):
+                        return (
+                            f"{name} keeps state that the adapter cannot save: restored into another env, its "
+                            f"state did not repeat the steps that followed ({'/'.join(key)} differed)"
+                        )
+    except Exception as error:  # whatever fails, the state cannot be relied on: resumed runs start new episodes
+        return f"{name}: its state could not be saved and restored ({describe_error(error)})"
+    return None
+
+
+def _pairs(first: tuple[TensorDictBase, ...], second: tuple[TensorDictBase, ...]):
+    """(key, first's tensor, second's) of every tensor of the step's (next, obs)."""
+    for part, (a, b) in zip(("next", "obs"), zip(first, second)):
+        for key, value in a.items(True, True):
+            yield (part, *((key,) if isinstance(key, str) else key)), (value, b.get(key))
+
+
+def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit, NaN equal to NaN."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    same = a == b
+    if a.is_floating_point():
+        same |= a.isnan() & b.isnan()
+    return bool(same.all())
 
 
 # ---- construction ----------------------------------------------------------------------------------

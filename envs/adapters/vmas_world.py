@@ -10,14 +10,17 @@ Dicts keyed by a world's own objects (football's scripted AI keeps `objectives[a
 its targets) have other keys in each world: their keys are matched by position (see `_twin_keys`),
 so each batched tensor has a path in the live world and one in the scratch world.
 
-`PrivateRandomState` gives each adapter its own random stream: VMAS draws from the global generators,
-swapped in from one list that every VMAS env shares.
+`world_state` and `load_world_state` save and restore the tensors at the slots' paths (a checkpoint of
+the world); `PrivateRandomState` gives each adapter its own random stream: VMAS draws from the global
+generators, swapped in from one list that every VMAS env shares. Both save tensors and plain numbers
+only, which `torch.load(weights_only=True)` reads.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -48,6 +51,31 @@ class PrivateRandomState:
         if self.cuda:
             self.own_cuda = torch.cuda.get_rng_state(self.cuda)
             torch.cuda.set_rng_state(self.saved_cuda, self.cuda)
+
+    def state_dict(self) -> dict:
+        """The stream's state as tensors and numbers (numpy's and Python's states are tuples of their own)."""
+        torch_state, (_, keys, position, has_gauss, gauss), (version, internal, gauss_next) = self.own
+        return {
+            "torch": torch_state.clone(),
+            "numpy": {
+                "keys": torch.from_numpy(keys.astype(np.int64)),
+                "position": int(position),
+                "has_gauss": int(has_gauss),
+                "gauss": float(gauss),
+            },
+            "python": {"version": version, "internal": torch.tensor(internal), "gauss_next": gauss_next},
+            "cuda": self.own_cuda.clone() if self.cuda else None,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        numpy, python = state["numpy"], state["python"]
+        self.own = [
+            state["torch"].clone(),
+            ("MT19937", numpy["keys"].numpy().astype(np.uint32), numpy["position"], numpy["has_gauss"], numpy["gauss"]),
+            (python["version"], tuple(python["internal"].tolist()), python["gauss_next"]),
+        ]
+        if self.cuda:
+            self.own_cuda = state["cuda"].clone()
 
 
 Path = tuple[Any, ...]  # keys from the scenario object down to a tensor: attribute names, list indices, dict keys
@@ -100,6 +128,41 @@ def copy_rows(slots: list[Slot], live, scratch, mask: torch.Tensor) -> None:
         if not isinstance(old, torch.Tensor) or not isinstance(fresh, torch.Tensor) or old.shape != fresh.shape:
             continue  # not set (yet) in one of the worlds
         _container(live_parent)[path[-1]] = torch.where(rows(mask, old), fresh, old)
+
+
+def world_state(scenario, paths: list[Path]) -> dict:
+    """Copies of the tensors at `paths` of `scenario`: `tensors`, each distinct tensor once (paths that
+    hold one tensor restore as one), and `index`, each path's tensor in `tensors` (-1: none set)."""
+    tensors: list[torch.Tensor] = []
+    index: list[int] = []
+    first: dict[int, int] = {}  # id of a tensor -> its place in `tensors`
+    for path in paths:
+        value = _resolve(scenario, path)
+        if not isinstance(value, torch.Tensor):
+            index.append(-1)
+            continue
+        if id(value) not in first:
+            first[id(value)] = len(tensors)
+            tensors.append(value.clone())  # outside inference mode: an ordinary tensor, as torch.save needs
+        index.append(first[id(value)])
+    return {"tensors": tensors, "index": index}
+
+
+def load_world_state(scenario, paths: list[Path], state: dict, device: torch.device) -> None:
+    """Put `world_state`'s tensors back at `paths` of `scenario` (None where none was set). Call it under
+    `torch.inference_mode()`, as VMAS's world runs."""
+    if len(state["index"]) != len(paths):
+        raise ValueError(
+            f"the saved VMAS world has {len(state['index'])} batched tensors, this one {len(paths)}: it was saved "
+            "from another scenario, other options or another num_envs"
+        )
+    copies = [tensor.to(device).clone() for tensor in state["tensors"]]
+    for path, i in zip(paths, state["index"]):
+        parent = _resolve(scenario, path[:-1])
+        container = _container(parent) if parent is not None else None
+        if container is None or (isinstance(container, list) and path[-1] >= len(container)):
+            continue  # a container on the way is not set in this world
+        container[path[-1]] = copies[i] if i >= 0 else None
 
 
 def rows(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

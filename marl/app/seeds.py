@@ -244,7 +244,10 @@ def member_state(trainer, state: dict, k: int) -> dict:
             return value[rows].clone()
         return value
 
-    env = state["env"]
+    env, unsaved = state["env"], state.get("env_unsaved")
+    if env is not None and not isinstance(trainer.env_seed, tuple):
+        # An adapter's simulator (VMAS) draws every member's envs from one stream: no member's alone.
+        env, unsaved = None, f"{trainer.env.name}: the population's envs drew from one random stream, not this member's"
     if env is not None:
         rng = {"key": env["rng"]["key"][k].clone(), "counter": env["rng"]["counter"].clone()}
         env = {**env, "tensors": envs_rows(env["tensors"]), "rng": rng, "seed": trainer.seeds[k]}
@@ -257,6 +260,7 @@ def member_state(trainer, state: dict, k: int) -> dict:
         "algorithm": trainer.algorithm.member_state_dict(k),
         "generator": state["generator"][k],
         "env": env,
+        "env_unsaved": unsaved,
         "obs": envs_rows(state["obs"]),
         "hidden": envs_rows(state["hidden"]),
         "algorithm_envs": envs_rows(state["algorithm_envs"]),

@@ -369,10 +369,11 @@ class Trainer:
     # ---- checkpoints -----------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
+        unsaved = None  # why the env's state is not saved: said when the run resumes
         try:
             env_state = self.env.state_dict()
-        except (AttributeError, NotImplementedError):
-            env_state = None
+        except (AttributeError, NotImplementedError) as error:
+            env_state, unsaved = None, str(error).split("\n")[0]
         return {
             "config": self.config.to_dict(),
             "iteration": self.iteration,
@@ -383,6 +384,7 @@ class Trainer:
             if isinstance(self.generator, list)
             else self.generator.get_state(),
             "env": env_state,
+            "env_unsaved": unsaved,
             "obs": self.collector.obs,
             "stats": self.collector.stats.state_dict(),
             "hidden": self.collector.hidden_state(),  # recurrent policies' states, per env
@@ -440,7 +442,8 @@ class Trainer:
             self.collector.load_obs(self.env.reset_data(seed=resumed_env_seed(self.env_seed, state["iteration"])))
             self.collector.stats.load_state_dict(state["stats"], running=False)  # a batch collected ahead's
             if self.world.is_main:
-                print("this env cannot save its state: resumed training starts new episodes")
+                why = f" ({state['env_unsaved']})" if state.get("env_unsaved") else ""
+                print(f"this env cannot save its state: resumed training starts new episodes{why}")
         if state.get("pending") is not None:
             self._pending = self.collector.buffer
             self._pending.update_(_to_device(state["pending"], self.device))
