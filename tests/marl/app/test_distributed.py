@@ -22,10 +22,11 @@ from tensordict import TensorDict
 
 from marl.app.checkpoint import load_checkpoint
 from marl.app.evaluate import eval_seed
+from marl.app.logger import read_rows
 from marl.app.trainer import Trainer
 from marl.config import TrainConfig
 from tests.marl.app.distributed_worker import ITERATIONS, match_config
-from tests.marl.app.test_eval_during_training import reference_evaluation
+from tests.marl.app.test_eval_during_training import reference_evaluation, same, training_columns
 
 ROOT = Path(__file__).resolve().parents[3]
 WORKER = str(Path(__file__).with_name("distributed_worker.py"))
@@ -264,3 +265,23 @@ def test_an_off_policy_algorithm_trains_on_two_ranks_with_a_buffer_each(tmp_path
         "-m", "marl", "train", "--resume", checkpoint, "--total-frames", str(3 * FRAMES_PER_ITERATION)
     )
     assert code == 0, output[-3000:]
+
+
+@pytest.mark.slow
+def test_a_vmas_run_on_two_ranks_resumes_exactly(tmp_path):
+    """Each rank's VMAS world is in the checkpoint (gathered as any env state) and goes back to its rank:
+    stopped after iteration 1 and resumed, the log equals the uninterrupted run's."""
+    pytest.importorskip("vmas")
+    args = ["-m", "marl", "train", "--env", "vmas/navigation", *CLI_ARGS, "--env-option", "n_agents=2"]
+    for name, iterations in (("straight", 3), ("resumed", 1)):
+        frames = str(iterations * FRAMES_PER_ITERATION)
+        code, output, _ = torchrun(*args, "--log-dir", str(tmp_path / name), "--total-frames", frames)
+        assert code == 0, output[-3000:]
+    checkpoint = str(tmp_path / "resumed" / "run" / "checkpoint.pt")
+    code, output, _ = torchrun(
+        "-m", "marl", "train", "--resume", checkpoint, "--total-frames", str(3 * FRAMES_PER_ITERATION)
+    )
+    assert code == 0 and "cannot save its state" not in output, output[-3000:]
+    straight, resumed = (read_rows(tmp_path / name / "run" / "metrics.csv") for name in ("straight", "resumed"))
+    assert len(straight) == len(resumed) == 3
+    assert all(same(training_columns(a), training_columns(b)) for a, b in zip(straight, resumed))
