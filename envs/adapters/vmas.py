@@ -39,16 +39,17 @@ software one: `apt-get install libegl1 libegl-mesa0`), else in a window on the X
 names. Where neither is there, `renders` is False and `render` says what to install
 (`render_problem`), so `marl eval --render` refuses before the episode runs.
 
-Checkpoints. `state_dict()` saves the base class's tensors, every batched tensor of the live and the
-scratch world (the same slots the masked reset copies; tensors that several paths hold are saved once and
-restored as one) and both private random streams, as tensors and plain numbers (`torch.load(weights_only=
-True)` reads them): `load_state_dict` into an env of the same scenario, options and `num_envs`, whatever its
-seed, continues exactly, so `marl train --resume` does. What a scenario keeps elsewhere (a landmark object
-picked as the goal for the whole batch, Python numbers) is not saved: `state_problem()` finds it once per
-scenario and options in a process, by saving two small envs' state into each other and stepping on, and
-`state_dict()` then raises NotImplementedError with its reason, so a resumed run starts new episodes and
-says why (among VMAS 1.5.2's scenarios: road_traffic, sampling, simple_adversary, simple_push,
-simple_reference, simple_speaker_listener).
+Checkpoints. `state_dict()` saves the base class's tensors, every tensor of the live and the scratch
+world (found as the masked reset's are, unbatched ones too: a goal's colour; tensors that several paths
+hold are saved once and restored as one), which of the world's entities each reference to one holds (MPE
+scenarios pick a landmark as the goal of the whole batch) and both private random streams, as tensors,
+numbers and strings (`torch.load(weights_only=True)` reads them; each path saved by name, `world_paths`).
+`load_state_dict` into an env of the same scenario, options and `num_envs`, whatever its seed, continues
+exactly, so `marl train --resume` does. What a scenario keeps elsewhere (Python numbers, objects other than
+entities, a world whose objects depend on the seed) is not saved: `state_problem()` finds it once per
+scenario and options in a process, by saving a small env's state into one of another seed and stepping
+both on through resets, and `state_dict()` then raises NotImplementedError with its reason, so a resumed
+run starts new episodes and says why (among VMAS 1.5.2's scenarios: ball_passage, road_traffic, sampling).
 
 Randomness. VMAS draws from torch's, numpy's and Python's global generators, swapped in from one list
 shared by every VMAS env. Each adapter keeps its own copy of that list and swaps it in around its
@@ -87,6 +88,7 @@ from envs.adapters.vmas_world import (
     copy_rows,
     load_world_state,
     rows,
+    world_paths,
     world_state,
 )
 from envs.base import EnvConfig, MultiAgentEnv
@@ -172,6 +174,9 @@ class VmasEnv(MultiAgentEnv):
         self._scratch = self._build(vmas, self.num_envs)
         probe = self._build(vmas, 2 if self.num_envs == 1 else 1)
         self._slots = batched_slots(self.vmas_env.scenario, self._scratch.scenario, probe.scenario)
+        # What a checkpoint saves of each world: every tensor, and which entity each reference holds.
+        self._live_paths = world_paths(self.vmas_env.scenario)
+        self._scratch_paths = world_paths(self._scratch.scenario)
         self._seed_vmas(self.seed)  # so that the base class's first reset starts where make_env(seed) does
 
         agents = self.vmas_env.agents
@@ -281,8 +286,11 @@ class VmasEnv(MultiAgentEnv):
             raise ValueError(f"{self.name}: the state to load has no VMAS world: it was not saved by a VMAS env")
         saved = state["vmas"]
         with torch.inference_mode():  # the world's tensors are inference tensors, as VMAS's steps make them
-            load_world_state(self.vmas_env.scenario, [live for live, _ in self._slots], saved["live"], self.device)
-            load_world_state(self._scratch.scenario, [twin for _, twin in self._slots], saved["scratch"], self.device)
+            for world, paths, part in (
+                (self.vmas_env, self._live_paths, "live"),
+                (self._scratch, self._scratch_paths, "scratch"),
+            ):
+                load_world_state(world.scenario, paths[0], saved[part], self.device, paths[1])
         self._random.load_state_dict(saved["random"])
         self._scratch_random.load_state_dict(saved["scratch_random"])
         super().load_state_dict(state)
@@ -306,8 +314,8 @@ class VmasEnv(MultiAgentEnv):
         return {
             **super().state_dict(),
             "vmas": {
-                "live": world_state(self.vmas_env.scenario, [live for live, _ in self._slots]),
-                "scratch": world_state(self._scratch.scenario, [twin for _, twin in self._slots]),
+                "live": world_state(self.vmas_env.scenario, *self._live_paths),
+                "scratch": world_state(self._scratch.scenario, *self._scratch_paths),
                 "random": self._random.state_dict(),
                 "scratch_random": self._scratch_random.state_dict(),
             },

@@ -130,9 +130,38 @@ def copy_rows(slots: list[Slot], live, scratch, mask: torch.Tensor) -> None:
         _container(live_parent)[path[-1]] = torch.where(rows(mask, old), fresh, old)
 
 
-def world_state(scenario, paths: list[Path]) -> dict:
+def world_paths(scenario) -> tuple[list[Path], list[Path]]:
+    """The paths in `scenario` of every tensor (batched or not: a goal's colour is one for the batch) and of
+    every attribute, list item or dict value that holds one of the world's entities (MPE scenarios pick a
+    landmark as the goal for the whole batch: `agent.goal_b`). Walks what `batched_slots` walks, in one world:
+    the paths of two worlds built alike come in the same order, which is how a saved state is matched."""
+    module = type(scenario).__module__
+    entities = {id(entity) for entity in scenario.world.entities}
+    tensors: list[Path] = []
+    references: list[Path] = []
+    seen: set[int] = set()
+    todo: list[tuple[Path, Any]] = [((), scenario)]
+    while todo:
+        path, node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        for key, value in _children(node):
+            if isinstance(value, torch.Tensor):
+                tensors.append((*path, key))
+            elif _walkable(value, module):
+                if id(value) in entities:
+                    references.append((*path, key))
+                todo.append(((*path, key), value))
+    return tensors, references
+
+
+def world_state(scenario, paths: list[Path], references: list[Path] = ()) -> dict:
     """Copies of the tensors at `paths` of `scenario`: `tensors`, each distinct tensor once (paths that
-    hold one tensor restore as one), and `index`, each path's tensor in `tensors` (-1: none set)."""
+    hold one tensor restore as one), and `index`, each path's tensor in `tensors` (-1: none set); for
+    each of `references`, the place in `world.entities` of the entity it holds (-1: none). Each path is
+    named (`names`, `reference_names`), so that a world whose walk met them in another order loads them."""
+    entities = {id(entity): i for i, entity in enumerate(scenario.world.entities)}
     tensors: list[torch.Tensor] = []
     index: list[int] = []
     first: dict[int, int] = {}  # id of a tensor -> its place in `tensors`
@@ -145,24 +174,53 @@ def world_state(scenario, paths: list[Path]) -> dict:
             first[id(value)] = len(tensors)
             tensors.append(value.clone())  # outside inference mode: an ordinary tensor, as torch.save needs
         index.append(first[id(value)])
-    return {"tensors": tensors, "index": index}
+    return {
+        "names": [_name(scenario, path) for path in paths],
+        "tensors": tensors,
+        "index": index,
+        "reference_names": [_name(scenario, path) for path in references],
+        "references": [entities.get(id(_resolve(scenario, path)), -1) for path in references],
+    }
 
 
-def load_world_state(scenario, paths: list[Path], state: dict, device: torch.device) -> None:
-    """Put `world_state`'s tensors back at `paths` of `scenario` (None where none was set). Call it under
-    `torch.inference_mode()`, as VMAS's world runs."""
-    if len(state["index"]) != len(paths):
+def load_world_state(
+    scenario, paths: list[Path], state: dict, device: torch.device, references: list[Path] = ()
+) -> None:
+    """Put `world_state`'s tensors back at `paths` of `scenario` (None where none was set), and its entities
+    at `references`, each by its name. Call it under `torch.inference_mode()`, as VMAS's world runs."""
+    named = {_name(scenario, path): path for path in [*paths, *references]}
+    saved = [*state["names"], *state["reference_names"]]
+    if len(named) != len(paths) + len(references) or set(saved) != set(named) or len(saved) != len(named):
+        missing = sorted(set(named) ^ set(saved)) or ["(two paths of one name)"]
         raise ValueError(
-            f"the saved VMAS world has {len(state['index'])} batched tensors, this one {len(paths)}: it was saved "
-            "from another scenario, other options or another num_envs"
+            f"the saved VMAS world does not fit this one ({missing[0]} is in one of them only): it was saved from "
+            "another scenario, other options or another num_envs"
         )
+    entities = scenario.world.entities  # before any reference is set: `world._agents[i]` are references too
     copies = [tensor.to(device).clone() for tensor in state["tensors"]]
-    for path, i in zip(paths, state["index"]):
+    values = [copies[i] if i >= 0 else None for i in state["index"]]
+    values += [entities[i] if i >= 0 else None for i in state["references"]]
+    for name, value in zip(saved, values):
+        path = named[name]
         parent = _resolve(scenario, path[:-1])
         container = _container(parent) if parent is not None else None
         if container is None or (isinstance(container, list) and path[-1] >= len(container)):
             continue  # a container on the way is not set in this world
-        container[path[-1]] = copies[i] if i >= 0 else None
+        container[path[-1]] = value
+
+
+def _name(scenario, path: Path) -> str:
+    """A path as text that is the same in every world built alike: a dict key that is one of the world's
+    objects is named by its class, its name and its place in the dict (`_twin_keys` pairs such keys so)."""
+    parts, node = [], scenario
+    for key in path:
+        if isinstance(key, (str, int, float, tuple)) or key is None:
+            parts.append(repr(key))
+        else:
+            place = next(i for i, other in enumerate(node) if other is key)
+            parts.append(f"<{type(key).__qualname__} {getattr(key, 'name', '')} #{place}>")
+        node = _child(node, key)
+    return "/".join(parts)
 
 
 def rows(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -316,6 +316,8 @@ def test_adapters_keep_their_own_random_streams():
         ("flocking", {}),
         ("dispersion", {}),
         ("football", {}),  # a scripted red team, whose targets live in dicts keyed by agent
+        ("simple_speaker_listener", {}),  # the goal: a landmark picked for the whole batch, and its colour
+        ("simple_push", {}),
     ],
     ids=lambda value: value if isinstance(value, str) else "",
 )
@@ -342,11 +344,12 @@ def test_a_saved_state_loaded_into_an_env_of_another_seed_steps_on_identically(s
 
 
 def test_a_scenario_whose_state_does_not_restore_refuses_state_dict_and_says_why(monkeypatch):
-    """simple_speaker_listener's goal is a landmark that the scenario picks for the whole batch: an object, not a
-    tensor the adapter finds. The check runs once per scenario and options, on envs of its own."""
-    checks, check = [], vmas_adapter.restore_problem
+    """Here the adapter misses the goal of simple_speaker_listener, a landmark object the scenario picks for the
+    whole batch (as it misses what road_traffic keeps). The check runs once per scenario and options."""
+    checks, check, paths = [], vmas_adapter.restore_problem, vmas_adapter.world_paths
     monkeypatch.setattr(vmas_adapter, "_RESTORE_PROBLEMS", {})
     monkeypatch.setattr(vmas_adapter, "restore_problem", lambda *args: checks.append(args) or check(*args))
+    monkeypatch.setattr(vmas_adapter, "world_paths", lambda scenario: (paths(scenario)[0], []))
     env = envs.make("vmas/simple_speaker_listener", num_envs=2, seed=0)
     said = (
         r"^vmas/simple_speaker_listener keeps state that the adapter cannot save: restored into another env, its "
@@ -359,6 +362,14 @@ def test_a_scenario_whose_state_does_not_restore_refuses_state_dict_and_says_why
     assert len(checks) == 1
     envs.make("vmas/simple_speaker_listener", num_envs=2, seed=0, continuous_actions=False).state_problem()
     assert len(checks) == 2  # other options: checked again
+
+
+def test_a_world_whose_objects_depend_on_the_seed_is_not_restored():
+    """ball_passage places a random set of passages: another seed's world has other objects, which the
+    saved paths' names show, so its state is not loaded into it."""
+    problem = envs.make("vmas/ball_passage", num_envs=2, seed=0).state_problem()
+    assert problem.startswith("vmas/ball_passage: its state could not be saved and restored (ValueError: the saved")
+    assert "does not fit this one ('passages_to_place'/" in problem
 
 
 def test_unknown_scenario_lists_where_names_are():

@@ -71,9 +71,16 @@ def test_a_population_resumes_exactly_and_a_member_alone_starts_new_episodes(tmp
     assert said in capsys.readouterr().out
 
 
-def test_a_scenario_whose_state_cannot_be_restored_resumes_with_new_episodes_and_says_why(tmp_path, capsys):
-    """simple_speaker_listener's goal is a landmark object the scenario picks for the whole batch, not a tensor:
-    the adapter's check finds that its saved state does not restore, and the resumed run says so."""
+def test_a_scenario_whose_state_cannot_be_restored_resumes_with_new_episodes_and_says_why(
+    tmp_path, capsys, monkeypatch
+):
+    """Here the adapter misses simple_speaker_listener's goal, a landmark object (as it misses what road_traffic
+    keeps): its check finds that the saved state does not restore, and the resumed run says so in one line."""
+    from envs.adapters import vmas as vmas_adapter
+
+    paths = vmas_adapter.world_paths
+    monkeypatch.setattr(vmas_adapter, "_RESTORE_PROBLEMS", {})
+    monkeypatch.setattr(vmas_adapter, "world_paths", lambda scenario: (paths(scenario)[0], []))
     env = EnvSettings(env="vmas/simple_speaker_listener", num_envs=4, env_options={"max_steps": 5})
     trainer = Trainer(with_run(dataclasses.replace(on_policy(tmp_path), env=env)), run_dir=tmp_path / "run")
     trainer.train_iteration()
