@@ -4,7 +4,6 @@ the evaluation during training (`marl train --eval-every`, `TrainingEvaluation`)
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -159,8 +158,7 @@ def eval_seed(seed: int, iteration: int) -> int:
     """The env seed of the evaluation after `iteration` of the run seeded `seed`: a hash of both, so that it
     is apart from training's streams (`seed`, `seed + 1`), differs from one evaluation to the next, and is
     the same for a resumed run. Below 2**62: the ranks' offsets and PettingZoo's per-copy ones stay valid."""
-    digest = hashlib.sha256(f"vecmarl eval {seed} {iteration}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 2
+    return seeds.derived_seed(seed, "eval", iteration, bits=62)
 
 
 class TrainingEvaluation:

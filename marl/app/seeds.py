@@ -13,6 +13,7 @@ A population's run folder holds:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import shutil
 from collections.abc import Sequence
@@ -133,6 +134,14 @@ def check_population(config: TrainConfig, world) -> None:
             f"{' with '.join(given)} trains {len(run.members())} runs in one process, which torchrun cannot split "
             "over ranks: run them without torchrun, or one run per torchrun job"
         )
+
+
+def derived_seed(seed: int, purpose: str, iteration: int, bits: int) -> int:
+    """A seed of `bits` bits for `purpose` after `iteration` of the run seeded `seed`: a hash of the three, apart
+    from the run's own streams, different at each iteration, and the same whenever it is asked again (a
+    resumed run's)."""
+    digest = hashlib.sha256(f"vecmarl {purpose} {seed} {iteration}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> (64 - bits)
 
 
 def env_seed(config: TrainConfig, seeds: tuple[int, ...]) -> int | tuple[int, ...]:

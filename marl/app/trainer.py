@@ -27,7 +27,6 @@ import contextlib
 import dataclasses
 import io
 import math
-import random
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -519,7 +518,7 @@ def resumed_env_seed(seed: int | tuple[int, ...], iteration: int) -> int | tuple
     from the checkpoint of `iteration`: one of 32 bits drawn from both, so the same checkpoint resumes alike."""
     if isinstance(seed, tuple):
         return tuple(resumed_env_seed(s, iteration) for s in seed)
-    return random.Random(f"{seed} resumed at {iteration}").getrandbits(32)
+    return seeds.derived_seed(seed, "resumed", iteration, bits=32)
 
 
 def check_parameters(algorithm) -> list[torch.Tensor]:
