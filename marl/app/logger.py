@@ -158,16 +158,7 @@ def drop_rows_after(csv_path: str | os.PathLike, iteration: int) -> None:
     kept = [text for text, numbers in rows if numbers["iteration"] <= iteration]
     if len(kept) == len(rows) and not cut:  # a cut row is rewritten away: the next row must start a line
         return
-    tmp = csv_path.with_name(csv_path.name + ".tmp")
-    try:
-        with open(tmp, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(columns)
-            writer.writerows(kept)
-        os.replace(tmp, csv_path)
-    except BaseException:  # a full disk, Ctrl-C: the old file stays, and no temporary file is left beside it
-        tmp.unlink(missing_ok=True)
-        raise
+    _rewrite(csv_path, columns, kept)
 
 
 def add_columns(csv_path: Path, columns: list[str]) -> None:
@@ -176,14 +167,20 @@ def add_columns(csv_path: Path, columns: list[str]) -> None:
     if not csv_path.exists() or csv_path.stat().st_size == 0:
         return
     old, rows, _ = _read_csv(csv_path)
+    _rewrite(csv_path, columns, [cells + [""] * (len(columns) - len(old)) for cells, _ in rows])
+
+
+def _rewrite(csv_path: Path, columns: list[str], rows: list[list[str]]) -> None:
+    """Write `columns` and `rows` to `csv_path` atomically (temp file, then rename): a crash mid-way leaves the
+    old file whole."""
     tmp = csv_path.with_name(csv_path.name + ".tmp")
     try:
         with open(tmp, "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(columns)
-            writer.writerows(cells + [""] * (len(columns) - len(old)) for cells, _ in rows)
+            writer.writerows(rows)
         os.replace(tmp, csv_path)
-    except BaseException:
+    except BaseException:  # a full disk, Ctrl-C: the old file stays, and no temporary file is left beside it
         tmp.unlink(missing_ok=True)
         raise
 
