@@ -262,13 +262,11 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _options.check_fields(self)
-        for name in ("total_frames", "rollout_length", "checkpoint_every", "compile_unroll"):
+        for name in ("total_frames", "rollout_length", "checkpoint_every", "compile_unroll", "eval_episodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.eval_every < 0:
             raise ValueError(f"eval_every must be >= 0 (0: no evaluation during training), got {self.eval_every}")
-        if self.eval_episodes < 1:
-            raise ValueError(f"eval_episodes must be >= 1, got {self.eval_episodes}")
         given = changed_flags(self, ("eval_episodes",))
         if given and not self.eval_every:
             raise options_without_effect(given, "the evaluation during training only", "--eval-every N")
